@@ -1,0 +1,158 @@
+//! NVFP4: E2M1 4-bit values (magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign), one E4M3 scale
+//! byte per group of 16 consecutive elements, and a per-layer f32 global scale `gs`.
+//!
+//! Per group: `sf = e4m3(gs · amax / 6)` (the stored byte), `q_i = e2m1(x_i · gs / f32(sf))` (0 when
+//! `sf` decodes to 0), and `x_i ≈ e2m1(q_i) · f32(sf) / gs`. Packing: element 2i in the low nibble,
+//! element 2i+1 in the high nibble. Matches vLLM's `ref_nvfp4_quant` (the rounded scale is used for the
+//! elements).
+
+use super::fp8::{f32_to_e4m3, E4M3_LUT};
+
+/// Largest E2M1 magnitude.
+pub const E2M1_MAX: f32 = 6.0;
+
+/// E2M1 magnitudes by code 0..7 (codes 8..15 are the negatives).
+pub const E2M1_VALUES: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// f32 → E2M1 nibble, round-half-even, saturating at ±6; NaN → 0.
+pub fn f32_to_e2m1(x: f32) -> u8 {
+    if x.is_nan() {
+        return 0;
+    }
+    let sign = if x.is_sign_negative() { 8u8 } else { 0 };
+    let a = x.abs();
+    let m = if a <= 0.25 {
+        0
+    } else if a < 0.75 {
+        1
+    } else if a <= 1.25 {
+        2
+    } else if a < 1.75 {
+        3
+    } else if a <= 2.5 {
+        4
+    } else if a < 3.5 {
+        5
+    } else if a <= 5.0 {
+        6
+    } else {
+        7
+    };
+    sign | m
+}
+
+/// E2M1 nibble → f32 (exact).
+pub fn e2m1_to_f32(q: u8) -> f32 {
+    E2M1_VALUES[(q & 0xF) as usize]
+}
+
+/// Encodes one group of 16 values with global scale `gs`: 8 packed data bytes and one scale byte.
+pub fn nvfp4_encode_group(x: &[f32], gs: f32, data: &mut [u8], scale: &mut u8) {
+    debug_assert_eq!(x.len(), 16);
+    debug_assert_eq!(data.len(), 8);
+    let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    let sf = f32_to_e4m3(gs * amax / E2M1_MAX);
+    *scale = sf;
+    let sf_f = E4M3_LUT[sf as usize];
+    let mul = if sf_f == 0.0 || !sf_f.is_finite() {
+        0.0
+    } else {
+        gs / sf_f
+    };
+    for (i, d) in data.iter_mut().enumerate() {
+        let lo = f32_to_e2m1(x[2 * i] * mul);
+        let hi = f32_to_e2m1(x[2 * i + 1] * mul);
+        *d = lo | (hi << 4);
+    }
+}
+
+/// Decodes one group: `out[i] = e2m1(q_i) · f32(sf) / gs`.
+pub fn nvfp4_decode_group(data: &[u8], scale: u8, gs: f32, out: &mut [f32]) {
+    let s = E4M3_LUT[scale as usize] / gs;
+    for (i, d) in data.iter().enumerate() {
+        out[2 * i] = E2M1_VALUES[(d & 0xF) as usize] * s;
+        out[2 * i + 1] = E2M1_VALUES[(d >> 4) as usize] * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::fp8::e4m3_to_f32;
+
+    #[test]
+    fn every_code_round_trips() {
+        for q in 0..16u8 {
+            let v = e2m1_to_f32(q);
+            assert_eq!(f32_to_e2m1(v), q, "code {q}");
+        }
+    }
+
+    #[test]
+    fn ties_go_to_even_and_saturate() {
+        let cases = [
+            (0.25, 0),
+            (0.2500001, 1),
+            (0.75, 2),
+            (0.7499999, 1),
+            (1.25, 2),
+            (1.2500001, 3),
+            (1.75, 4),
+            (2.5, 4),
+            (2.5000002, 5),
+            (3.5, 6),
+            (3.4999998, 5),
+            (5.0, 6),
+            (5.0000005, 7),
+            (6.0, 7),
+            (7.0, 7),
+            (1e30, 7),
+            (f32::INFINITY, 7),
+        ];
+        for (x, q) in cases {
+            assert_eq!(f32_to_e2m1(x), q, "{x}");
+            assert_eq!(f32_to_e2m1(-x), q | 8, "-{x}");
+        }
+        assert_eq!(f32_to_e2m1(-0.0), 8);
+        assert_eq!(f32_to_e2m1(0.0), 0);
+        assert_eq!(f32_to_e2m1(f32::NAN), 0);
+    }
+
+    #[test]
+    fn group_packs_low_nibble_first_and_uses_the_rounded_scale() {
+        let mut x = [0f32; 16];
+        x[0] = 6.0; // amax 6 → sf = e4m3(1.0) = 0x38
+        x[1] = -3.0;
+        x[2] = 0.5;
+        let mut data = [0u8; 8];
+        let mut sf = 0u8;
+        nvfp4_encode_group(&x, 1.0, &mut data, &mut sf);
+        assert_eq!(sf, 0x38);
+        assert_eq!(e4m3_to_f32(sf), 1.0);
+        assert_eq!(data[0], 0x7 | (0xD << 4)); // 6 low, -3 high
+        assert_eq!(data[1], 0x1); // 0.5 low, 0 high
+        let mut out = [0f32; 16];
+        nvfp4_decode_group(&data, sf, 1.0, &mut out);
+        assert_eq!(&out[..3], &[6.0, -3.0, 0.5]);
+    }
+
+    #[test]
+    fn zero_group_and_global_scale() {
+        let x = [0f32; 16];
+        let mut data = [0xFFu8; 8];
+        let mut sf = 0xFF;
+        nvfp4_encode_group(&x, 2.0, &mut data, &mut sf);
+        assert_eq!(sf, 0);
+        assert!(data.iter().all(|&d| d == 0));
+        // gs scales into range: values of amax 0.06 with gs = 100 use a scale of e4m3(1.0)
+        let mut y = [0f32; 16];
+        y[3] = 0.06;
+        y[4] = -0.03;
+        nvfp4_encode_group(&y, 100.0, &mut data, &mut sf);
+        let mut out = [0f32; 16];
+        nvfp4_decode_group(&data, sf, 100.0, &mut out);
+        assert!((out[3] - 0.06).abs() < 1e-6 && (out[4] + 0.03).abs() < 1e-6, "{out:?}");
+    }
+}

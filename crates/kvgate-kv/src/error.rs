@@ -1,0 +1,27 @@
+//! The errors of the KV-cache layer.
+
+use thiserror::Error;
+
+/// Everything that can go wrong when configuring or addressing the KV cache.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum KvError {
+    /// A `--kv-cache-dtype` value that is not one of the known names.
+    #[error("unknown KV-cache dtype '{0}'; expected one of auto, float32, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4")]
+    UnknownDtype(String),
+    /// The model's shape cannot be stored in this dtype (for example nvfp4 needs head_dim % 16 == 0).
+    #[error("KV-cache dtype {dtype} cannot store this model: {reason}")]
+    Unsupported {
+        /// The dtype's name.
+        dtype: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Not a single block fits in the memory given.
+    #[error("KV-cache memory of {bytes} bytes holds no block; one block needs {block_bytes} bytes")]
+    TooSmall {
+        /// Bytes offered.
+        bytes: u64,
+        /// Bytes one block needs (all layers, K and V).
+        block_bytes: u64,
+    },
+}

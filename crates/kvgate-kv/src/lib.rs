@@ -1,0 +1,24 @@
+//! KV-cache storage for kvgate: the block layout, the cache dtypes and their codecs, and the CPU paged
+//! attention that reads K/V through block tables.
+//!
+//! This crate knows tensors only as flat `f32` slices and blocks only as integer ids: which blocks a
+//! sequence owns is decided by the engine's block pool, never here. What it guarantees:
+//! - a block's size is accounted in bytes ([`CacheShape::bytes_per_block`]), so 4-bit formats with
+//!   scales size correctly;
+//! - attention reads each dtype straight from its blocks (decoding in the inner loop, no dequantized
+//!   copy of the cache);
+//! - every query row is computed on its own, in a fixed order, so the result of a row does not depend on
+//!   what else is in the batch (batch-invariant reads).
+
+pub mod attention;
+pub mod codec;
+pub mod dtype;
+pub mod error;
+pub mod layout;
+pub mod storage;
+
+pub use attention::{AttentionBackend, AttnParams, AttnRow, CpuAttention};
+pub use dtype::KvDtype;
+pub use error::KvError;
+pub use layout::CacheShape;
+pub use storage::{KvCache, LayerCache};

@@ -1,0 +1,342 @@
+//! The cache's memory: for every layer one K and one V buffer holding `num_blocks` blocks in the layout
+//! of [`CacheShape`], plus the layer's `k_scale` / `v_scale`.
+//!
+//! Writing encodes (quantize-on-store); [`LayerCache::vector`] decodes one (token, head) vector at a
+//! time, which is all attention needs, so there is never a dequantized copy of the cache.
+
+use half::{bf16, f16};
+
+use crate::codec::fp8::{f32_to_e4m3, f32_to_e5m2, E4M3_LUT, E5M2_LUT};
+use crate::codec::nvfp4::{nvfp4_decode_group, nvfp4_encode_group};
+use crate::dtype::{KvDtype, NVFP4_GROUP};
+use crate::layout::CacheShape;
+
+/// One layer's K or V storage.
+#[derive(Debug, Clone)]
+pub enum Buf {
+    /// f32 elements.
+    F32(Vec<f32>),
+    /// f16 elements.
+    F16(Vec<f16>),
+    /// bf16 elements.
+    BF16(Vec<bf16>),
+    /// Packed bytes (fp8, nvfp4).
+    Bytes(Vec<u8>),
+}
+
+impl Buf {
+    fn zeros(dtype: KvDtype, elems: usize, bytes: usize) -> Buf {
+        match dtype {
+            KvDtype::F32 => Buf::F32(vec![0.0; elems]),
+            KvDtype::F16 => Buf::F16(vec![f16::ZERO; elems]),
+            KvDtype::BF16 => Buf::BF16(vec![bf16::ZERO; elems]),
+            _ => Buf::Bytes(vec![0; bytes]),
+        }
+    }
+
+    /// The raw bytes of the buffer (for byte-level comparisons with other implementations).
+    pub fn as_bytes(&self) -> &[u8] {
+        fn cast<T>(v: &[T]) -> &[u8] {
+            // SAFETY: f32/f16/bf16 are plain old data without padding; any byte view of them is valid and
+            // the length is the exact byte size of the slice.
+            unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+        }
+        match self {
+            Buf::F32(v) => cast(v),
+            Buf::F16(v) => cast(v),
+            Buf::BF16(v) => cast(v),
+            Buf::Bytes(v) => v,
+        }
+    }
+}
+
+/// Which of a layer's two buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// Keys.
+    K,
+    /// Values.
+    V,
+}
+
+/// One layer's K and V with their scales.
+#[derive(Debug, Clone)]
+pub struct LayerCache {
+    shape: CacheShape,
+    k: Buf,
+    v: Buf,
+    /// Dequantization scale of K (fp8: `x ≈ q · k_scale`; nvfp4: global scale `gs = 1 / k_scale`).
+    pub k_scale: f32,
+    /// Dequantization scale of V.
+    pub v_scale: f32,
+}
+
+impl LayerCache {
+    fn buf(&self, which: Which) -> (&Buf, f32) {
+        match which {
+            Which::K => (&self.k, self.k_scale),
+            Which::V => (&self.v, self.v_scale),
+        }
+    }
+
+    /// The raw buffer.
+    pub fn raw(&self, which: Which) -> &Buf {
+        self.buf(which).0
+    }
+
+    /// The (token, head) vector stored at `slot`, decoded to f32. For f32 storage this borrows the cache
+    /// itself; otherwise it is decoded into `scratch` (at least `head_dim` long).
+    #[inline]
+    pub fn vector<'a>(&'a self, which: Which, block: usize, head: usize, token: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+        let s = &self.shape;
+        let hd = s.head_dim;
+        let (buf, scale) = self.buf(which);
+        let out = &mut scratch[..hd];
+        match buf {
+            Buf::F32(v) => {
+                let o = s.elem_offset(block, head, token);
+                return &v[o..o + hd];
+            }
+            Buf::F16(v) => {
+                let o = s.elem_offset(block, head, token);
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&v[o..o + hd], out);
+            }
+            Buf::BF16(v) => {
+                let o = s.elem_offset(block, head, token);
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(&v[o..o + hd], out);
+            }
+            Buf::Bytes(b) => {
+                let (d, sc) = s.byte_offsets(block, head, token);
+                match s.dtype {
+                    KvDtype::Fp8E4m3 => {
+                        for (o, &q) in out.iter_mut().zip(&b[d..d + hd]) {
+                            *o = E4M3_LUT[q as usize] * scale;
+                        }
+                    }
+                    KvDtype::Fp8E5m2 => {
+                        for (o, &q) in out.iter_mut().zip(&b[d..d + hd]) {
+                            *o = E5M2_LUT[q as usize] * scale;
+                        }
+                    }
+                    KvDtype::Nvfp4 => {
+                        let gs = 1.0 / scale;
+                        for g in 0..hd / NVFP4_GROUP {
+                            nvfp4_decode_group(
+                                &b[d + g * 8..d + g * 8 + 8],
+                                b[sc + g],
+                                gs,
+                                &mut out[g * NVFP4_GROUP..(g + 1) * NVFP4_GROUP],
+                            );
+                        }
+                    }
+                    _ => unreachable!("element dtypes are not stored as bytes"),
+                }
+            }
+        }
+        out
+    }
+
+    fn write_vector(&mut self, which: Which, block: usize, head: usize, token: usize, x: &[f32]) {
+        let s = self.shape;
+        let hd = s.head_dim;
+        let (buf, scale) = match which {
+            Which::K => (&mut self.k, self.k_scale),
+            Which::V => (&mut self.v, self.v_scale),
+        };
+        match buf {
+            Buf::F32(v) => {
+                let o = s.elem_offset(block, head, token);
+                v[o..o + hd].copy_from_slice(x);
+            }
+            Buf::F16(v) => {
+                let o = s.elem_offset(block, head, token);
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut v[o..o + hd], x);
+            }
+            Buf::BF16(v) => {
+                let o = s.elem_offset(block, head, token);
+                half::slice::HalfFloatSliceExt::convert_from_f32_slice(&mut v[o..o + hd], x);
+            }
+            Buf::Bytes(b) => {
+                let (d, sc) = s.byte_offsets(block, head, token);
+                let inv = 1.0 / scale;
+                match s.dtype {
+                    KvDtype::Fp8E4m3 => {
+                        for (q, &v) in b[d..d + hd].iter_mut().zip(x) {
+                            *q = f32_to_e4m3(v * inv);
+                        }
+                    }
+                    KvDtype::Fp8E5m2 => {
+                        for (q, &v) in b[d..d + hd].iter_mut().zip(x) {
+                            *q = f32_to_e5m2(v * inv);
+                        }
+                    }
+                    KvDtype::Nvfp4 => {
+                        let groups = hd / NVFP4_GROUP;
+                        let mut scales = [0u8; 64];
+                        for g in 0..groups {
+                            nvfp4_encode_group(
+                                &x[g * NVFP4_GROUP..(g + 1) * NVFP4_GROUP],
+                                inv,
+                                &mut b[d + g * 8..d + g * 8 + 8],
+                                &mut scales[g],
+                            );
+                        }
+                        b[sc..sc + groups].copy_from_slice(&scales[..groups]);
+                    }
+                    _ => unreachable!("element dtypes are not stored as bytes"),
+                }
+            }
+        }
+    }
+
+    fn copy_block(&mut self, src: usize, dst: usize) {
+        let s = self.shape;
+        let elems = s.num_kv_heads * s.block_size * s.head_dim;
+        let bytes = s.layer_block_bytes();
+        for buf in [&mut self.k, &mut self.v] {
+            match buf {
+                Buf::F32(v) => v.copy_within(src * elems..(src + 1) * elems, dst * elems),
+                Buf::F16(v) => v.copy_within(src * elems..(src + 1) * elems, dst * elems),
+                Buf::BF16(v) => v.copy_within(src * elems..(src + 1) * elems, dst * elems),
+                Buf::Bytes(v) => v.copy_within(src * bytes..(src + 1) * bytes, dst * bytes),
+            }
+        }
+    }
+}
+
+/// The whole cache: every layer's K and V.
+#[derive(Debug, Clone)]
+pub struct KvCache {
+    shape: CacheShape,
+    num_blocks: usize,
+    layers: Vec<LayerCache>,
+}
+
+impl KvCache {
+    /// A zeroed cache of `num_blocks` blocks, all scales 1.0.
+    pub fn new(shape: CacheShape, num_blocks: usize) -> KvCache {
+        let elems = num_blocks * shape.num_kv_heads * shape.block_size * shape.head_dim;
+        let bytes = num_blocks * shape.layer_block_bytes();
+        let layers = (0..shape.num_layers)
+            .map(|_| LayerCache {
+                shape,
+                k: Buf::zeros(shape.dtype, elems, bytes),
+                v: Buf::zeros(shape.dtype, elems, bytes),
+                k_scale: 1.0,
+                v_scale: 1.0,
+            })
+            .collect();
+        KvCache {
+            shape,
+            num_blocks,
+            layers,
+        }
+    }
+
+    /// The cache's shape.
+    pub fn shape(&self) -> &CacheShape {
+        &self.shape
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// One layer.
+    pub fn layer(&self, layer: usize) -> &LayerCache {
+        &self.layers[layer]
+    }
+
+    /// Sets a layer's dequantization scales (must happen before anything is written to that layer).
+    pub fn set_scales(&mut self, layer: usize, k_scale: f32, v_scale: f32) {
+        self.layers[layer].k_scale = k_scale;
+        self.layers[layer].v_scale = v_scale;
+    }
+
+    /// Quantize-on-store: writes the K and V rows of `slots.len()` tokens (`slot = block · block_size +
+    /// offset`; `k`, `v` are `tokens × kv_heads × head_dim`) into layer `layer`.
+    pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
+        let s = self.shape;
+        let row = s.num_kv_heads * s.head_dim;
+        debug_assert_eq!(k.len(), slots.len() * row);
+        debug_assert_eq!(v.len(), slots.len() * row);
+        let lc = &mut self.layers[layer];
+        for (i, &slot) in slots.iter().enumerate() {
+            let (block, tok) = (slot / s.block_size, slot % s.block_size);
+            for h in 0..s.num_kv_heads {
+                let o = i * row + h * s.head_dim;
+                lc.write_vector(Which::K, block, h, tok, &k[o..o + s.head_dim]);
+                lc.write_vector(Which::V, block, h, tok, &v[o..o + s.head_dim]);
+            }
+        }
+    }
+
+    /// Copies block `src` over block `dst` in every layer (copy-on-write of a shared partial block).
+    pub fn copy_block(&mut self, src: usize, dst: usize) {
+        for l in &mut self.layers {
+            l.copy_block(src, dst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(dtype: KvDtype) -> CacheShape {
+        CacheShape {
+            num_layers: 2,
+            num_kv_heads: 2,
+            head_dim: 32,
+            block_size: 4,
+            dtype,
+        }
+    }
+
+    #[test]
+    fn write_then_read_back_each_dtype() {
+        for dtype in KvDtype::ALL {
+            let mut c = KvCache::new(shape(dtype), 3);
+            let k: Vec<f32> = (0..64).map(|i| (i as f32 - 30.0) / 8.0).collect();
+            let v: Vec<f32> = k.iter().map(|x| -x).collect();
+            c.write(1, &[9], &k, &v);
+            let mut scratch = vec![0f32; 32];
+            for h in 0..2 {
+                let got = c.layer(1).vector(Which::K, 2, h, 1, &mut scratch).to_vec();
+                let tol = match dtype {
+                    KvDtype::F32 => 0.0,
+                    KvDtype::F16 | KvDtype::BF16 => 0.02,
+                    KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => 0.25,
+                    KvDtype::Nvfp4 => 0.5,
+                };
+                for (g, w) in got.iter().zip(&k[h * 32..h * 32 + 32]) {
+                    assert!((g - w).abs() <= tol * w.abs().max(1.0), "{dtype} {g} vs {w}");
+                }
+                // untouched slots stay zero
+                assert!(c.layer(1).vector(Which::V, 2, h, 0, &mut scratch).iter().all(|&x| x == 0.0));
+                assert!(c.layer(0).vector(Which::K, 2, h, 1, &mut scratch).iter().all(|&x| x == 0.0));
+            }
+        }
+    }
+
+    #[test]
+    fn copy_block_copies_every_layer() {
+        for dtype in KvDtype::ALL {
+            let mut c = KvCache::new(shape(dtype), 3);
+            let k: Vec<f32> = (0..64).map(|i| i as f32 / 16.0).collect();
+            c.write(0, &[1], &k, &k);
+            c.write(1, &[2], &k, &k);
+            c.copy_block(0, 2);
+            let mut a = vec![0f32; 32];
+            let mut b = vec![0f32; 32];
+            for l in 0..2 {
+                for t in 0..4 {
+                    let x = c.layer(l).vector(Which::K, 0, 1, t, &mut a).to_vec();
+                    let y = c.layer(l).vector(Which::K, 2, 1, t, &mut b).to_vec();
+                    assert_eq!(x, y);
+                }
+            }
+        }
+    }
+}
