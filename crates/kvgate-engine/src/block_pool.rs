@@ -1,0 +1,403 @@
+//! The block pool: reference counts over integer block ids, an O(1) LRU list of free blocks, and the
+//! prefix cache's index of full blocks. Pure bookkeeping, no tensors.
+//!
+//! A block is always in exactly one of three states:
+//! - **used**: `ref_count ≥ 1` (held by sequences, or pinned);
+//! - **free and cached**: `ref_count = 0`, has an identity in the prefix-cache index, sits in the free list
+//!   (evictable, most recently freed at the tail);
+//! - **free**: `ref_count = 0`, no identity, sits in the free list (at the head: reused first).
+//!
+//! Prefix-cache identity of a full block = (its parent block's identity, its token ids, the extra key
+//! such as `cache_salt`). The parent is named by `(block id, generation)`; a block's generation changes
+//! whenever it loses its identity (eviction), so a cached child of an evicted parent can never be matched
+//! through the block id's next life. A 64-bit hash only indexes the candidates: a hit is taken only when
+//! parent, tokens and extra key all compare equal, so hash collisions cost a comparison, never a wrong
+//! hit.
+
+use std::collections::HashMap;
+
+/// A physical block id.
+pub type BlockId = u32;
+
+/// Identity of a cached block as a parent: `(block id, generation)`.
+pub type BlockRef = (BlockId, u32);
+
+const NIL: u32 = u32::MAX;
+
+/// The 64-bit index hash of a block identity (replaceable in tests to force collisions).
+pub type KeyHasher = fn(parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> u64;
+
+/// FNV-1a over the parent, the tokens and the extra key.
+pub fn default_hasher(parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    match parent {
+        Some((b, g)) => eat(((b as u64) << 32) | g as u64),
+        None => eat(u64::MAX),
+    }
+    for &t in tokens {
+        eat(t as u64);
+    }
+    for b in extra.bytes() {
+        eat(b as u64 | 0x100);
+    }
+    h
+}
+
+#[derive(Debug, Clone)]
+struct Identity {
+    hash: u64,
+    parent: Option<BlockRef>,
+    tokens: Vec<u32>,
+    extra: String,
+}
+
+/// Counts for metrics and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PoolCounts {
+    /// Blocks in the pool.
+    pub total: usize,
+    /// Blocks with `ref_count ≥ 1`.
+    pub used: usize,
+    /// Free blocks that keep a prefix-cache identity (evictable).
+    pub cached_free: usize,
+    /// Free blocks without identity.
+    pub plain_free: usize,
+}
+
+/// The pool.
+#[derive(Debug, Clone)]
+pub struct BlockPool {
+    ref_count: Vec<u32>,
+    generation: Vec<u32>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    in_free: Vec<bool>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    identity: Vec<Option<Identity>>,
+    index: HashMap<u64, Vec<BlockId>>,
+    hasher: KeyHasher,
+    evictions: u64,
+}
+
+impl BlockPool {
+    /// A pool of `n` free blocks.
+    pub fn new(n: usize) -> BlockPool {
+        Self::with_hasher(n, default_hasher)
+    }
+
+    /// A pool with a custom index hash (tests force collisions with a constant one).
+    pub fn with_hasher(n: usize, hasher: KeyHasher) -> BlockPool {
+        assert!(n < NIL as usize, "pool too large");
+        let mut p = BlockPool {
+            ref_count: vec![0; n],
+            generation: vec![0; n],
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            in_free: vec![false; n],
+            head: NIL,
+            tail: NIL,
+            num_free: 0,
+            identity: vec![None; n],
+            index: HashMap::new(),
+            hasher,
+            evictions: 0,
+        };
+        for b in 0..n as u32 {
+            p.push_tail(b);
+        }
+        p
+    }
+
+    /// Blocks in the pool.
+    pub fn total(&self) -> usize {
+        self.ref_count.len()
+    }
+
+    /// Free blocks (cached or not): what an allocation can get.
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    /// Reference count of a block.
+    pub fn ref_count(&self, b: BlockId) -> u32 {
+        self.ref_count[b as usize]
+    }
+
+    /// Identity of a block as a parent, if it is cached.
+    pub fn block_ref(&self, b: BlockId) -> Option<BlockRef> {
+        self.identity[b as usize].as_ref().map(|_| (b, self.generation[b as usize]))
+    }
+
+    /// Cached blocks evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        if p == NIL {
+            self.head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[b as usize] = NIL;
+        self.next[b as usize] = NIL;
+        self.in_free[b as usize] = false;
+        self.num_free -= 1;
+    }
+
+    fn push_tail(&mut self, b: u32) {
+        self.prev[b as usize] = self.tail;
+        self.next[b as usize] = NIL;
+        if self.tail == NIL {
+            self.head = b;
+        } else {
+            self.next[self.tail as usize] = b;
+        }
+        self.tail = b;
+        self.in_free[b as usize] = true;
+        self.num_free += 1;
+    }
+
+    fn push_head(&mut self, b: u32) {
+        self.next[b as usize] = self.head;
+        self.prev[b as usize] = NIL;
+        if self.head == NIL {
+            self.tail = b;
+        } else {
+            self.prev[self.head as usize] = b;
+        }
+        self.head = b;
+        self.in_free[b as usize] = true;
+        self.num_free += 1;
+    }
+
+    fn drop_identity(&mut self, b: BlockId) {
+        if let Some(id) = self.identity[b as usize].take() {
+            if let Some(list) = self.index.get_mut(&id.hash) {
+                list.retain(|&x| x != b);
+                if list.is_empty() {
+                    self.index.remove(&id.hash);
+                }
+            }
+            self.generation[b as usize] = self.generation[b as usize].wrapping_add(1);
+        }
+    }
+
+    /// Takes the least recently freed block (evicting its cached identity, if any). `None` when no block
+    /// is free.
+    pub fn allocate(&mut self) -> Option<BlockId> {
+        let b = self.head;
+        if b == NIL {
+            return None;
+        }
+        self.unlink(b);
+        if self.identity[b as usize].is_some() {
+            self.evictions += 1;
+            self.drop_identity(b);
+        }
+        self.ref_count[b as usize] = 1;
+        Some(b)
+    }
+
+    /// Adds a reference (a prefix-cache hit on a free block takes it out of the free list).
+    pub fn incref(&mut self, b: BlockId) {
+        if self.ref_count[b as usize] == 0 {
+            debug_assert!(self.in_free[b as usize]);
+            self.unlink(b);
+        }
+        self.ref_count[b as usize] += 1;
+    }
+
+    /// Drops a reference; at zero the block becomes free (cached ones at the LRU tail, others at the
+    /// head so they are reused before any cached block is evicted).
+    pub fn decref(&mut self, b: BlockId) {
+        let rc = &mut self.ref_count[b as usize];
+        assert!(*rc > 0, "decref of free block {b}");
+        *rc -= 1;
+        if *rc == 0 {
+            if self.identity[b as usize].is_some() {
+                self.push_tail(b);
+            } else {
+                self.push_head(b);
+            }
+        }
+    }
+
+    /// Looks up the cached block with this identity.
+    pub fn lookup(&self, parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> Option<BlockId> {
+        let h = (self.hasher)(parent, tokens, extra);
+        self.index.get(&h)?.iter().copied().find(|&b| {
+            self.identity[b as usize]
+                .as_ref()
+                .is_some_and(|id| id.parent == parent && id.tokens == tokens && id.extra == extra)
+        })
+    }
+
+    /// Gives a used, full block its prefix-cache identity. If an equal block is already cached, nothing
+    /// changes and that block is returned instead (the caller keeps using its own copy).
+    pub fn register(&mut self, b: BlockId, parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> BlockId {
+        debug_assert!(self.ref_count[b as usize] > 0);
+        if self.identity[b as usize].is_some() {
+            return b;
+        }
+        if let Some(existing) = self.lookup(parent, tokens, extra) {
+            return existing;
+        }
+        let hash = (self.hasher)(parent, tokens, extra);
+        self.identity[b as usize] = Some(Identity {
+            hash,
+            parent,
+            tokens: tokens.to_vec(),
+            extra: extra.to_string(),
+        });
+        self.index.entry(hash).or_default().push(b);
+        b
+    }
+
+    /// Drops every cached identity of free blocks (`--no-enable-prefix-caching` at run time, or a reset).
+    pub fn clear_cache(&mut self) {
+        for b in 0..self.total() as u32 {
+            if self.ref_count[b as usize] == 0 && self.identity[b as usize].is_some() {
+                self.drop_identity(b);
+            }
+        }
+    }
+
+    /// Counts of each state.
+    pub fn counts(&self) -> PoolCounts {
+        let mut c = PoolCounts {
+            total: self.total(),
+            ..Default::default()
+        };
+        for b in 0..self.total() {
+            if self.ref_count[b] > 0 {
+                c.used += 1;
+            } else if self.identity[b].is_some() {
+                c.cached_free += 1;
+            } else {
+                c.plain_free += 1;
+            }
+        }
+        c
+    }
+
+    /// Checks every internal invariant (tests call it after each operation): the free list holds
+    /// exactly the blocks with `ref_count = 0`, once each, and the index holds exactly the blocks with
+    /// identities.
+    pub fn check_invariants(&self) {
+        let mut seen = vec![false; self.total()];
+        let mut n = 0;
+        let mut b = self.head;
+        let mut prev = NIL;
+        while b != NIL {
+            assert!(!seen[b as usize], "block {b} twice in the free list");
+            seen[b as usize] = true;
+            assert_eq!(self.prev[b as usize], prev);
+            assert_eq!(self.ref_count[b as usize], 0, "block {b} in the free list with refs");
+            assert!(self.in_free[b as usize]);
+            n += 1;
+            prev = b;
+            b = self.next[b as usize];
+        }
+        assert_eq!(prev, self.tail);
+        assert_eq!(n, self.num_free);
+        for i in 0..self.total() {
+            assert_eq!(seen[i], self.ref_count[i] == 0, "block {i}: free-list membership vs ref count");
+        }
+        let indexed: usize = self.index.values().map(Vec::len).sum();
+        let with_id = self.identity.iter().filter(|x| x.is_some()).count();
+        assert_eq!(indexed, with_id);
+        for (h, list) in &self.index {
+            for &b in list {
+                assert_eq!(self.identity[b as usize].as_ref().map(|i| i.hash), Some(*h));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_free_lru_order() {
+        let mut p = BlockPool::new(3);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        let c = p.allocate().unwrap();
+        assert!(p.allocate().is_none());
+        p.register(a, None, &[1, 2], "");
+        p.register(b, Some((a, 0)), &[3, 4], "");
+        p.decref(a); // cached → tail
+        p.decref(c); // plain → head
+        p.decref(b); // cached → tail
+        p.check_invariants();
+        assert_eq!(p.allocate(), Some(c), "plain blocks are reused first");
+        assert_eq!(p.allocate(), Some(a), "then the least recently freed cached one");
+        assert_eq!(p.evictions(), 1);
+        assert_eq!(p.lookup(None, &[1, 2], ""), None);
+        // b's parent (a, gen 0) is gone: a's next life has generation 1
+        assert_eq!(p.block_ref(a), None);
+        assert_eq!(p.lookup(Some((a, 0)), &[3, 4], ""), Some(b));
+        p.register(a, None, &[9, 9], "");
+        assert_eq!(p.block_ref(a), Some((a, 1)));
+        assert_eq!(p.lookup(Some((a, 1)), &[3, 4], ""), None, "stale child never matches the new parent");
+        p.check_invariants();
+    }
+
+    #[test]
+    fn hit_on_free_block_takes_it_out_of_the_free_list() {
+        let mut p = BlockPool::new(2);
+        let a = p.allocate().unwrap();
+        p.register(a, None, &[5], "salt");
+        p.decref(a);
+        assert_eq!(p.num_free(), 2);
+        assert_eq!(p.lookup(None, &[5], ""), None, "extra key must match");
+        let hit = p.lookup(None, &[5], "salt").unwrap();
+        p.incref(hit);
+        assert_eq!(p.num_free(), 1);
+        assert_eq!(p.ref_count(hit), 1);
+        p.check_invariants();
+    }
+
+    #[test]
+    fn forced_collisions_are_never_hits() {
+        fn constant(_: Option<BlockRef>, _: &[u32], _: &str) -> u64 {
+            7
+        }
+        let mut p = BlockPool::with_hasher(4, constant);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        p.register(a, None, &[1, 2, 3], "");
+        p.register(b, None, &[1, 2, 4], "");
+        assert_eq!(p.lookup(None, &[1, 2, 3], ""), Some(a));
+        assert_eq!(p.lookup(None, &[1, 2, 4], ""), Some(b));
+        assert_eq!(p.lookup(None, &[1, 2, 5], ""), None);
+        assert_eq!(p.lookup(Some((a, 0)), &[1, 2, 3], ""), None);
+        p.check_invariants();
+    }
+
+    #[test]
+    fn duplicate_registration_returns_the_existing_block() {
+        let mut p = BlockPool::new(2);
+        let a = p.allocate().unwrap();
+        let b = p.allocate().unwrap();
+        assert_eq!(p.register(a, None, &[1], ""), a);
+        assert_eq!(p.register(b, None, &[1], ""), a);
+        assert_eq!(p.block_ref(b), None);
+    }
+}

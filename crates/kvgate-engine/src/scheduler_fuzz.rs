@@ -1,0 +1,350 @@
+//! Seeded randomized invariant tests of the scheduler, the KV manager and the block pool together.
+//!
+//! A simulated KV cache stores, for every slot written, the identity of the whole prefix up to that
+//! token. Before every chunk runs, every earlier position of its sequence is read back through the block
+//! table and must hold exactly that sequence's prefix identity: prefix-cache hits, copy-on-write, forks
+//! and preemption can never make a sequence read someone else's K/V. After every operation the pool's
+//! reference counts must equal the number of tables holding each block; when everything ends, every
+//! block is free or cached.
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::block_pool::{BlockPool, BlockRef};
+use crate::scheduler::{GroupId, Logits, Scheduler, SchedulerConfig, SeqId};
+
+fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
+    let mut h: u64 = 1469598103934665603;
+    for b in salt.bytes() {
+        h = (h ^ b as u64).wrapping_mul(1099511628211);
+    }
+    for &t in tokens {
+        h = (h ^ (t as u64 + 7)).wrapping_mul(1099511628211);
+    }
+    h
+}
+
+struct Sim {
+    rng: ChaCha8Rng,
+    s: Scheduler,
+    cache: Vec<u64>,
+    bs: usize,
+    kind: HashMap<GroupId, (bool, usize, usize, String)>, // (is_decision, n, max_new, salt)
+    generated: HashMap<SeqId, usize>,
+    forked: HashMap<GroupId, bool>,
+    clock: u64,
+    finished_groups: usize,
+}
+
+fn constant_hash(_: Option<BlockRef>, _: &[u32], _: &str) -> u64 {
+    1
+}
+
+impl Sim {
+    fn new(seed: u64, collide: bool) -> Sim {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let bs = [1usize, 2, 4, 16][rng.random_range(0..4)];
+        let blocks = rng.random_range(12..80);
+        let cfg = SchedulerConfig {
+            max_num_seqs: rng.random_range(2..24),
+            max_num_batched_tokens: rng.random_range(3..80),
+            block_size: bs,
+            prefix_caching: rng.random_bool(0.85),
+        };
+        let pool = if collide {
+            BlockPool::with_hasher(blocks, constant_hash)
+        } else {
+            BlockPool::new(blocks)
+        };
+        Sim {
+            rng,
+            s: Scheduler::with_pool(cfg, pool),
+            cache: vec![u64::MAX; blocks * bs],
+            bs,
+            kind: HashMap::new(),
+            generated: HashMap::new(),
+            forked: HashMap::new(),
+            clock: 0,
+            finished_groups: 0,
+        }
+    }
+
+    fn capacity_tokens(&self) -> usize {
+        self.s.pool().total() * self.bs
+    }
+
+    fn tokens(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map(|_| self.rng.random_range(0..3)).collect()
+    }
+
+    fn add(&mut self) {
+        let cap = self.capacity_tokens();
+        let salt = if self.rng.random_bool(0.2) { "t1" } else { "" }.to_string();
+        if self.rng.random_bool(0.6) {
+            let n = if self.rng.random_bool(0.2) { self.rng.random_range(2..4) } else { 1 };
+            let len: usize = self.rng.random_range(1..30);
+            let max_new: usize = self.rng.random_range(1..12);
+            // Up-front admission check, as the engine does: the whole group must fit alone.
+            if len.div_ceil(self.bs) + n * (max_new.div_ceil(self.bs) + 1) > self.s.pool().total() || len + max_new > cap {
+                return;
+            }
+            let prompt = self.tokens(len);
+            let all = self.rng.random_bool(0.05);
+            let (g, _) = self.s.add_generate(prompt, &salt, all);
+            self.kind.insert(g, (false, n, max_new, salt));
+        } else {
+            let k = self.rng.random_range(1..6);
+            let state_len = self.rng.random_range(0..30);
+            let state = self.tokens(state_len);
+            let mut prompts = vec![];
+            for _ in 0..k {
+                let sl = self.rng.random_range(1..8);
+                let mut p = state.clone();
+                p.extend(self.tokens(sl));
+                prompts.push(p);
+            }
+            let need: usize = prompts.iter().map(|p| p.len().div_ceil(self.bs) + 1).sum();
+            if need > self.s.pool().total() {
+                return;
+            }
+            let g = self.s.add_decision(prompts, &salt);
+            self.kind.insert(g, (true, k, 0, salt));
+        }
+    }
+
+    fn step(&mut self) {
+        let budget = self.s.config().max_num_batched_tokens;
+        let plan = self.s.schedule();
+        assert!(plan.num_tokens() <= budget, "budget exceeded");
+        let mut seen = std::collections::HashSet::new();
+        for c in &plan.chunks {
+            assert!(c.len > 0);
+            assert!(seen.insert(c.seq), "a sequence twice in one step");
+        }
+        for g in &plan.failed {
+            self.kind.remove(g);
+        }
+        // copies first, then every chunk checks its past and writes its tokens
+        let snapshot = self.cache.clone();
+        for cp in &plan.copies {
+            for o in 0..self.bs {
+                self.cache[cp.dst as usize * self.bs + o] = snapshot[cp.src as usize * self.bs + o];
+            }
+        }
+        for c in &plan.chunks {
+            let seq = self.s.seq(c.seq).expect("scheduled seq exists");
+            let salt = &self.kind[&seq.group].3;
+            for p in 0..c.start {
+                let slot = seq.blocks.blocks[p / self.bs] as usize * self.bs + p % self.bs;
+                assert_eq!(self.cache[slot], prefix_id(&seq.tokens[..=p], salt), "stale K/V at position {p}");
+            }
+        }
+        for c in &plan.chunks {
+            let seq = self.s.seq(c.seq).expect("exists");
+            let salt = self.kind[&seq.group].3.clone();
+            for p in c.start..c.start + c.len {
+                let slot = seq.blocks.blocks[p / self.bs] as usize * self.bs + p % self.bs;
+                self.cache[slot] = prefix_id(&seq.tokens[..=p], &salt);
+            }
+            let end = c.start + c.len;
+            let at_end = end == seq.tokens.len();
+            if seq.wants_logits && at_end {
+                assert!(matches!(c.logits, Logits::Last | Logits::All));
+            } else if !seq.all_logits {
+                assert_eq!(c.logits, Logits::None);
+            }
+        }
+        for c in &plan.chunks {
+            self.s.advance(c);
+        }
+        for c in plan.chunks {
+            let Some(seq) = self.s.seq(c.seq) else { continue };
+            if c.logits == Logits::None || c.start + c.len != seq.tokens.len() {
+                continue;
+            }
+            let g = seq.group;
+            let (is_dec, n, max_new, _) = self.kind[&g].clone();
+            if is_dec {
+                self.s.finish_seq(c.seq);
+            } else {
+                let mut targets = vec![c.seq];
+                if n > 1 && !self.forked.get(&g).copied().unwrap_or(false) {
+                    self.forked.insert(g, true);
+                    targets.extend(self.s.fork(c.seq, n - 1));
+                }
+                for t in targets {
+                    let tok = self.rng.random_range(0..3);
+                    self.s.append_token(t, tok);
+                    let gen = self.generated.entry(t).or_insert(0);
+                    *gen += 1;
+                    if *gen >= max_new {
+                        self.s.finish_seq(t);
+                    }
+                }
+            }
+            if !self.s.has_group(g) {
+                self.kind.remove(&g);
+                self.finished_groups += 1;
+            }
+        }
+    }
+
+    fn abort_random(&mut self) {
+        let gs: Vec<GroupId> = self.kind.keys().copied().collect();
+        if gs.is_empty() {
+            return;
+        }
+        let g = gs[self.rng.random_range(0..gs.len())];
+        self.s.finish_group(g);
+        self.kind.remove(&g);
+    }
+
+    fn pin_random(&mut self) {
+        let gs: Vec<GroupId> = self.kind.keys().copied().collect();
+        if let Some(&g) = gs.first() {
+            if let Some(&sid) = self.s.group_seqs(g).first() {
+                let t = self.clock + self.rng.random_range(1..20);
+                self.s.pin_prefix(sid, 1000, t);
+            }
+        }
+    }
+
+    fn run(&mut self, ops: usize) {
+        for _ in 0..ops {
+            self.clock += 1;
+            match self.rng.random_range(0..100) {
+                0..=24 => self.add(),
+                25..=89 => self.step(),
+                90..=94 => self.abort_random(),
+                95..=96 => self.pin_random(),
+                _ => {
+                    self.s.expire_pins(self.clock);
+                }
+            }
+            self.s.check_invariants();
+        }
+        // Drain: everything finishes or is aborted.
+        let mut guard = 0;
+        while !self.s.is_idle() && guard < 10_000 {
+            self.step();
+            self.s.check_invariants();
+            guard += 1;
+        }
+        for g in self.kind.keys().copied().collect::<Vec<_>>() {
+            self.s.finish_group(g);
+        }
+        self.s.clear_pins();
+        self.s.check_invariants();
+        let c = self.s.pool().counts();
+        assert_eq!(c.used, 0, "leaked blocks");
+        assert_eq!(c.cached_free + c.plain_free, c.total);
+    }
+}
+
+#[test]
+fn randomized_invariants() {
+    let (mut total, mut preemptions, mut hits, mut evictions) = (0, 0, 0, 0);
+    for seed in 0..60 {
+        let mut sim = Sim::new(seed, false);
+        sim.run(5_000);
+        total += sim.finished_groups;
+        preemptions += sim.s.preemptions();
+        hits += sim.s.prefix_stats().hits;
+        evictions += sim.s.pool().evictions();
+    }
+    // The simulation must exercise what it claims to.
+    assert!(total > 1000, "finished requests: {total}");
+    assert!(preemptions > 100, "preemptions: {preemptions}");
+    assert!(hits > 1000, "prefix-cache hit tokens: {hits}");
+    assert!(evictions > 100, "evictions: {evictions}");
+}
+
+#[test]
+fn randomized_invariants_with_colliding_hashes() {
+    for seed in 100..130 {
+        let mut sim = Sim::new(seed, true);
+        sim.run(4_000);
+    }
+}
+
+#[test]
+fn prefix_hits_happen() {
+    let cfg = SchedulerConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 64,
+        block_size: 4,
+        prefix_caching: true,
+    };
+    let mut s = Scheduler::new(cfg, 32);
+    let prompt: Vec<u32> = (0..21).collect();
+    let (g1, s1) = s.add_generate(prompt.clone(), "", false);
+    let p = s.schedule();
+    for c in &p.chunks {
+        s.advance(c);
+    }
+    s.finish_seq(s1);
+    assert!(!s.has_group(g1));
+    let (g2, s2) = s.add_generate(prompt.clone(), "", false);
+    let p = s.schedule();
+    assert_eq!(p.chunks[0].start, 20, "5 full blocks hit, last token recomputed");
+    assert_eq!(s.usage(g2).cached_tokens, 20);
+    s.advance(&p.chunks[0]);
+    s.finish_seq(s2);
+    let (g3, _) = s.add_generate(prompt, "other-tenant", false);
+    let p = s.schedule();
+    assert_eq!(p.chunks[0].start, 0, "a different cache_salt never hits");
+    assert_eq!(s.usage(g3).cached_tokens, 0);
+}
+
+#[test]
+fn decision_computes_the_shared_prefix_once() {
+    let cfg = SchedulerConfig {
+        max_num_seqs: 64,
+        max_num_batched_tokens: 4096,
+        block_size: 16,
+        prefix_caching: true,
+    };
+    let mut s = Scheduler::new(cfg, 256);
+    let state: Vec<u32> = (0..2000).map(|i| i % 97).collect();
+    let prompts: Vec<Vec<u32>> = (0..8u32)
+        .map(|q| {
+            let mut p = state.clone();
+            p.extend([1000 + q, 2000, 3000 + q]);
+            p
+        })
+        .collect();
+    let g = s.add_decision(prompts.clone(), "");
+    let mut computed = 0;
+    while s.has_group(g) {
+        let plan = s.schedule();
+        computed += plan.num_tokens();
+        for c in &plan.chunks {
+            s.advance(c);
+        }
+        for c in plan.chunks {
+            if c.logits == Logits::Last {
+                s.finish_seq(c.seq);
+            }
+        }
+    }
+    assert_eq!(computed, 2000 + 8 * 3, "state once plus the suffixes");
+    // warm: only the partial tail of the state and the suffixes
+    let g = s.add_decision(prompts, "");
+    let mut computed = 0;
+    while s.has_group(g) {
+        let plan = s.schedule();
+        computed += plan.num_tokens();
+        for c in &plan.chunks {
+            s.advance(c);
+        }
+        for c in plan.chunks {
+            if c.logits == Logits::Last {
+                s.finish_seq(c.seq);
+            }
+        }
+    }
+    assert_eq!(computed, 2000 % 16 + 8 * 3);
+    assert_eq!(s.pool().counts().used, 0);
+}

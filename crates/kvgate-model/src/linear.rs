@@ -1,0 +1,109 @@
+//! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: GGUF-quantized weights go
+//! through candle's quantized matmul (the activation row is quantized to the weight's dot type, the
+//! weight never dequantized), f32 weights through kvgate's own fixed-order matmul ([`crate::dense`]).
+//!
+//! Batch invariance: candle's quantized CPU matmul computes every output as one dot product over the
+//! full row, independent of how many rows are in the call, and so does the dense path; a row's output
+//! never depends on the batch.
+
+use std::sync::Arc;
+
+use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
+
+use crate::error::Result;
+
+/// The weight of a linear layer.
+#[derive(Debug, Clone)]
+pub enum Weight {
+    /// A GGUF-quantized matrix, `out × in`.
+    Quant(QMatMul),
+    /// An f32 matrix, `out × in`, row-major.
+    Dense(Vec<f32>),
+}
+
+fn dense_rows(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
+/// A linear layer.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Weight,
+    bias: Option<Vec<f32>>,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+impl Linear {
+    /// A layer over a quantized tensor of shape `(out, in)`.
+    pub fn quantized(q: Arc<QTensor>, bias: Option<Vec<f32>>) -> Result<Linear> {
+        let (out_dim, in_dim) = q.shape().dims2()?;
+        let weight = match QMatMul::from_arc(q)? {
+            // F32/F16 GGUF tensors come back dequantized: keep them on the dense path.
+            QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Weight::Dense(dense_rows(&t)?),
+            q => Weight::Quant(q),
+        };
+        Ok(Linear {
+            weight,
+            bias,
+            in_dim,
+            out_dim,
+        })
+    }
+
+    /// A layer over an f32 (or f16/bf16, converted) tensor of shape `(out, in)`.
+    pub fn dense(w: Tensor, bias: Option<Vec<f32>>) -> Result<Linear> {
+        let (out_dim, in_dim) = w.dims2()?;
+        Ok(Linear {
+            weight: Weight::Dense(dense_rows(&w)?),
+            bias,
+            in_dim,
+            out_dim,
+        })
+    }
+
+    /// Whether the layer adds a bias.
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
+    /// Input width.
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+
+    /// Output width.
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// Bytes of weight data (for the memory report).
+    pub fn weight_bytes(&self) -> usize {
+        match &self.weight {
+            Weight::Quant(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Weight::Quant(_) => 0,
+            Weight::Dense(w) => w.len() * 4,
+        }
+    }
+
+    /// `x` is `rows × in`; returns `rows × out`.
+    pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        debug_assert_eq!(x.len(), rows * self.in_dim);
+        let mut y = match &self.weight {
+            Weight::Quant(q) => {
+                let t = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
+                q.forward(&t)?.flatten_all()?.to_vec1::<f32>()?
+            }
+            Weight::Dense(w) => crate::dense::matmul(x, rows, self.in_dim, w, self.out_dim),
+        };
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.out_dim) {
+                for (v, bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,126 @@
+//! Loading a Hugging Face model directory: `config.json` and every `*.safetensors` shard (f32, bf16 or
+//! f16; converted to f32 for the CPU path).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::linear::Linear;
+use crate::weights::{Embedding, LayerWeights, Weights};
+
+fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))
+}
+
+struct Tensors(HashMap<String, Tensor>);
+
+impl Tensors {
+    fn take(&mut self, name: &str) -> Result<Tensor> {
+        self.0
+            .remove(name)
+            .ok_or_else(|| ModelError::Invalid(format!("tensor '{name}' is missing")))
+    }
+
+    fn opt(&mut self, name: &str) -> Option<Tensor> {
+        self.0.remove(name)
+    }
+
+    fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
+        Ok(self.take(name)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
+    }
+
+    fn opt_vec(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
+        self.opt(name)
+            .map(|t| Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?))
+            .transpose()
+    }
+
+    fn linear(&mut self, prefix: &str) -> Result<Linear> {
+        let w = self.take(&format!("{prefix}.weight"))?;
+        let b = self.opt_vec(&format!("{prefix}.bias"))?;
+        Linear::dense(w, b)
+    }
+}
+
+/// Loads the config and weights of a Hugging Face directory.
+pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value)> {
+    let raw = read_json(&dir.join("config.json"))?;
+    let cfg = ModelConfig::from_hf_json(&raw)?;
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|source| ModelError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        return Err(ModelError::Invalid(format!("{} has no *.safetensors file", dir.display())));
+    }
+    let mut all = HashMap::new();
+    for s in &shards {
+        for (name, t) in candle_core::safetensors::load(s, &Device::Cpu)? {
+            let name = name.strip_prefix("language_model.").unwrap_or(&name).to_string();
+            all.insert(name, t);
+        }
+    }
+    let mut t = Tensors(all);
+    let embed = t.take("model.embed_tokens.weight")?.to_dtype(DType::F32)?;
+    let (vocab, dim) = embed.dims2()?;
+    let lm_head = match t.opt("lm_head.weight") {
+        Some(w) if !cfg.tie_word_embeddings => Linear::dense(w, None)?,
+        _ => Linear::dense(embed.clone(), None)?,
+    };
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let p = format!("model.layers.{i}");
+        let (post_attn_norm, ffn_norm, post_ffn_norm) = if cfg.sandwich_norms {
+            (
+                Some(t.vec(&format!("{p}.post_attention_layernorm.weight"))?),
+                t.vec(&format!("{p}.pre_feedforward_layernorm.weight"))?,
+                Some(t.vec(&format!("{p}.post_feedforward_layernorm.weight"))?),
+            )
+        } else {
+            (None, t.vec(&format!("{p}.post_attention_layernorm.weight"))?, None)
+        };
+        layers.push(LayerWeights {
+            attn_norm: t.vec(&format!("{p}.input_layernorm.weight"))?,
+            q: t.linear(&format!("{p}.self_attn.q_proj"))?,
+            k: t.linear(&format!("{p}.self_attn.k_proj"))?,
+            v: t.linear(&format!("{p}.self_attn.v_proj"))?,
+            o: t.linear(&format!("{p}.self_attn.o_proj"))?,
+            q_norm: t.opt_vec(&format!("{p}.self_attn.q_norm.weight"))?,
+            k_norm: t.opt_vec(&format!("{p}.self_attn.k_norm.weight"))?,
+            post_attn_norm,
+            ffn_norm,
+            post_ffn_norm,
+            gate: t.linear(&format!("{p}.mlp.gate_proj"))?,
+            up: t.linear(&format!("{p}.mlp.up_proj"))?,
+            down: t.linear(&format!("{p}.mlp.down_proj"))?,
+        });
+    }
+    let weights = Weights {
+        embed: Embedding {
+            rows: embed.flatten_all()?.to_vec1()?,
+            dim,
+        },
+        layers,
+        final_norm: t.vec("model.norm.weight")?,
+        lm_head,
+    };
+    if vocab != cfg.vocab_size {
+        return Err(ModelError::Invalid(format!(
+            "embedding has {vocab} rows but config.json says vocab_size {}",
+            cfg.vocab_size
+        )));
+    }
+    Ok((cfg, weights, raw))
+}

@@ -1,0 +1,241 @@
+//! The forward pass over one flat, variable-length batch: prefill chunks and decode tokens of many
+//! sequences mixed in one list of token rows, each row carrying its position, the cache slot its K/V go
+//! to, and the block table it reads; logits are computed only for the rows that ask for them.
+//!
+//! Every operation is per row (norms, RoPE, batch-invariant matmuls, per-row attention), so a row's
+//! logits are bitwise the same whatever else is in the batch and whether its prefix was computed in
+//! this step, an earlier chunk, or found in the prefix cache.
+
+use kvgate_kv::{AttentionBackend, AttnParams, AttnRow, KvCache};
+
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::ops::{add_inplace, gated_activation, rms_norm, rms_norm_inplace, softcap_inplace, Rope};
+use crate::weights::Weights;
+
+/// One engine step's worth of token rows.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Batch {
+    /// Token id of each row.
+    pub tokens: Vec<u32>,
+    /// Position of each row within its sequence.
+    pub positions: Vec<u32>,
+    /// Cache slot (`block · block_size + offset`) each row's K/V is written to.
+    pub slots: Vec<usize>,
+    /// Index into `tables` of each row's sequence.
+    pub seq_of_row: Vec<u32>,
+    /// Block table of each sequence in the batch.
+    pub tables: Vec<Vec<u32>>,
+    /// Rows whose logits are wanted, in the order the logits are returned.
+    pub logit_rows: Vec<usize>,
+}
+
+impl Batch {
+    /// Number of token rows.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// A batch holding one whole sequence laid out in blocks `0, 1, 2, …` with logits for every row
+    /// (for tests, reports and perplexity).
+    pub fn single_sequence(tokens: &[u32], block_size: usize) -> Batch {
+        let n = tokens.len();
+        Batch {
+            tokens: tokens.to_vec(),
+            positions: (0..n as u32).collect(),
+            slots: (0..n).collect(),
+            seq_of_row: vec![0; n],
+            tables: vec![(0..n.div_ceil(block_size) as u32).collect()],
+            logit_rows: (0..n).collect(),
+        }
+    }
+}
+
+/// Per-layer amax of K and V seen in a forward pass (for `--calculate-kv-scales`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvAmax {
+    /// amax of K per layer.
+    pub k: Vec<f32>,
+    /// amax of V per layer.
+    pub v: Vec<f32>,
+}
+
+/// A loaded model ready to run.
+#[derive(Debug)]
+pub struct Model {
+    cfg: ModelConfig,
+    w: Weights,
+    rope: Rope,
+    rope_local: Option<Rope>,
+}
+
+fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
+}
+
+impl Model {
+    /// Wraps loaded weights; RoPE tables cover `max_positions` positions.
+    pub fn new(cfg: ModelConfig, w: Weights, max_positions: usize) -> Result<Model> {
+        cfg.validate()?;
+        if w.layers.len() != cfg.num_layers {
+            return Err(ModelError::Invalid(format!(
+                "{} layers loaded for a config of {}",
+                w.layers.len(),
+                cfg.num_layers
+            )));
+        }
+        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, cfg.rope_style);
+        let rope_local = cfg.rope_local_theta.map(|t| {
+            Rope::new(
+                cfg.head_dim,
+                t,
+                crate::config::RopeScaling::None,
+                max_positions,
+                cfg.rope_style,
+            )
+        });
+        Ok(Model {
+            cfg,
+            w,
+            rope,
+            rope_local,
+        })
+    }
+
+    /// The architecture.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The weights.
+    pub fn weights(&self) -> &Weights {
+        &self.w
+    }
+
+    /// Positions the RoPE tables cover (the longest sequence this model instance can run).
+    pub fn max_positions(&self) -> usize {
+        self.rope.max_pos()
+    }
+
+    /// Runs the batch: writes every row's K/V into `cache`, returns `logit_rows.len() × vocab` logits.
+    pub fn forward(&self, b: &Batch, cache: &mut KvCache, attn: &dyn AttentionBackend) -> Result<Vec<f32>> {
+        self.forward_inner(b, cache, attn, None)
+    }
+
+    /// Like [`Model::forward`], also reporting the per-layer amax of K and V (calibration).
+    pub fn forward_with_amax(
+        &self,
+        b: &Batch,
+        cache: &mut KvCache,
+        attn: &dyn AttentionBackend,
+    ) -> Result<(Vec<f32>, KvAmax)> {
+        let mut a = KvAmax::default();
+        let logits = self.forward_inner(b, cache, attn, Some(&mut a))?;
+        Ok((logits, a))
+    }
+
+    fn forward_inner(
+        &self,
+        b: &Batch,
+        cache: &mut KvCache,
+        attn: &dyn AttentionBackend,
+        mut amax_out: Option<&mut KvAmax>,
+    ) -> Result<Vec<f32>> {
+        let c = &self.cfg;
+        let n = b.len();
+        if n == 0 {
+            return Ok(vec![]);
+        }
+        let (hd, nh, nkv, d) = (c.head_dim, c.num_heads, c.num_kv_heads, c.hidden_size);
+        for (&t, &p) in b.tokens.iter().zip(&b.positions) {
+            if t as usize >= c.vocab_size {
+                return Err(ModelError::Invalid(format!("token id {t} is outside the vocabulary of {}", c.vocab_size)));
+            }
+            if p as usize >= self.max_positions() {
+                return Err(ModelError::Invalid(format!("position {p} is beyond {}", self.max_positions())));
+            }
+        }
+        let mut x = Vec::with_capacity(n * d);
+        for &t in &b.tokens {
+            self.w.embed.lookup(t, &mut x);
+        }
+        if c.scale_embeddings {
+            let s = (d as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= s);
+        }
+        let rows: Vec<AttnRow> = b
+            .seq_of_row
+            .iter()
+            .zip(&b.positions)
+            .map(|(&s, &p)| AttnRow { table: s, pos: p })
+            .collect();
+        let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+        let mut h = vec![0f32; n * d];
+        let mut attn_out = vec![0f32; n * nh * hd];
+        for (li, l) in self.w.layers.iter().enumerate() {
+            rms_norm(&x, &l.attn_norm, c.rms_eps, c.norm_plus_one, &mut h);
+            let mut q = l.q.forward(&h, n)?;
+            let mut k = l.k.forward(&h, n)?;
+            let v = l.v.forward(&h, n)?;
+            if let Some(w) = &l.q_norm {
+                rms_norm_inplace(&mut q, w, c.rms_eps, c.norm_plus_one);
+            }
+            if let Some(w) = &l.k_norm {
+                rms_norm_inplace(&mut k, w, c.rms_eps, c.norm_plus_one);
+            }
+            let sliding = c.sliding_layers[li];
+            let rope = match (&self.rope_local, sliding) {
+                (Some(r), true) => r,
+                _ => &self.rope,
+            };
+            rope.apply(&mut q, &b.positions, nh);
+            rope.apply(&mut k, &b.positions, nkv);
+            if let Some(a) = amax_out.as_deref_mut() {
+                a.k.push(amax(&k));
+                a.v.push(amax(&v));
+            }
+            attn.write_kv(cache, li, &b.slots, &k, &v);
+            let params = AttnParams {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: hd,
+                scale: c.attn_scale,
+                window: if sliding { c.sliding_window } else { None },
+                softcap: c.attn_logit_softcap,
+            };
+            attn.attend(cache, li, &q, &rows, &tables, &params, &mut attn_out);
+            let mut o = l.o.forward(&attn_out, n)?;
+            if let Some(w) = &l.post_attn_norm {
+                rms_norm_inplace(&mut o, w, c.rms_eps, c.norm_plus_one);
+            }
+            add_inplace(&mut x, &o);
+            rms_norm(&x, &l.ffn_norm, c.rms_eps, c.norm_plus_one, &mut h);
+            let mut g = l.gate.forward(&h, n)?;
+            let u = l.up.forward(&h, n)?;
+            gated_activation(&mut g, &u, c.activation);
+            let mut m = l.down.forward(&g, n)?;
+            if let Some(w) = &l.post_ffn_norm {
+                rms_norm_inplace(&mut m, w, c.rms_eps, c.norm_plus_one);
+            }
+            add_inplace(&mut x, &m);
+        }
+        if b.logit_rows.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut sel = Vec::with_capacity(b.logit_rows.len() * d);
+        for &r in &b.logit_rows {
+            sel.extend_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        rms_norm_inplace(&mut sel, &self.w.final_norm, c.rms_eps, c.norm_plus_one);
+        let mut logits = self.w.lm_head.forward(&sel, b.logit_rows.len())?;
+        if let Some(cap) = c.final_logit_softcap {
+            softcap_inplace(&mut logits, cap);
+        }
+        Ok(logits)
+    }
+}

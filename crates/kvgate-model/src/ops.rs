@@ -1,0 +1,221 @@
+//! Layer code shared by every architecture: RMSNorm (plain or `1 + w`), rotary embeddings (interleaved or
+//! half-split pairs, with scaling), the MLP activations, soft-capping.
+//!
+//! Every function works row by row on flat `f32` slices, so each row's result depends only on that row:
+//! the forward pass is batch-invariant by construction.
+
+use crate::config::{Activation, RopeScaling, RopeStyle};
+
+/// RMSNorm of each `w.len()`-wide row of `x` into `out`: `x · rsqrt(mean(x²) + eps) · w` (or `· (1 + w)`).
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, plus_one: bool, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let r = 1.0 / (ss / d as f32 + eps).sqrt();
+        if plus_one {
+            for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+                *o = v * r * (1.0 + g);
+            }
+        } else {
+            for ((o, v), g) in or.iter_mut().zip(xr).zip(w) {
+                *o = v * r * g;
+            }
+        }
+    }
+}
+
+/// In-place RMSNorm of each `w.len()`-wide row.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32, plus_one: bool) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let r = 1.0 / (ss / d as f32 + eps).sqrt();
+        for (v, g) in xr.iter_mut().zip(w) {
+            *v *= r * if plus_one { 1.0 + g } else { *g };
+        }
+    }
+}
+
+/// A precomputed cos/sin table for one RoPE base.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+    max_pos: usize,
+    style: RopeStyle,
+}
+
+impl Rope {
+    /// Builds the table for positions `0..max_pos` (frequencies in f32 as Hugging Face computes them).
+    pub fn new(head_dim: usize, theta: f32, scaling: RopeScaling, max_pos: usize, style: RopeStyle) -> Rope {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| {
+                let f = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+                match scaling {
+                    RopeScaling::None => f,
+                    RopeScaling::Linear(factor) => f / factor,
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position,
+                    } => {
+                        let low_wavelen = original_max_position / low_freq_factor;
+                        let high_wavelen = original_max_position / high_freq_factor;
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (original_max_position / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    }
+                }
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(max_pos * half);
+        let mut sin = Vec::with_capacity(max_pos * half);
+        for p in 0..max_pos {
+            for f in &inv_freq {
+                let a = (p as f32 * f) as f64;
+                cos.push(a.cos() as f32);
+                sin.push(a.sin() as f32);
+            }
+        }
+        Rope {
+            cos,
+            sin,
+            half,
+            max_pos,
+            style,
+        }
+    }
+
+    /// Positions the table covers.
+    pub fn max_pos(&self) -> usize {
+        self.max_pos
+    }
+
+    /// Rotates every head of every row of `x` (`rows × heads × head_dim`) by its row's position.
+    pub fn apply(&self, x: &mut [f32], positions: &[u32], heads: usize) {
+        let hd = 2 * self.half;
+        for (row, &p) in x.chunks_exact_mut(heads * hd).zip(positions) {
+            let p = p as usize;
+            let (c, s) = (
+                &self.cos[p * self.half..(p + 1) * self.half],
+                &self.sin[p * self.half..(p + 1) * self.half],
+            );
+            for h in row.chunks_exact_mut(hd) {
+                match self.style {
+                    RopeStyle::Interleaved => {
+                        for i in 0..self.half {
+                            let (a, b) = (h[2 * i], h[2 * i + 1]);
+                            h[2 * i] = a * c[i] - b * s[i];
+                            h[2 * i + 1] = a * s[i] + b * c[i];
+                        }
+                    }
+                    RopeStyle::Half => {
+                        let (lo, hi) = h.split_at_mut(self.half);
+                        for i in 0..self.half {
+                            let (a, b) = (lo[i], hi[i]);
+                            lo[i] = a * c[i] - b * s[i];
+                            hi[i] = b * c[i] + a * s[i];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `gate = act(gate) · up`, element-wise.
+pub fn gated_activation(gate: &mut [f32], up: &[f32], act: Activation) {
+    match act {
+        Activation::Silu => {
+            for (g, u) in gate.iter_mut().zip(up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+        }
+        Activation::GeluTanh => {
+            const C: f32 = 0.797_884_6; // sqrt(2/pi)
+            for (g, u) in gate.iter_mut().zip(up) {
+                let x = *g;
+                *g = 0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh()) * u;
+            }
+        }
+    }
+}
+
+/// `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// `x = cap · tanh(x / cap)`.
+pub fn softcap_inplace(x: &mut [f32], cap: f32) {
+    for v in x.iter_mut() {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
+/// Log-softmax of one row, in f64 for the normaliser.
+pub fn log_softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let lse = (x.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    x.iter().map(|&v| v - lse).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_styles_agree_up_to_a_permutation() {
+        let hd = 8;
+        let a = Rope::new(hd, 10000.0, RopeScaling::None, 16, RopeStyle::Half);
+        let b = Rope::new(hd, 10000.0, RopeScaling::None, 16, RopeStyle::Interleaved);
+        let x: Vec<f32> = (0..hd).map(|i| i as f32 + 1.0).collect();
+        // interleaved layout of the same vector: pairs (i, i + half) → (2i, 2i + 1)
+        let mut xi = vec![0f32; hd];
+        for i in 0..hd / 2 {
+            xi[2 * i] = x[i];
+            xi[2 * i + 1] = x[i + hd / 2];
+        }
+        let mut xa = x.clone();
+        a.apply(&mut xa, &[5], 1);
+        b.apply(&mut xi, &[5], 1);
+        for i in 0..hd / 2 {
+            assert!((xa[i] - xi[2 * i]).abs() < 1e-6);
+            assert!((xa[i + hd / 2] - xi[2 * i + 1]).abs() < 1e-6);
+        }
+        // position 0 is the identity
+        let mut x0 = x.clone();
+        a.apply(&mut x0, &[0], 1);
+        assert_eq!(x0, x);
+    }
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = [3.0, 4.0, 0.0, 0.0];
+        let mut out = [0f32; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, false, &mut out);
+        assert!((out[0] - 1.2).abs() < 1e-6 && (out[1] - 1.6).abs() < 1e-6);
+        let mut y = x;
+        rms_norm_inplace(&mut y, &[0.0; 4], 0.0, true);
+        assert_eq!(y, out);
+    }
+
+    #[test]
+    fn log_softmax_normalises() {
+        let l = log_softmax(&[1.0, 2.0, 3.0]);
+        let s: f32 = l.iter().map(|x| x.exp()).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,85 @@
+//! The weights of a decoder-only transformer, in the one shape every architecture and file format is
+//! loaded into. Optional parts (biases, q/k norms, sandwich norms) are `None` where an architecture has
+//! none.
+
+use crate::linear::Linear;
+
+/// The token embedding table, kept as f32 rows.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    /// `vocab × dim`, row-major.
+    pub rows: Vec<f32>,
+    /// Row width.
+    pub dim: usize,
+}
+
+impl Embedding {
+    /// Number of rows.
+    pub fn vocab(&self) -> usize {
+        self.rows.len() / self.dim
+    }
+
+    /// Appends the row of `token` to `out`.
+    pub fn lookup(&self, token: u32, out: &mut Vec<f32>) {
+        let t = token as usize;
+        out.extend_from_slice(&self.rows[t * self.dim..(t + 1) * self.dim]);
+    }
+}
+
+/// One transformer layer.
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    /// Norm before attention.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// Per-head query norm (Qwen3, Gemma 3).
+    pub q_norm: Option<Vec<f32>>,
+    /// Per-head key norm (Qwen3, Gemma 3).
+    pub k_norm: Option<Vec<f32>>,
+    /// Norm of the attention output before the residual add (Gemma 3).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Norm before the MLP.
+    pub ffn_norm: Vec<f32>,
+    /// Norm of the MLP output before the residual add (Gemma 3).
+    pub post_ffn_norm: Option<Vec<f32>>,
+    /// MLP gate.
+    pub gate: Linear,
+    /// MLP up.
+    pub up: Linear,
+    /// MLP down.
+    pub down: Linear,
+}
+
+/// All weights.
+#[derive(Debug, Clone)]
+pub struct Weights {
+    /// Token embeddings.
+    pub embed: Embedding,
+    /// The layers.
+    pub layers: Vec<LayerWeights>,
+    /// Final norm.
+    pub final_norm: Vec<f32>,
+    /// Output projection (the embedding matrix itself when tied).
+    pub lm_head: Linear,
+}
+
+impl Weights {
+    /// Bytes of weight data held.
+    pub fn bytes(&self) -> usize {
+        let lin = |l: &Linear| l.weight_bytes();
+        self.embed.rows.len() * 4
+            + lin(&self.lm_head)
+            + self
+                .layers
+                .iter()
+                .map(|l| lin(&l.q) + lin(&l.k) + lin(&l.v) + lin(&l.o) + lin(&l.gate) + lin(&l.up) + lin(&l.down))
+                .sum::<usize>()
+    }
+}
