@@ -97,6 +97,8 @@ pub struct Seq {
     pub all_logits: bool,
     /// Whether it produces logits at all (a decision's shared prefix does not).
     pub wants_logits: bool,
+    /// For a decision's question sequence: the index of its read.
+    pub read: Option<usize>,
     matched: bool,
 }
 
@@ -274,6 +276,7 @@ impl Scheduler {
                 blocks: SeqBlocks::default(),
                 all_logits,
                 wants_logits,
+                read: None,
                 matched: false,
             },
         );
@@ -338,7 +341,15 @@ impl Scheduler {
         };
         let seqs = if shared == 0 {
             // A single read (or nothing shared): the reads are plain sequences.
-            let ids: Vec<SeqId> = prompts.into_iter().map(|p| self.new_seq(g, p, false, true)).collect();
+            let ids: Vec<SeqId> = prompts
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let id = self.new_seq(g, p, false, true);
+                    self.seqs.get_mut(&id).expect("just added").read = Some(i);
+                    id
+                })
+                .collect();
             if let Some(Kind::Decide { forked, .. }) = self.groups.get_mut(&g).map(|g| &mut g.kind) {
                 *forked = true;
             }
@@ -578,10 +589,11 @@ impl Scheduler {
                 continue;
             }
             let mut ids = Vec::with_capacity(prompts.len());
-            for p in prompts {
+            for (i, p) in prompts.into_iter().enumerate() {
                 let id = self.new_seq(g, p, false, true);
                 let sb = self.kv.fork(&self.seqs[&prefix].blocks);
                 let s = self.seqs.get_mut(&id).expect("just added");
+                s.read = Some(i);
                 s.blocks = sb;
                 s.computed = shared;
                 s.matched = true;

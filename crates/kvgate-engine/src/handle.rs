@@ -1,0 +1,263 @@
+//! The handle through which the rest of the process talks to the engine thread: submit a request (the
+//! limits are checked here, synchronously, so a bad request is refused before it queues), read its
+//! events, abort it (dropping the stream aborts it), ask for statistics, check liveness.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::error::EngineError;
+use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
+
+/// Limits the handle enforces at submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Prompt + output tokens per sequence.
+    pub max_model_len: usize,
+    /// Waiting requests before 429.
+    pub max_queue: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Vocabulary size (token ids must be below it).
+    pub vocab_size: usize,
+}
+
+/// A snapshot of the engine's state, for tests and `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Pool counts.
+    pub pool: crate::block_pool::PoolCounts,
+    /// Running requests.
+    pub running: usize,
+    /// Waiting requests.
+    pub waiting: usize,
+    /// Prefix-cache queries (tokens).
+    pub prefix_queries: u64,
+    /// Prefix-cache hits (tokens).
+    pub prefix_hits: u64,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    /// Requests with live state in the engine.
+    pub active_requests: usize,
+    /// Pinned (keep_alive) prefixes.
+    pub pins: usize,
+}
+
+pub(crate) enum Command {
+    Generate(RequestId, GenerateRequest, tmpsc::UnboundedSender<Event>),
+    Decide(RequestId, DecideRequest, tmpsc::UnboundedSender<Event>),
+    Abort(RequestId),
+    Stats(oneshot::Sender<EngineStats>),
+    /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
+    InjectPanic,
+}
+
+pub(crate) struct Shared {
+    pub queued: AtomicUsize,
+    pub alive: AtomicBool,
+    pub next_id: AtomicU64,
+    pub limits: Limits,
+}
+
+/// A cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").field("limits", &self.shared.limits).finish()
+    }
+}
+
+/// The events of one request. Dropping it before the request ends aborts the request in the engine
+/// (its blocks are freed at the next step).
+#[derive(Debug)]
+pub struct RequestStream {
+    id: RequestId,
+    rx: tmpsc::UnboundedReceiver<Event>,
+    tx: mpsc::Sender<Command>,
+    ended: bool,
+}
+
+impl RequestStream {
+    /// The request id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` once the engine dropped the request (after its last event).
+    pub async fn next(&mut self) -> Option<Event> {
+        let e = self.rx.recv().await;
+        match &e {
+            Some(Event::Done(_)) | Some(Event::Decision { .. }) | Some(Event::Error(_)) | None => self.ended = true,
+            _ => {}
+        }
+        if e.is_none() {
+            return Some(Event::Error(EngineError::EngineDead));
+        }
+        e
+    }
+
+    /// The next event without waiting (tests).
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    pub(crate) fn new(tx: mpsc::Sender<Command>, shared: Arc<Shared>) -> EngineHandle {
+        EngineHandle { tx, shared }
+    }
+
+    /// The limits.
+    pub fn limits(&self) -> Limits {
+        self.shared.limits
+    }
+
+    /// Whether the engine thread is running.
+    pub fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// Requests submitted and not yet admitted.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::SeqCst)
+    }
+
+    fn check_tokens(&self, prompt: &[u32]) -> Result<(), EngineError> {
+        let l = self.shared.limits;
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
+            return Err(EngineError::InvalidToken { id, vocab: l.vocab_size });
+        }
+        if prompt.len() > l.max_model_len {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens: prompt.len(),
+                max_model_len: l.max_model_len,
+            });
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self) -> Result<RequestId, EngineError> {
+        let l = self.shared.limits;
+        if !self.is_alive() {
+            return Err(EngineError::EngineDead);
+        }
+        let prev = self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        if prev >= l.max_queue {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::QueueFull { max_queue: l.max_queue });
+        }
+        Ok(self.shared.next_id.fetch_add(1, Ordering::SeqCst))
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        self.tx.send(cmd).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            EngineError::EngineDead
+        })
+    }
+
+    /// Submits a completion. `params.max_tokens` must already be resolved (the server fills "until the
+    /// context ends" in).
+    pub fn generate(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let l = self.shared.limits;
+        self.check_tokens(&req.prompt)?;
+        let p = &req.params;
+        if req.prompt.len() + p.max_tokens > l.max_model_len {
+            return Err(EngineError::TooManyTokens {
+                prompt_tokens: req.prompt.len(),
+                max_tokens: p.max_tokens,
+                max_model_len: l.max_model_len,
+            });
+        }
+        let n = p.n.max(1);
+        let last_len = req.prompt.len() + p.max_tokens;
+        // The prompt's blocks are shared by every choice; each choice needs its own tail.
+        let needed = req.prompt.len() / l.block_size + n * (last_len.div_ceil(l.block_size) - req.prompt.len() / l.block_size);
+        if needed > l.num_blocks {
+            return Err(EngineError::DoesNotFit {
+                needed,
+                available: l.num_blocks,
+            });
+        }
+        let id = self.enqueue()?;
+        let (tx, rx) = tmpsc::unbounded_channel();
+        self.send(Command::Generate(id, req, tx))?;
+        Ok(RequestStream {
+            id,
+            rx,
+            tx: self.tx.clone(),
+            ended: false,
+        })
+    }
+
+    /// Submits a decision.
+    pub fn decide(&self, req: DecideRequest) -> Result<RequestStream, EngineError> {
+        let l = self.shared.limits;
+        if req.reads.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        for r in &req.reads {
+            self.check_tokens(&r.prompt)?;
+        }
+        // The shared prefix is stored once; each read adds its own tail (plus a copied partial block).
+        let first = &req.reads[0].prompt;
+        let shared = req
+            .reads
+            .iter()
+            .map(|r| first.iter().zip(&r.prompt).take_while(|(a, b)| a == b).count())
+            .min()
+            .unwrap_or(0);
+        let needed = shared / l.block_size
+            + req
+                .reads
+                .iter()
+                .map(|r| r.prompt.len().div_ceil(l.block_size) - shared / l.block_size + 1)
+                .sum::<usize>();
+        if needed > l.num_blocks {
+            return Err(EngineError::DoesNotFit {
+                needed,
+                available: l.num_blocks,
+            });
+        }
+        let id = self.enqueue()?;
+        let (tx, rx) = tmpsc::unbounded_channel();
+        self.send(Command::Decide(id, req, tx))?;
+        Ok(RequestStream {
+            id,
+            rx,
+            tx: self.tx.clone(),
+            ended: false,
+        })
+    }
+
+    /// A snapshot of the engine's state.
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::Stats(tx)).map_err(|_| EngineError::EngineDead)?;
+        rx.await.map_err(|_| EngineError::EngineDead)
+    }
+
+    /// Test hook: makes the engine's next step panic.
+    pub fn inject_panic(&self) {
+        let _ = self.tx.send(Command::InjectPanic);
+    }
+}

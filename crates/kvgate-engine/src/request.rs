@@ -1,0 +1,129 @@
+//! What callers submit to the engine and what it sends back on each request's channel.
+
+use std::time::Duration;
+
+use crate::error::EngineError;
+use crate::sampling::{SamplingParams, TokenLogprob};
+
+/// Identifies a submitted request.
+pub type RequestId = u64;
+
+/// A completion request: a tokenized prompt and sampling parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling parameters.
+    pub params: SamplingParams,
+    /// Isolates prefix-cache sharing (joins the block keys).
+    pub cache_salt: Option<String>,
+}
+
+/// One read of a decision: a prompt and, per label, the token ids whose probabilities are summed into
+/// it (the label's alias forms).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionRead {
+    /// Prompt token ids (state first, so reads of one decision share a prefix).
+    pub prompt: Vec<u32>,
+    /// Per label: its alias token ids.
+    pub labels: Vec<Vec<u32>>,
+}
+
+/// A decision request: reads that are evaluated together, forked from their shared prefix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecideRequest {
+    /// The reads, in answer order.
+    pub reads: Vec<DecisionRead>,
+    /// Isolates prefix-cache sharing.
+    pub cache_salt: Option<String>,
+    /// Keep the shared prefix's blocks from eviction this long after the decision.
+    pub keep_alive: Option<Duration>,
+}
+
+/// The outcome of one read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadResult {
+    /// Per label: the summed probability of its alias tokens (not renormalised).
+    pub label_probs: Vec<f64>,
+    /// Σ of `label_probs`: the mass the model put on the labels at all.
+    pub label_mass: f64,
+}
+
+/// Why a choice ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What matched a stop, for `stop_reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopMatch {
+    /// A stop string.
+    Text(String),
+    /// A stop token id (EOS excluded, as vLLM reports it).
+    Token(u32),
+}
+
+/// Token accounting of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens (decisions: over all reads).
+    pub prompt_tokens: usize,
+    /// Generated tokens over all choices.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// An event on a request's channel.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Logprobs of the prompt tokens (the first is `None`), when asked.
+    PromptLogprobs(Vec<Option<TokenLogprob>>),
+    /// One generated token of one choice, with the text that became final.
+    Token {
+        /// Choice index.
+        choice: usize,
+        /// The token.
+        token: u32,
+        /// Text delta (may be empty while text is held back).
+        text: String,
+        /// Its logprobs, when asked.
+        logprob: Option<TokenLogprob>,
+    },
+    /// A choice ended; `text` is its last delta.
+    Finished {
+        /// Choice index.
+        choice: usize,
+        /// Why.
+        reason: FinishReason,
+        /// Text released at the end.
+        text: String,
+        /// What stopped it.
+        stop: Option<StopMatch>,
+    },
+    /// Every choice ended.
+    Done(Usage),
+    /// A decision's answers, in read order.
+    Decision {
+        /// One result per read.
+        reads: Vec<ReadResult>,
+        /// Accounting (prompt tokens over all reads, cached ones, no output tokens).
+        usage: Usage,
+    },
+    /// The request failed.
+    Error(EngineError),
+}

@@ -1,0 +1,332 @@
+//! Sampling: the OpenAI/vLLM parameters turned into a per-sequence sampler over one logits row.
+//!
+//! Order (as vLLM): logit bias → min_tokens masking of stop tokens → repetition penalty (prompt and
+//! output tokens) → frequency and presence penalties (output tokens) → greedy if temperature is 0, else
+//! temperature → top-k → top-p → min-p → draw from a ChaCha RNG seeded per request (and per choice).
+//! Logprobs are reported from the raw model distribution (vLLM's default `raw_logprobs`).
+
+use std::collections::HashMap;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Sampling parameters of one request (validated by the server).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// In [0, 1].
+    pub min_p: f32,
+    /// Seed; `None` draws one.
+    pub seed: Option<u64>,
+    /// OpenAI presence penalty.
+    pub presence_penalty: f32,
+    /// OpenAI frequency penalty.
+    pub frequency_penalty: f32,
+    /// Multiplicative repetition penalty (1 = off).
+    pub repetition_penalty: f32,
+    /// Added to logits.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Output tokens at most.
+    pub max_tokens: usize,
+    /// Output tokens before stop tokens may end generation.
+    pub min_tokens: usize,
+    /// Stop strings.
+    pub stop: Vec<String>,
+    /// Extra stop token ids.
+    pub stop_token_ids: Vec<u32>,
+    /// Keep the matched stop string in the output.
+    pub include_stop_str_in_output: bool,
+    /// Do not stop at EOS.
+    pub ignore_eos: bool,
+    /// Top logprobs per output token (`Some(0)` = only the chosen token's).
+    pub logprobs: Option<usize>,
+    /// Top logprobs per prompt token (echo with logprobs).
+    pub prompt_logprobs: Option<usize>,
+    /// Choices.
+    pub n: usize,
+    /// Drop special tokens from the text.
+    pub skip_special_tokens: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            seed: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: vec![],
+            max_tokens: 16,
+            min_tokens: 0,
+            stop: vec![],
+            stop_token_ids: vec![],
+            include_stop_str_in_output: false,
+            ignore_eos: false,
+            logprobs: None,
+            prompt_logprobs: None,
+            n: 1,
+            skip_special_tokens: true,
+        }
+    }
+}
+
+/// A token's logprob and the top alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token.
+    pub token: u32,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The most likely tokens with their logprobs, best first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Log-softmax of a row (f64 normaliser).
+pub fn log_softmax(x: &[f32]) -> Vec<f32> {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let lse = (x.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    x.iter().map(|&v| v - lse).collect()
+}
+
+/// The `k` best entries of a row, best first (ties: lower id first).
+pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 {
+        return vec![];
+    }
+    let mut idx: Vec<u32> = (0..x.len() as u32).collect();
+    let cmp = |a: &u32, b: &u32| x[*b as usize].total_cmp(&x[*a as usize]).then(a.cmp(b));
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, cmp);
+        idx.truncate(k);
+    }
+    idx.sort_by(cmp);
+    idx.into_iter().map(|i| (i, x[i as usize])).collect()
+}
+
+/// The first index of the largest value.
+pub fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The sampler of one sequence.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    rng: ChaCha8Rng,
+    counts: HashMap<u32, u32>,
+    prompt_tokens: Vec<u32>,
+    generated: usize,
+}
+
+impl Sampler {
+    /// A sampler for choice `choice` of a request.
+    pub fn new(p: &SamplingParams, prompt: &[u32], choice: usize) -> Sampler {
+        let seed = p.seed.unwrap_or_else(rand::random);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(choice as u64);
+        let mut prompt_tokens = if p.repetition_penalty != 1.0 { prompt.to_vec() } else { vec![] };
+        prompt_tokens.sort_unstable();
+        prompt_tokens.dedup();
+        Sampler {
+            rng,
+            counts: HashMap::new(),
+            prompt_tokens,
+            generated: 0,
+        }
+    }
+
+    /// Output tokens sampled so far.
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// Picks the next token from `logits` (`stop_ids` are masked while fewer than `min_tokens` were
+    /// generated) and returns it with its logprob entry when asked.
+    pub fn sample(&mut self, logits: &[f32], p: &SamplingParams, stop_ids: &[u32]) -> (u32, Option<TokenLogprob>) {
+        let mut x = logits.to_vec();
+        for &(t, b) in &p.logit_bias {
+            if let Some(v) = x.get_mut(t as usize) {
+                *v += b;
+            }
+        }
+        if self.generated < p.min_tokens {
+            for &t in stop_ids {
+                if let Some(v) = x.get_mut(t as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if p.repetition_penalty != 1.0 {
+            let r = p.repetition_penalty;
+            let pen = |v: &mut f32| *v = if *v > 0.0 { *v / r } else { *v * r };
+            for &t in &self.prompt_tokens {
+                if let Some(v) = x.get_mut(t as usize) {
+                    pen(v);
+                }
+            }
+            for &t in self.counts.keys() {
+                if self.prompt_tokens.binary_search(&t).is_err() {
+                    if let Some(v) = x.get_mut(t as usize) {
+                        pen(v);
+                    }
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&t, &c) in &self.counts {
+                if let Some(v) = x.get_mut(t as usize) {
+                    *v -= p.frequency_penalty * c as f32 + p.presence_penalty;
+                }
+            }
+        }
+        let tok = if p.temperature <= 0.0 {
+            argmax(&x)
+        } else {
+            self.draw(&mut x, p)
+        };
+        let lp = p.logprobs.map(|k| {
+            let ls = log_softmax(logits);
+            TokenLogprob {
+                token: tok,
+                logprob: ls[tok as usize],
+                top: top_k_of(&ls, k),
+            }
+        });
+        *self.counts.entry(tok).or_insert(0) += 1;
+        self.generated += 1;
+        (tok, lp)
+    }
+
+    fn draw(&mut self, x: &mut [f32], p: &SamplingParams) -> u32 {
+        let inv_t = 1.0 / p.temperature;
+        // Candidates sorted by logit (descending), restricted by top-k.
+        let k = if p.top_k == 0 { x.len() } else { p.top_k.min(x.len()) };
+        let mut cand = top_k_of(x, k);
+        let max = cand[0].1;
+        let mut probs: Vec<f64> = cand.iter().map(|&(_, v)| (((v - max) * inv_t) as f64).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|q| *q /= total);
+        // top-p: the smallest prefix with mass ≥ top_p.
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            let mut keep = probs.len();
+            for (i, q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            probs.truncate(keep);
+            cand.truncate(keep);
+        }
+        // min-p: drop tokens below min_p × the top probability.
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            let keep = probs.iter().take_while(|&&q| q >= floor).count().max(1);
+            probs.truncate(keep);
+            cand.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let mut r = self.rng.random::<f64>() * total;
+        for (i, q) in probs.iter().enumerate() {
+            if r < *q {
+                return cand[i].0;
+            }
+            r -= q;
+        }
+        cand[cand.len() - 1].0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams::default()
+    }
+
+    #[test]
+    fn greedy_is_argmax_and_penalties_apply() {
+        let mut p = params();
+        p.temperature = 0.0;
+        let mut s = Sampler::new(&p, &[], 0);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 1);
+        p.logit_bias = vec![(2, 5.0)];
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 2);
+        p.logit_bias.clear();
+        let mut s = Sampler::new(&p, &[], 0);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 1);
+        p.frequency_penalty = 2.5; // token 1 was generated once: 3 - 2.5 < 1
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 2);
+    }
+
+    #[test]
+    fn min_tokens_masks_stop_ids() {
+        let mut p = params();
+        p.temperature = 0.0;
+        p.min_tokens = 1;
+        let mut s = Sampler::new(&p, &[], 0);
+        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0]).0, 1);
+        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0]).0, 0);
+    }
+
+    #[test]
+    fn seeded_sampling_reproduces_and_respects_top_k() {
+        let mut p = params();
+        p.seed = Some(5);
+        p.top_k = 2;
+        let logits = [1.0, 1.1, 0.9, 1.05, -3.0];
+        let run = |choice| {
+            let mut s = Sampler::new(&p, &[], choice);
+            (0..50).map(|_| s.sample(&logits, &p, &[]).0).collect::<Vec<_>>()
+        };
+        let a = run(0);
+        assert_eq!(a, run(0));
+        assert_ne!(a, run(1), "choices draw from different streams");
+        assert!(a.iter().all(|&t| t == 1 || t == 3), "{a:?}");
+        assert!(a.contains(&1) && a.contains(&3));
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        let mut p = params();
+        p.seed = Some(1);
+        p.top_p = 0.5;
+        let logits = [5.0, 4.9, 0.0, 0.0];
+        let mut s = Sampler::new(&p, &[], 0);
+        for _ in 0..100 {
+            let t = s.sample(&logits, &p, &[]).0;
+            assert!(t == 0 || t == 1, "{t}");
+        }
+    }
+
+    #[test]
+    fn logprobs_are_raw_and_top_sorted() {
+        let mut p = params();
+        p.temperature = 0.0;
+        p.logprobs = Some(2);
+        let mut s = Sampler::new(&p, &[], 0);
+        let (_, lp) = s.sample(&[0.0, 2.0, 1.0], &p, &[]);
+        let lp = lp.unwrap();
+        assert_eq!(lp.token, 1);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);
+        let z: f32 = [0.0f32, 2.0, 1.0].iter().map(|v| v.exp()).sum();
+        assert!((lp.logprob - (2.0 - z.ln())).abs() < 1e-5);
+    }
+}
