@@ -1,1 +1,5 @@
-fn main() {}
+//! The `serve` binary: see `kvgate_server::cli`.
+
+fn main() -> std::process::ExitCode {
+    kvgate_server::cli::main()
+}

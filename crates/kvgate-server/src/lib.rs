@@ -1,1 +1,20 @@
-//! placeholder
+//! kvgate's HTTP surface: axum routes for the OpenAI API (`/v1/completions`, `/v1/chat/completions`,
+//! `/v1/models`), System One decisions (`/v1/systemone`), tokenization, health and metrics; request
+//! validation with clear 4xx errors; API keys and CORS; the one configuration definition; the `serve`
+//! binary; and the default-model fetch. HTTP knows nothing of tensors: it talks to the engine through
+//! [`kvgate_engine::EngineHandle`].
+
+pub mod app;
+pub mod chat;
+pub mod cli;
+pub mod completions;
+pub mod config;
+pub mod default_model;
+pub mod error;
+pub mod events;
+pub mod middleware;
+pub mod params;
+pub mod routes;
+pub mod sampling;
+pub mod state;
+pub mod systemone;

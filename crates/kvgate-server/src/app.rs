@@ -1,0 +1,39 @@
+//! The router: every route with its layers. CORS is outermost (so every response, errors included,
+//! carries the CORS headers for a listed origin, and preflights never reach auth), then the request
+//! log, the panic catcher, API-key auth, and the body limit.
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::catch_panic::CatchPanicLayer;
+
+use crate::middleware::{auth, cors, log, panic_response, CorsPolicy, Keys};
+use crate::state::AppState;
+use crate::{chat, completions, routes, systemone};
+
+/// Builds the application.
+pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>) -> Router {
+    let limit = st.body_limit.min(usize::MAX as u64) as usize;
+    Router::new()
+        .route("/health", get(routes::health))
+        .route("/ping", get(routes::health).post(routes::health))
+        .route("/version", get(routes::version))
+        .route("/metrics", get(routes::metrics))
+        .route("/v1/models", get(routes::models))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/systemone", post(systemone::route::systemone))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/detokenize", post(routes::detokenize))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .with_state(st)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(from_fn_with_state(keys, auth))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(from_fn(log))
+        .layer(from_fn_with_state(policy, cors))
+}

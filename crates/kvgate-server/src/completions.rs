@@ -1,0 +1,242 @@
+//! `POST /v1/completions`: one prompt (string or token ids) or a list of them, non-streaming or SSE,
+//! with `echo`, legacy `logprobs`, `n`, stop strings and usage.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::stream::StreamExt;
+use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::events::{collect, merged, now_secs, request_id, stop_reason, submit_all, usage_json};
+use crate::params::Body;
+use crate::sampling::{self, COMMON, UNSUPPORTED};
+use crate::state::AppState;
+
+/// A prompt as given: its tokens and its text (for `echo`).
+struct Prompt {
+    ids: Vec<u32>,
+    text: String,
+}
+
+fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
+    let tok = &st.tokenizer;
+    let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
+        let ids = tok.encode(s, true).map_err(|e| ApiError::param("prompt", e.to_string()))?;
+        Ok(Prompt { ids, text: s.to_string() })
+    };
+    let id_prompt = |a: &[Value]| -> Result<Prompt, ApiError> {
+        let ids: Vec<u32> = a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .filter(|&t| (t as usize) < st.vocab_size)
+                    .map(|t| t as u32)
+                    .ok_or_else(|| ApiError::param("prompt", format!("token id {x} is outside the vocabulary (size {})", st.vocab_size)))
+            })
+            .collect::<Result<_, _>>()?;
+        let text = tok.decode(&ids, false).unwrap_or_default();
+        Ok(Prompt { ids, text })
+    };
+    let prompts = match b.raw("prompt") {
+        None => return Err(ApiError::param("prompt", "'prompt' is required")),
+        Some(Value::String(s)) => vec![text_prompt(s)?],
+        Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::param("prompt", "'prompt' must not be empty")),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+            a.iter().map(|s| text_prompt(s.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![id_prompt(a)?],
+        Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
+            .iter()
+            .map(|x| id_prompt(x.as_array().map(Vec::as_slice).unwrap_or_default()))
+            .collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(ApiError::param(
+                "prompt",
+                "'prompt' must be a string, a list of strings, a list of token ids, or a list of lists of token ids",
+            ))
+        }
+    };
+    if prompts.len() > 64 {
+        return Err(ApiError::param("prompt", format!("at most 64 prompts per request, got {}", prompts.len())));
+    }
+    if let Some(p) = prompts.iter().find(|p| p.ids.is_empty()) {
+        let _ = p;
+        return Err(ApiError::param("prompt", "a prompt must contain at least one token"));
+    }
+    Ok(prompts)
+}
+
+/// Legacy completions logprobs for a run of tokens, `text_offset` starting at `offset`.
+fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], offset: usize) -> Value {
+    let mut toks = vec![];
+    let mut token_lps = vec![];
+    let mut tops = vec![];
+    let mut offsets = vec![];
+    let mut off = offset;
+    for (i, &t) in tokens.iter().enumerate() {
+        let s = st.tokenizer.decode(&[t], false).unwrap_or_default();
+        offsets.push(off);
+        off += s.len();
+        toks.push(Value::String(s));
+        match lps.get(i).and_then(|x| x.as_ref()) {
+            Some(l) => {
+                token_lps.push(json!(l.logprob));
+                let mut m = Map::new();
+                for (id, lp) in &l.top {
+                    m.entry(st.tokenizer.decode(&[*id], false).unwrap_or_default()).or_insert(json!(lp));
+                }
+                tops.push(if l.top.is_empty() { Value::Null } else { Value::Object(m) });
+            }
+            None => {
+                token_lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    json!({"tokens": toks, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// The handler.
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    let b = Body::new(&map);
+    let mut allowed = COMMON.to_vec();
+    allowed.extend(["prompt", "logprobs"]);
+    b.only(&allowed, UNSUPPORTED)?;
+    let model = st.check_model(b.str("model")?)?;
+    let max_tokens = b.int_in("max_tokens", 1, i64::MAX)?.unwrap_or(16);
+    let mut c = sampling::read(&b, &st.defaults, st.vocab_size, Some(max_tokens))?;
+    let logprobs = b.int_in("logprobs", 0, 20)?.map(|x| x as usize);
+    c.params.logprobs = logprobs;
+    if c.echo && logprobs.is_some() {
+        c.params.prompt_logprobs = logprobs;
+    }
+    let prompts = read_prompts(&b, &st)?;
+    if st.args.log_requests {
+        tracing::info!(body = %serde_json::Value::Object(map.clone()), "completion request");
+    }
+    let n = c.params.n;
+    let reqs = prompts
+        .iter()
+        .map(|p| GenerateRequest {
+            prompt: p.ids.clone(),
+            params: c.params.clone(),
+            cache_salt: c.cache_salt.clone(),
+        })
+        .collect();
+    let tagged = submit_all(&st, reqs)?;
+    let id = request_id("cmpl");
+    let created = now_secs();
+    if !c.stream {
+        let (choices, prompt_lps, usage) = collect(tagged, n).await?;
+        let out: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(i, ch)| {
+                let p = &prompts[i / n];
+                let mut text = String::new();
+                if c.echo {
+                    text.push_str(&p.text);
+                }
+                text.push_str(&ch.text);
+                let lp = logprobs.map(|_| {
+                    let gen: Vec<Option<TokenLogprob>> = ch.logprobs.iter().cloned().map(Some).collect();
+                    if c.echo {
+                        let mut all = prompt_lps[i / n].clone().unwrap_or_else(|| vec![None; p.ids.len()]);
+                        all.extend(gen);
+                        let mut toks = p.ids.clone();
+                        toks.extend(&ch.tokens);
+                        legacy_logprobs(&st, &all, &toks, 0)
+                    } else {
+                        legacy_logprobs(&st, &gen, &ch.tokens, 0)
+                    }
+                });
+                json!({
+                    "index": i,
+                    "text": text,
+                    "logprobs": lp,
+                    "finish_reason": ch.finish.map(|f| f.as_str()),
+                    "stop_reason": stop_reason(&ch.stop),
+                })
+            })
+            .collect();
+        return Ok(axum::Json(json!({
+            "id": id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": out,
+            "usage": usage_json(&usage),
+        }))
+        .into_response());
+    }
+    // Streaming.
+    let prompts_text: Vec<String> = prompts.iter().map(|p| p.text.clone()).collect();
+    let total_prompts = prompts_text.len();
+    let mut echoed = vec![false; total_prompts * n];
+    let mut offsets = vec![0usize; total_prompts * n];
+    let mut usage = kvgate_engine::Usage::default();
+    let mut done = 0;
+    let include_usage = c.include_usage;
+    let echo = c.echo;
+    let stream = merged(tagged).flat_map(move |(pi, ev)| {
+        let chunk = |index: usize, text: String, lp: Value, finish: Value, stop: Value| {
+            json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": stop}],
+            })
+        };
+        let mut out: Vec<Value> = vec![];
+        match ev {
+            Event::Token { choice, token, text, logprob } => {
+                let idx = pi * n + choice;
+                let mut t = String::new();
+                if echo && !echoed[idx] {
+                    echoed[idx] = true;
+                    t.push_str(&prompts_text[pi]);
+                }
+                t.push_str(&text);
+                let lp = match (logprobs, logprob) {
+                    (Some(_), Some(l)) => {
+                        let v = legacy_logprobs(&st, &[Some(l)], &[token], offsets[idx]);
+                        offsets[idx] += st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0);
+                        v
+                    }
+                    _ => Value::Null,
+                };
+                out.push(chunk(idx, t, lp, Value::Null, Value::Null));
+            }
+            Event::Finished { choice, reason, text, stop } => {
+                out.push(chunk(pi * n + choice, text, Value::Null, reason.as_str().into(), stop_reason(&stop)));
+            }
+            Event::Done(u) => {
+                usage.prompt_tokens += u.prompt_tokens;
+                usage.completion_tokens += u.completion_tokens;
+                usage.cached_tokens += u.cached_tokens;
+                done += 1;
+                if done == total_prompts && include_usage {
+                    out.push(json!({
+                        "id": id, "object": "text_completion", "created": created, "model": model,
+                        "choices": [], "usage": usage_json(&usage),
+                    }));
+                }
+            }
+            Event::Error(e) => out.push(ApiError::from(e).body()),
+            Event::PromptLogprobs(_) | Event::Decision { .. } => {}
+        }
+        futures::stream::iter(out.into_iter().map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()))))
+    });
+    let stream = stream.chain(futures::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Ok(Sse::new(stream).into_response())
+}

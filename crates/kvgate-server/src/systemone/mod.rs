@@ -1,0 +1,5 @@
+//! `POST /v1/systemone`: System One decisions (noul / choice / score questions over a state),
+//! evaluated in the engine on warm KV blocks: no decode loop, no second prefill.
+
+pub mod labels;
+pub mod route;
