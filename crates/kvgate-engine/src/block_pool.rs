@@ -133,7 +133,9 @@ impl BlockPool {
 
     /// Identity of a block as a parent, if it is cached.
     pub fn block_ref(&self, b: BlockId) -> Option<BlockRef> {
-        self.identity[b as usize].as_ref().map(|_| (b, self.generation[b as usize]))
+        self.identity[b as usize]
+            .as_ref()
+            .map(|_| (b, self.generation[b as usize]))
     }
 
     /// Cached blocks evicted so far.
@@ -316,7 +318,11 @@ impl BlockPool {
         assert_eq!(prev, self.tail);
         assert_eq!(n, self.num_free);
         for i in 0..self.total() {
-            assert_eq!(seen[i], self.ref_count[i] == 0, "block {i}: free-list membership vs ref count");
+            assert_eq!(
+                seen[i],
+                self.ref_count[i] == 0,
+                "block {i}: free-list membership vs ref count"
+            );
         }
         let indexed: usize = self.index.values().map(Vec::len).sum();
         let with_id = self.identity.iter().filter(|x| x.is_some()).count();
@@ -355,7 +361,11 @@ mod tests {
         assert_eq!(p.lookup(Some((a, 0)), &[3, 4], ""), Some(b));
         p.register(a, None, &[9, 9], "");
         assert_eq!(p.block_ref(a), Some((a, 1)));
-        assert_eq!(p.lookup(Some((a, 1)), &[3, 4], ""), None, "stale child never matches the new parent");
+        assert_eq!(
+            p.lookup(Some((a, 1)), &[3, 4], ""),
+            None,
+            "stale child never matches the new parent"
+        );
         p.check_invariants();
     }
 

@@ -20,7 +20,9 @@ use tracing::{error, info, warn};
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics as m;
-use crate::request::{DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage};
+use crate::request::{
+    DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage,
+};
 use crate::sampling::{log_softmax, top_k_of, Sampler, SamplingParams, TokenLogprob};
 use crate::scheduler::{Chunk, GroupId, Logits, Scheduler, SchedulerConfig, SeqId};
 use crate::text::TextState;
@@ -321,7 +323,12 @@ impl Engine {
             Choice {
                 index: 0,
                 sampler: Sampler::new(&p, &req.prompt, 0),
-                text: TextState::new(&req.prompt[tail_from..], p.stop.clone(), p.include_stop_str_in_output, p.skip_special_tokens),
+                text: TextState::new(
+                    &req.prompt[tail_from..],
+                    p.stop.clone(),
+                    p.include_stop_str_in_output,
+                    p.skip_special_tokens,
+                ),
             },
         );
         let n = p.n.max(1);
@@ -358,7 +365,9 @@ impl Engine {
             .map(|p| first.iter().zip(p).take_while(|(a, b)| a == b).count())
             .min()
             .unwrap_or(0);
-        let g = self.sched.add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
+        let g = self
+            .sched
+            .add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
         let n = req.reads.len();
         self.reqs.insert(
             g,
@@ -526,7 +535,17 @@ impl Engine {
     fn calibrate(&mut self, batch: &Batch) -> Result<(), kvgate_model::ModelError> {
         let mut shape = *self.cache.shape();
         shape.dtype = KvDtype::F32;
-        let mut scratch = KvCache::new(shape, self.cfg.num_blocks.min(batch.tables.iter().map(|t| t.iter().max().map_or(0, |m| *m as usize + 1)).max().unwrap_or(1)));
+        let mut scratch = KvCache::new(
+            shape,
+            self.cfg.num_blocks.min(
+                batch
+                    .tables
+                    .iter()
+                    .map(|t| t.iter().max().map_or(0, |m| *m as usize + 1))
+                    .max()
+                    .unwrap_or(1),
+            ),
+        );
         let (_, amax) = self.model.forward_with_amax(batch, &mut scratch, self.attn.as_ref())?;
         let range = match self.cfg.kv_dtype {
             KvDtype::Fp8E4m3 => 448.0,
@@ -625,7 +644,12 @@ impl Engine {
                             Choice {
                                 index: i + 1,
                                 sampler: Sampler::new(p, &prompt, i + 1),
-                                text: TextState::new(&prompt[tail_from..], p.stop.clone(), p.include_stop_str_in_output, p.skip_special_tokens),
+                                text: TextState::new(
+                                    &prompt[tail_from..],
+                                    p.stop.clone(),
+                                    p.include_stop_str_in_output,
+                                    p.skip_special_tokens,
+                                ),
                             },
                         );
                     }
@@ -659,7 +683,14 @@ impl Engine {
                     let mut finish: Option<(FinishReason, Option<StopMatch>)> = None;
                     let mut text = String::new();
                     if is_eos || is_stop_id {
-                        finish = Some((FinishReason::Stop, if is_stop_id && !is_eos { Some(StopMatch::Token(tok)) } else { None }));
+                        finish = Some((
+                            FinishReason::Stop,
+                            if is_stop_id && !is_eos {
+                                Some(StopMatch::Token(tok))
+                            } else {
+                                None
+                            },
+                        ));
                     } else {
                         let d = ch.text.push(&self.tok, tok);
                         text = d.text;
@@ -668,7 +699,9 @@ impl Engine {
                         }
                     }
                     let len = self.sched.seq(t).map_or(0, |s| s.tokens.len());
-                    if finish.is_none() && (ch.sampler.generated() >= gs.params.max_tokens || len >= self.cfg.max_model_len) {
+                    if finish.is_none()
+                        && (ch.sampler.generated() >= gs.params.max_tokens || len >= self.cfg.max_model_len)
+                    {
                         finish = Some((FinishReason::Length, None));
                     }
                     let _ = gs.tx.send(Event::Token {
@@ -717,5 +750,7 @@ impl Engine {
 }
 
 fn seq_prompt(s: &Scheduler, seq: SeqId, prompt_len: usize) -> Vec<u32> {
-    s.seq(seq).map(|x| x.tokens[..prompt_len.min(x.tokens.len())].to_vec()).unwrap_or_default()
+    s.seq(seq)
+        .map(|x| x.tokens[..prompt_len.min(x.tokens.len())].to_vec())
+        .unwrap_or_default()
 }

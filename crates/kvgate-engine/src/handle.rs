@@ -71,7 +71,9 @@ pub struct EngineHandle {
 
 impl std::fmt::Debug for EngineHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EngineHandle").field("limits", &self.shared.limits).finish()
+        f.debug_struct("EngineHandle")
+            .field("limits", &self.shared.limits)
+            .finish()
     }
 }
 
@@ -144,7 +146,10 @@ impl EngineHandle {
             return Err(EngineError::EmptyPrompt);
         }
         if let Some(&id) = prompt.iter().find(|&&t| t as usize >= l.vocab_size) {
-            return Err(EngineError::InvalidToken { id, vocab: l.vocab_size });
+            return Err(EngineError::InvalidToken {
+                id,
+                vocab: l.vocab_size,
+            });
         }
         if prompt.len() > l.max_model_len {
             return Err(EngineError::PromptTooLong {
@@ -191,7 +196,8 @@ impl EngineHandle {
         let n = p.n.max(1);
         let last_len = req.prompt.len() + p.max_tokens;
         // The prompt's blocks are shared by every choice; each choice needs its own tail.
-        let needed = req.prompt.len() / l.block_size + n * (last_len.div_ceil(l.block_size) - req.prompt.len() / l.block_size);
+        let needed =
+            req.prompt.len() / l.block_size + n * (last_len.div_ceil(l.block_size) - req.prompt.len() / l.block_size);
         if needed > l.num_blocks {
             return Err(EngineError::DoesNotFit {
                 needed,

@@ -19,5 +19,7 @@ mod scheduler_fuzz;
 pub use engine::{start, EngineConfig};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
-pub use request::{DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage};
+pub use request::{
+    DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage,
+};
 pub use sampling::{SamplingParams, TokenLogprob};

@@ -138,7 +138,11 @@ impl Sampler {
         let seed = p.seed.unwrap_or_else(rand::random);
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         rng.set_stream(choice as u64);
-        let mut prompt_tokens = if p.repetition_penalty != 1.0 { prompt.to_vec() } else { vec![] };
+        let mut prompt_tokens = if p.repetition_penalty != 1.0 {
+            prompt.to_vec()
+        } else {
+            vec![]
+        };
         prompt_tokens.sort_unstable();
         prompt_tokens.dedup();
         Sampler {

@@ -105,7 +105,11 @@ pub struct Seq {
 #[derive(Debug, Clone)]
 enum Kind {
     Generate,
-    Decide { prompts: Vec<Vec<u32>>, shared: usize, forked: bool },
+    Decide {
+        prompts: Vec<Vec<u32>>,
+        shared: usize,
+        forked: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -485,7 +489,8 @@ impl Scheduler {
             seq.computed = 0;
             seq.matched = false;
         }
-        let is_forked_decision = matches!(self.groups[&g].kind, Kind::Decide { forked: true, shared, .. } if shared > 0);
+        let is_forked_decision =
+            matches!(self.groups[&g].kind, Kind::Decide { forked: true, shared, .. } if shared > 0);
         if is_forked_decision {
             for s in &seqs {
                 self.seqs.remove(s);

@@ -83,11 +83,17 @@ impl Sim {
         let cap = self.capacity_tokens();
         let salt = if self.rng.random_bool(0.2) { "t1" } else { "" }.to_string();
         if self.rng.random_bool(0.6) {
-            let n = if self.rng.random_bool(0.2) { self.rng.random_range(2..4) } else { 1 };
+            let n = if self.rng.random_bool(0.2) {
+                self.rng.random_range(2..4)
+            } else {
+                1
+            };
             let len: usize = self.rng.random_range(1..30);
             let max_new: usize = self.rng.random_range(1..12);
             // Up-front admission check, as the engine does: the whole group must fit alone.
-            if len.div_ceil(self.bs) + n * (max_new.div_ceil(self.bs) + 1) > self.s.pool().total() || len + max_new > cap {
+            if len.div_ceil(self.bs) + n * (max_new.div_ceil(self.bs) + 1) > self.s.pool().total()
+                || len + max_new > cap
+            {
                 return;
             }
             let prompt = self.tokens(len);
@@ -138,7 +144,11 @@ impl Sim {
             let salt = &self.kind[&seq.group].3;
             for p in 0..c.start {
                 let slot = seq.blocks.blocks[p / self.bs] as usize * self.bs + p % self.bs;
-                assert_eq!(self.cache[slot], prefix_id(&seq.tokens[..=p], salt), "stale K/V at position {p}");
+                assert_eq!(
+                    self.cache[slot],
+                    prefix_id(&seq.tokens[..=p], salt),
+                    "stale K/V at position {p}"
+                );
             }
         }
         for c in &plan.chunks {

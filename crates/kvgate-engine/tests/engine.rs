@@ -65,21 +65,31 @@ fn greedy(max_tokens: usize) -> SamplingParams {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Runs one request to the end; returns per choice (tokens, text, finish reason) and the usage.
-async fn collect(h: &EngineHandle, req: GenerateRequest) -> (Vec<(Vec<u32>, String, FinishReason)>, kvgate_engine::Usage) {
+async fn collect(
+    h: &EngineHandle,
+    req: GenerateRequest,
+) -> (Vec<(Vec<u32>, String, FinishReason)>, kvgate_engine::Usage) {
     let n = req.params.n.max(1);
     let mut s = h.generate(req).unwrap();
     let mut out: Vec<(Vec<u32>, String, Option<FinishReason>)> = vec![(vec![], String::new(), None); n];
     loop {
         match s.next().await.unwrap() {
-            Event::Token { choice, token, text, .. } => {
+            Event::Token {
+                choice, token, text, ..
+            } => {
                 out[choice].0.push(token);
                 out[choice].1.push_str(&text);
             }
-            Event::Finished { choice, reason, text, .. } => {
+            Event::Finished {
+                choice, reason, text, ..
+            } => {
                 out[choice].1.push_str(&text);
                 out[choice].2 = Some(reason);
             }
@@ -165,8 +175,16 @@ fn greedy_is_invariant_to_batching_chunking_caching_and_preemption() {
                 ..Default::default()
             });
             // sequential runs hit the prefix cache (shared system prompt), concurrent ones batch
-            assert_eq!(run_all(&h, &ps, 24, false).await, reference, "budget {budget}, prefix hits");
-            assert_eq!(run_all(&h, &ps, 24, true).await, reference, "budget {budget}, concurrent");
+            assert_eq!(
+                run_all(&h, &ps, 24, false).await,
+                reference,
+                "budget {budget}, prefix hits"
+            );
+            assert_eq!(
+                run_all(&h, &ps, 24, true).await,
+                reference,
+                "budget {budget}, concurrent"
+            );
             let s = h.stats().await.unwrap();
             assert!(s.prefix_hits > 0, "prefix cache was exercised");
             assert_pool_clean(&h).await;
@@ -293,14 +311,25 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
             budget: 64,
             ..Default::default()
         });
-        let state = tok.encode("<|im_start|>user\nThe payout failed three times and the customer is upset.<|im_end|>\n", false).unwrap();
+        let state = tok
+            .encode(
+                "<|im_start|>user\nThe payout failed three times and the customer is upset.<|im_end|>\n",
+                false,
+            )
+            .unwrap();
         let yes = tok.encode("yes", false).unwrap()[0];
         let no = tok.encode("no", false).unwrap()[0];
         let reads: Vec<DecisionRead> = ["Is it urgent?", "Is it about money?", "Is the customer calm?"]
             .iter()
             .map(|q| {
                 let mut p = state.clone();
-                p.extend(tok.encode(&format!("<|im_start|>user\n{q} Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"), false).unwrap());
+                p.extend(
+                    tok.encode(
+                        &format!("<|im_start|>user\n{q} Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"),
+                        false,
+                    )
+                    .unwrap(),
+                );
                 DecisionRead {
                     prompt: p,
                     labels: vec![vec![yes], vec![no]],
@@ -381,9 +410,15 @@ fn decision_prefix_is_computed_once() {
                 keep_alive: None,
             })
             .unwrap();
-        let Event::Decision { usage, .. } = s.next().await.unwrap() else { panic!() };
+        let Event::Decision { usage, .. } = s.next().await.unwrap() else {
+            panic!()
+        };
         let computed = total - usage.cached_tokens;
-        assert_eq!(computed, lcp + suffixes, "the shared prefix once, then each read's own tokens");
+        assert_eq!(
+            computed,
+            lcp + suffixes,
+            "the shared prefix once, then each read's own tokens"
+        );
         let mut s = h
             .decide(DecideRequest {
                 reads,
@@ -391,9 +426,15 @@ fn decision_prefix_is_computed_once() {
                 keep_alive: None,
             })
             .unwrap();
-        let Event::Decision { usage, .. } = s.next().await.unwrap() else { panic!() };
+        let Event::Decision { usage, .. } = s.next().await.unwrap() else {
+            panic!()
+        };
         let computed_warm = total - usage.cached_tokens;
-        assert_eq!(computed_warm, lcp % 4 + suffixes, "warm: only the prefix's partial block and the suffixes");
+        assert_eq!(
+            computed_warm,
+            lcp % 4 + suffixes,
+            "warm: only the prefix's partial block and the suffixes"
+        );
     });
 }
 
@@ -457,10 +498,24 @@ fn queue_limit_and_up_front_rejections() {
             params: greedy(1),
             cache_salt: None,
         };
-        assert!(matches!(h.generate(too_long).unwrap_err(), EngineError::PromptTooLong { prompt_tokens: 2000, max_model_len: 1024 }));
-        assert!(matches!(h.generate(mk(1000)).unwrap_err(), EngineError::DoesNotFit { .. }));
         assert!(matches!(
-            h.generate(GenerateRequest { prompt: vec![99999], params: greedy(1), cache_salt: None }).unwrap_err(),
+            h.generate(too_long).unwrap_err(),
+            EngineError::PromptTooLong {
+                prompt_tokens: 2000,
+                max_model_len: 1024
+            }
+        ));
+        assert!(matches!(
+            h.generate(mk(1000)).unwrap_err(),
+            EngineError::DoesNotFit { .. }
+        ));
+        assert!(matches!(
+            h.generate(GenerateRequest {
+                prompt: vec![99999],
+                params: greedy(1),
+                cache_salt: None
+            })
+            .unwrap_err(),
             EngineError::InvalidToken { .. }
         ));
         let mut held = vec![];

@@ -105,55 +105,53 @@ impl AttentionBackend for CpuAttention {
         let lc = cache.layer(layer);
         let bs = cache.shape().block_size;
         // One task per (row, kv head): the group's query heads are contiguous in `out`.
-        out.par_chunks_mut(group * hd)
-            .enumerate()
-            .for_each_init(
-                || (vec![0f32; hd], Vec::<f32>::new()),
-                |(scratch, scores), (task, o)| {
-                    let (r, kvh) = (task / p.num_kv_heads, task % p.num_kv_heads);
-                    let row = rows[r];
-                    let table = tables[row.table as usize];
-                    let pos = row.pos as usize;
-                    let start = match p.window {
-                        Some(w) if pos + 1 > w => pos + 1 - w,
-                        _ => 0,
-                    };
-                    let n = pos + 1 - start;
-                    let qs = &q[r * row_len + kvh * group * hd..r * row_len + (kvh + 1) * group * hd];
-                    scores.clear();
-                    scores.resize(group * n, 0.0);
-                    for (i, t) in (start..=pos).enumerate() {
-                        let k = lc.vector(Which::K, table[t / bs] as usize, kvh, t % bs, scratch);
-                        for g in 0..group {
-                            let mut s = dot(&qs[g * hd..(g + 1) * hd], k) * p.scale;
-                            if let Some(cap) = p.softcap {
-                                s = cap * (s / cap).tanh();
-                            }
-                            scores[g * n + i] = s;
-                        }
-                    }
+        out.par_chunks_mut(group * hd).enumerate().for_each_init(
+            || (vec![0f32; hd], Vec::<f32>::new()),
+            |(scratch, scores), (task, o)| {
+                let (r, kvh) = (task / p.num_kv_heads, task % p.num_kv_heads);
+                let row = rows[r];
+                let table = tables[row.table as usize];
+                let pos = row.pos as usize;
+                let start = match p.window {
+                    Some(w) if pos + 1 > w => pos + 1 - w,
+                    _ => 0,
+                };
+                let n = pos + 1 - start;
+                let qs = &q[r * row_len + kvh * group * hd..r * row_len + (kvh + 1) * group * hd];
+                scores.clear();
+                scores.resize(group * n, 0.0);
+                for (i, t) in (start..=pos).enumerate() {
+                    let k = lc.vector(Which::K, table[t / bs] as usize, kvh, t % bs, scratch);
                     for g in 0..group {
-                        let sc = &mut scores[g * n..(g + 1) * n];
-                        let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                        let mut sum = 0f32;
-                        for x in sc.iter_mut() {
-                            *x = (*x - max).exp();
-                            sum += *x;
+                        let mut s = dot(&qs[g * hd..(g + 1) * hd], k) * p.scale;
+                        if let Some(cap) = p.softcap {
+                            s = cap * (s / cap).tanh();
                         }
-                        let inv = 1.0 / sum;
-                        for x in sc.iter_mut() {
-                            *x *= inv;
-                        }
+                        scores[g * n + i] = s;
                     }
-                    o.fill(0.0);
-                    for (i, t) in (start..=pos).enumerate() {
-                        let v = lc.vector(Which::V, table[t / bs] as usize, kvh, t % bs, scratch);
-                        for g in 0..group {
-                            axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + i], v);
-                        }
+                }
+                for g in 0..group {
+                    let sc = &mut scores[g * n..(g + 1) * n];
+                    let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                    let mut sum = 0f32;
+                    for x in sc.iter_mut() {
+                        *x = (*x - max).exp();
+                        sum += *x;
                     }
-                },
-            );
+                    let inv = 1.0 / sum;
+                    for x in sc.iter_mut() {
+                        *x *= inv;
+                    }
+                }
+                o.fill(0.0);
+                for (i, t) in (start..=pos).enumerate() {
+                    let v = lc.vector(Which::V, table[t / bs] as usize, kvh, t % bs, scratch);
+                    for g in 0..group {
+                        axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + i], v);
+                    }
+                }
+            },
+        );
     }
 }
 
@@ -234,8 +232,20 @@ mod tests {
                         let mut dk = vec![];
                         let mut dv = vec![];
                         for h in 0..2 {
-                            dk.extend_from_slice(cache.layer(0).vector(Which::K, table[t / 4] as usize, h, t % 4, &mut scratch));
-                            dv.extend_from_slice(cache.layer(0).vector(Which::V, table[t / 4] as usize, h, t % 4, &mut scratch));
+                            dk.extend_from_slice(cache.layer(0).vector(
+                                Which::K,
+                                table[t / 4] as usize,
+                                h,
+                                t % 4,
+                                &mut scratch,
+                            ));
+                            dv.extend_from_slice(cache.layer(0).vector(
+                                Which::V,
+                                table[t / 4] as usize,
+                                h,
+                                t % 4,
+                                &mut scratch,
+                            ));
                         }
                         ks.push(dk);
                         vs.push(dv);
@@ -282,7 +292,10 @@ mod tests {
         let mut rows = vec![];
         for i in 0..9 {
             big_q.extend(q.iter().map(|x| x * (i as f32 + 1.0) / 3.0));
-            rows.push(AttnRow { table: 0, pos: 3 * i as u32 });
+            rows.push(AttnRow {
+                table: 0,
+                pos: 3 * i as u32,
+            });
         }
         big_q[4 * 192..5 * 192].copy_from_slice(&q);
         rows[4].pos = 30;

@@ -87,7 +87,14 @@ impl LayerCache {
     /// The (token, head) vector stored at `slot`, decoded to f32. For f32 storage this borrows the cache
     /// itself; otherwise it is decoded into `scratch` (at least `head_dim` long).
     #[inline]
-    pub fn vector<'a>(&'a self, which: Which, block: usize, head: usize, token: usize, scratch: &'a mut [f32]) -> &'a [f32] {
+    pub fn vector<'a>(
+        &'a self,
+        which: Which,
+        block: usize,
+        head: usize,
+        token: usize,
+        scratch: &'a mut [f32],
+    ) -> &'a [f32] {
         let s = &self.shape;
         let hd = s.head_dim;
         let (buf, scale) = self.buf(which);
@@ -314,8 +321,16 @@ mod tests {
                     assert!((g - w).abs() <= tol * w.abs().max(1.0), "{dtype} {g} vs {w}");
                 }
                 // untouched slots stay zero
-                assert!(c.layer(1).vector(Which::V, 2, h, 0, &mut scratch).iter().all(|&x| x == 0.0));
-                assert!(c.layer(0).vector(Which::K, 2, h, 1, &mut scratch).iter().all(|&x| x == 0.0));
+                assert!(c
+                    .layer(1)
+                    .vector(Which::V, 2, h, 0, &mut scratch)
+                    .iter()
+                    .all(|&x| x == 0.0));
+                assert!(c
+                    .layer(0)
+                    .vector(Which::K, 2, h, 1, &mut scratch)
+                    .iter()
+                    .all(|&x| x == 0.0));
             }
         }
     }

@@ -124,10 +124,28 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 /// `strftime` for the codes chat templates use (`%Y %m %d %e %B %b %A %a %H %M %S %j %y %%`), UTC.
 pub fn strftime(fmt: &str, unix_secs: i64) -> String {
     const MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-        "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -250,12 +268,18 @@ mod tests {
 
     #[test]
     fn renders_with_hf_conventions() {
-        let src = "{% for m in messages %}{{ bos_token }}{{ m['role'] | upper }}: {{ m.content.strip() }}\n{% endfor %}\
+        let src =
+            "{% for m in messages %}{{ bos_token }}{{ m['role'] | upper }}: {{ m.content.strip() }}\n{% endfor %}\
                    {% if add_generation_prompt %}A:{% endif %}{{ tools | tojson }}";
         let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
         let msgs = json!([{"role": "user", "content": "  hi  "}]);
         let out = t
-            .render(&msgs, true, Some(&json!([{"name": "f", "x": [1, 2.5]}])), &Default::default())
+            .render(
+                &msgs,
+                true,
+                Some(&json!([{"name": "f", "x": [1, 2.5]}])),
+                &Default::default(),
+            )
             .unwrap();
         assert_eq!(out, "<s>USER: hi\nA:[{\"name\": \"f\", \"x\": [1, 2.5]}]");
     }
@@ -269,8 +293,12 @@ mod tests {
 
     #[test]
     fn kwargs_reach_the_template() {
-        let t = ChatTemplate::new("{% if enable_thinking is defined and not enable_thinking %}off{% endif %}", "", "")
-            .unwrap();
+        let t = ChatTemplate::new(
+            "{% if enable_thinking is defined and not enable_thinking %}off{% endif %}",
+            "",
+            "",
+        )
+        .unwrap();
         let mut kw = serde_json::Map::new();
         kw.insert("enable_thinking".into(), json!(false));
         assert_eq!(t.render(&json!([]), false, None, &kw).unwrap(), "off");
@@ -285,7 +313,10 @@ mod tests {
 
     #[test]
     fn py_json_indent() {
-        assert_eq!(to_py_json(&json!({"a": [1, {"b": null}]}), Some(2)), "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ]\n}");
+        assert_eq!(
+            to_py_json(&json!({"a": [1, {"b": null}]}), Some(2)),
+            "{\n  \"a\": [\n    1,\n    {\n      \"b\": null\n    }\n  ]\n}"
+        );
         assert_eq!(to_py_json(&json!("é\n\"x\""), None), "\"é\\n\\\"x\\\"\"");
     }
 }

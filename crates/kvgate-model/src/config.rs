@@ -202,7 +202,10 @@ impl ModelConfig {
         let (rope_theta, rope_scaling, rope_local_theta) = match rope_params {
             Some(rp) if rp.get("full_attention").is_some() => {
                 let (t, f) = rope_section(&rp["full_attention"], default_theta)?;
-                let local = rp.get("sliding_attention").map(|s| rope_section(s, 10_000.0)).transpose()?;
+                let local = rp
+                    .get("sliding_attention")
+                    .map(|s| rope_section(s, 10_000.0))
+                    .transpose()?;
                 (t, f, local.map(|(t, _)| t))
             }
             Some(rp) => {
@@ -214,14 +217,12 @@ impl ModelConfig {
                 (t, f, get_f32(v, "rope_local_base_freq"))
             }
         };
-        let sliding_window = get_usize(v, "sliding_window").filter(|_| {
-            gemma || v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false)
-        });
+        let sliding_window = get_usize(v, "sliding_window")
+            .filter(|_| gemma || v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false));
         let sliding_layers: Vec<bool> = match v.get("layer_types").and_then(Value::as_array) {
-            Some(types) if sliding_window.is_some() => types
-                .iter()
-                .map(|t| t.as_str() == Some("sliding_attention"))
-                .collect(),
+            Some(types) if sliding_window.is_some() => {
+                types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect()
+            }
             _ if gemma && sliding_window.is_some() => {
                 let pattern = get_usize(v, "sliding_window_pattern")
                     .or_else(|| get_usize(v, "_sliding_window_pattern"))
@@ -265,10 +266,7 @@ impl ModelConfig {
             rope_scaling,
             rope_style: RopeStyle::Half,
             max_position_embeddings: get_usize(v, "max_position_embeddings").unwrap_or(2048),
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(gemma),
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(gemma),
             qkv_bias: arch == Arch::Qwen2 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
             norm_plus_one: gemma,
@@ -314,14 +312,20 @@ mod tests {
     use super::*;
 
     fn fixture(arch: &str) -> Value {
-        let p = format!("{}/../../tests/fixtures/tiny/{arch}/config.json", env!("CARGO_MANIFEST_DIR"));
+        let p = format!(
+            "{}/../../tests/fixtures/tiny/{arch}/config.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     }
 
     #[test]
     fn parses_the_fixture_configs() {
         let l = ModelConfig::from_hf_json(&fixture("llama")).unwrap();
-        assert_eq!((l.arch, l.head_dim, l.num_kv_heads, l.rope_theta), (Arch::Llama, 16, 2, 10000.0));
+        assert_eq!(
+            (l.arch, l.head_dim, l.num_kv_heads, l.rope_theta),
+            (Arch::Llama, 16, 2, 10000.0)
+        );
         assert!(!l.tie_word_embeddings && !l.qkv_bias && !l.qk_norm);
         let q2 = ModelConfig::from_hf_json(&fixture("qwen2")).unwrap();
         assert!(q2.qkv_bias && q2.tie_word_embeddings && q2.sliding_window.is_none());

@@ -16,6 +16,7 @@ pub mod load_hf;
 pub mod loader;
 pub mod model;
 pub mod ops;
+pub mod qmatmul;
 pub mod tiny;
 pub mod tokenizer;
 pub mod weights;

@@ -1,6 +1,7 @@
-//! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: GGUF-quantized weights go
-//! through candle's quantized matmul (the activation row is quantized to the weight's dot type, the
-//! weight never dequantized), f32 weights through kvgate's own fixed-order matmul ([`crate::dense`]).
+//! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: Q4_0 / Q4_1 / Q8_0 through
+//! kvgate's own kernel ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats
+//! through candle's quantized matmul (the weight never dequantized), f32 weights through kvgate's own
+//! fixed-order matmul ([`crate::dense`]).
 //!
 //! Batch invariance: candle's quantized CPU matmul computes every output as one dot product over the
 //! full row, independent of how many rows are in the call, and so does the dense path; a row's output
@@ -8,15 +9,18 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::error::Result;
+use crate::qmatmul::QMatrix;
 
 /// The weight of a linear layer.
 #[derive(Debug, Clone)]
 pub enum Weight {
-    /// A GGUF-quantized matrix, `out × in`.
+    /// Q4_0 / Q4_1 / Q8_0, repacked for kvgate's own kernel (f32 activations).
+    Packed(QMatrix),
+    /// Another GGUF-quantized matrix (K-quants, Q5_x), through candle's quantized matmul.
     Quant(QMatMul),
     /// An f32 matrix, `out × in`, row-major.
     Dense(Vec<f32>),
@@ -39,6 +43,22 @@ impl Linear {
     /// A layer over a quantized tensor of shape `(out, in)`.
     pub fn quantized(q: Arc<QTensor>, bias: Option<Vec<f32>>) -> Result<Linear> {
         let (out_dim, in_dim) = q.shape().dims2()?;
+        if in_dim % crate::qmatmul::QK == 0 {
+            let packed = match q.dtype() {
+                GgmlDType::Q4_0 => Some(QMatrix::from_q4_0(&q.data()?, out_dim, in_dim)),
+                GgmlDType::Q4_1 => Some(QMatrix::from_q4_1(&q.data()?, out_dim, in_dim)),
+                GgmlDType::Q8_0 => Some(QMatrix::from_q8_0(&q.data()?, out_dim, in_dim)),
+                _ => None,
+            };
+            if let Some(p) = packed {
+                return Ok(Linear {
+                    weight: Weight::Packed(p),
+                    bias,
+                    in_dim,
+                    out_dim,
+                });
+            }
+        }
         let weight = match QMatMul::from_arc(q)? {
             // F32/F16 GGUF tensors come back dequantized: keep them on the dense path.
             QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Weight::Dense(dense_rows(&t)?),
@@ -81,6 +101,7 @@ impl Linear {
     /// Bytes of weight data (for the memory report).
     pub fn weight_bytes(&self) -> usize {
         match &self.weight {
+            Weight::Packed(p) => p.bytes(),
             Weight::Quant(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Weight::Quant(_) => 0,
             Weight::Dense(w) => w.len() * 4,
@@ -91,6 +112,7 @@ impl Linear {
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
         debug_assert_eq!(x.len(), rows * self.in_dim);
         let mut y = match &self.weight {
+            Weight::Packed(p) => p.matmul(x, rows),
             Weight::Quant(q) => {
                 let t = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
                 q.forward(&t)?.flatten_all()?.to_vec1::<f32>()?

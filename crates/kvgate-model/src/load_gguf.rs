@@ -27,12 +27,17 @@ pub struct GgufMeta {
 impl GgufMeta {
     /// A string value.
     pub fn str(&self, key: &str) -> Option<&str> {
-        self.values.get(key).and_then(|v| v.to_string().ok()).map(|s| s.as_str())
+        self.values
+            .get(key)
+            .and_then(|v| v.to_string().ok())
+            .map(|s| s.as_str())
     }
 
     /// An unsigned value.
     pub fn u32(&self, key: &str) -> Option<u32> {
-        self.values.get(key).and_then(|v| v.to_u32().ok().or_else(|| v.to_u64().ok().map(|x| x as u32)))
+        self.values
+            .get(key)
+            .and_then(|v| v.to_u32().ok().or_else(|| v.to_u64().ok().map(|x| x as u32)))
     }
 
     /// A float value.
@@ -55,7 +60,12 @@ impl GgufMeta {
     pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
         let a = self.values.get(key)?.to_vec().ok()?;
         a.iter()
-            .map(|v| v.to_i32().map(|x| x as i64).or_else(|_| v.to_u32().map(|x| x as i64)).ok())
+            .map(|v| {
+                v.to_i32()
+                    .map(|x| x as i64)
+                    .or_else(|_| v.to_u32().map(|x| x as i64))
+                    .ok()
+            })
             .collect()
     }
 }
@@ -120,14 +130,23 @@ fn config_from_meta(m: &GgufMeta, vocab: usize) -> Result<ModelConfig> {
     let hidden = need("embedding_length")?;
     let heads = need("attention.head_count")?;
     let layers = need("block_count")?;
-    let kv_heads = m.u32(&format!("{a}.attention.head_count_kv")).map(|x| x as usize).unwrap_or(heads);
+    let kv_heads = m
+        .u32(&format!("{a}.attention.head_count_kv"))
+        .map(|x| x as usize)
+        .unwrap_or(heads);
     let head_dim = m
         .u32(&format!("{a}.attention.key_length"))
         .map(|x| x as usize)
         .unwrap_or(hidden / heads);
     let gemma = arch == Arch::Gemma3;
-    let sliding_window = m.u32(&format!("{a}.attention.sliding_window")).map(|x| x as usize).filter(|_| gemma);
-    let rope_scaling = match (m.str(&format!("{a}.rope.scaling.type")), m.f32(&format!("{a}.rope.scaling.factor"))) {
+    let sliding_window = m
+        .u32(&format!("{a}.attention.sliding_window"))
+        .map(|x| x as usize)
+        .filter(|_| gemma);
+    let rope_scaling = match (
+        m.str(&format!("{a}.rope.scaling.type")),
+        m.f32(&format!("{a}.rope.scaling.factor")),
+    ) {
         (Some("linear"), Some(f)) => RopeScaling::Linear(f),
         (None | Some("none"), _) => RopeScaling::None,
         (Some(other), _) => return Err(ModelError::Unsupported(format!("GGUF rope scaling '{other}'"))),
@@ -142,13 +161,22 @@ fn config_from_meta(m: &GgufMeta, vocab: usize) -> Result<ModelConfig> {
         num_kv_heads: kv_heads,
         head_dim,
         rms_eps: m.f32(&format!("{a}.attention.layer_norm_rms_epsilon")).unwrap_or(1e-6),
-        rope_theta: m.f32(&format!("{a}.rope.freq_base")).unwrap_or(if gemma { 1e6 } else { 1e4 }),
+        rope_theta: m
+            .f32(&format!("{a}.rope.freq_base"))
+            .unwrap_or(if gemma { 1e6 } else { 1e4 }),
         rope_local_theta: if gemma { Some(10_000.0) } else { None },
         rope_scaling,
         // llama.cpp permutes Llama q/k rows on export so that interleaved pairs are right; the others
         // keep Hugging Face's layout (NeoX-style pairs).
-        rope_style: if arch == Arch::Llama { RopeStyle::Interleaved } else { RopeStyle::Half },
-        max_position_embeddings: m.u32(&format!("{a}.context_length")).map(|x| x as usize).unwrap_or(2048),
+        rope_style: if arch == Arch::Llama {
+            RopeStyle::Interleaved
+        } else {
+            RopeStyle::Half
+        },
+        max_position_embeddings: m
+            .u32(&format!("{a}.context_length"))
+            .map(|x| x as usize)
+            .unwrap_or(2048),
         tie_word_embeddings: true,
         qkv_bias: false,
         qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
@@ -159,7 +187,9 @@ fn config_from_meta(m: &GgufMeta, vocab: usize) -> Result<ModelConfig> {
         activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
         sliding_window,
-        sliding_layers: (0..layers).map(|i| sliding_window.is_some() && (i + 1) % 6 != 0).collect(),
+        sliding_layers: (0..layers)
+            .map(|i| sliding_window.is_some() && (i + 1) % 6 != 0)
+            .collect(),
         final_logit_softcap: m.f32(&format!("{a}.final_logit_softcapping")),
         attn_logit_softcap: m.f32(&format!("{a}.attn_logit_softcapping")),
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id"),

@@ -63,7 +63,10 @@ pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Valu
         .collect();
     shards.sort();
     if shards.is_empty() {
-        return Err(ModelError::Invalid(format!("{} has no *.safetensors file", dir.display())));
+        return Err(ModelError::Invalid(format!(
+            "{} has no *.safetensors file",
+            dir.display()
+        )));
     }
     let mut all = HashMap::new();
     for s in &shards {

@@ -89,7 +89,10 @@ fn special_str(tc: Option<&Value>, key: &str) -> Option<String> {
 
 fn defaults_from(gc: Option<&Value>) -> GenerationDefaults {
     let f = |k: &str| gc.and_then(|g| g.get(k)).and_then(Value::as_f64).map(|x| x as f32);
-    let sample = gc.and_then(|g| g.get("do_sample")).and_then(Value::as_bool).unwrap_or(true);
+    let sample = gc
+        .and_then(|g| g.get("do_sample"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     if !sample {
         return GenerationDefaults::default();
     }
@@ -129,7 +132,16 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             eos.push(id);
         }
         let bos = special_str(tc.as_ref(), "bos_token").unwrap_or_default();
-        (cfg, weights, tokenizer, template, bos, eos_str, eos, defaults_from(gc.as_ref()))
+        (
+            cfg,
+            weights,
+            tokenizer,
+            template,
+            bos,
+            eos_str,
+            eos,
+            defaults_from(gc.as_ref()),
+        )
     } else {
         let (cfg, weights, meta) = load_gguf(path)?;
         let side = path.with_file_name("tokenizer.json");
@@ -143,7 +155,16 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         let bos = name_of(meta.u32("tokenizer.ggml.bos_token_id"));
         let eos_str = name_of(meta.u32("tokenizer.ggml.eos_token_id"));
         let eos = cfg.eos_token_ids.clone();
-        (cfg, weights, tokenizer, template, bos, eos_str, eos, GenerationDefaults::default())
+        (
+            cfg,
+            weights,
+            tokenizer,
+            template,
+            bos,
+            eos_str,
+            eos,
+            GenerationDefaults::default(),
+        )
     };
     // End-of-turn markers of the common chat formats also stop generation.
     for marker in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {

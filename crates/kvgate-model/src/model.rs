@@ -89,7 +89,13 @@ impl Model {
                 cfg.num_layers
             )));
         }
-        let rope = Rope::new(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, max_positions, cfg.rope_style);
+        let rope = Rope::new(
+            cfg.head_dim,
+            cfg.rope_theta,
+            cfg.rope_scaling,
+            max_positions,
+            cfg.rope_style,
+        );
         let rope_local = cfg.rope_local_theta.map(|t| {
             Rope::new(
                 cfg.head_dim,
@@ -154,10 +160,16 @@ impl Model {
         let (hd, nh, nkv, d) = (c.head_dim, c.num_heads, c.num_kv_heads, c.hidden_size);
         for (&t, &p) in b.tokens.iter().zip(&b.positions) {
             if t as usize >= c.vocab_size {
-                return Err(ModelError::Invalid(format!("token id {t} is outside the vocabulary of {}", c.vocab_size)));
+                return Err(ModelError::Invalid(format!(
+                    "token id {t} is outside the vocabulary of {}",
+                    c.vocab_size
+                )));
             }
             if p as usize >= self.max_positions() {
-                return Err(ModelError::Invalid(format!("position {p} is beyond {}", self.max_positions())));
+                return Err(ModelError::Invalid(format!(
+                    "position {p} is beyond {}",
+                    self.max_positions()
+                )));
             }
         }
         let mut x = Vec::with_capacity(n * d);

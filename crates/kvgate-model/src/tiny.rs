@@ -82,16 +82,20 @@ pub fn tiny_tokenizer() -> Tokenizer {
         tokens.push(format!("{space}{c}"));
     }
     let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().expect("tiny BPE");
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .expect("tiny BPE");
     let mut inner = tokenizers::Tokenizer::new(bpe);
     inner.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
     inner.with_decoder(Some(ByteLevel::default()));
-    inner.add_special_tokens([
-        AddedToken::from("<|endoftext|>", true),
-        AddedToken::from("<|im_start|>", true),
-        AddedToken::from("<|im_end|>", true),
-    ])
-    .expect("tiny special tokens");
+    inner
+        .add_special_tokens([
+            AddedToken::from("<|endoftext|>", true),
+            AddedToken::from("<|im_start|>", true),
+            AddedToken::from("<|im_end|>", true),
+        ])
+        .expect("tiny special tokens");
     Tokenizer::from_inner(inner)
 }
 
@@ -190,7 +194,10 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel> {
     let embed = mat(vocab, hidden, 1.0);
     let lm_head = lin(mat(vocab, hidden, s_in * 3.0), vocab, hidden)?;
     let weights = Weights {
-        embed: Embedding { rows: embed, dim: hidden },
+        embed: Embedding {
+            rows: embed,
+            dim: hidden,
+        },
         layers,
         final_norm: vec![1.0; hidden],
         lm_head,

@@ -20,7 +20,8 @@ use crate::load_gguf::GgufMeta;
 /// Llama 3's pre-tokenizer regex.
 const LLAMA3_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Qwen2's pre-tokenizer regex.
-const QWEN2_RE: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_RE: &str =
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 fn tok_err(e: impl std::fmt::Display) -> ModelError {
     ModelError::Tokenizer(e.to_string())
@@ -72,9 +73,11 @@ impl Tokenizer {
         let mut inner = tokenizers::Tokenizer::new(bpe);
         let byte_level = ByteLevel::new(false, true, true);
         let split = |re: &str| -> Result<PreTokenizerWrapper> {
-            Ok(Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(tok_err)?
-                .into())
+            Ok(
+                Split::new(SplitPattern::Regex(re.into()), SplitDelimiterBehavior::Isolated, false)
+                    .map_err(tok_err)?
+                    .into(),
+            )
         };
         let pre: PreTokenizerWrapper = match meta.str("tokenizer.ggml.pre").unwrap_or("default") {
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva" => {

@@ -8,7 +8,9 @@ use kvgate_model::load_hf::load_hf_dir;
 use kvgate_model::{Batch, Model};
 
 fn fixture(arch: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny").join(arch)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(arch)
 }
 
 fn check(arch: &str) {
@@ -18,7 +20,12 @@ fn check(arch: &str) {
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     for seq in golden["sequences"].as_array().unwrap() {
-        let ids: Vec<u32> = seq["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let ids: Vec<u32> = seq["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         let shape = CacheShape {
             num_layers: cfg.num_layers,
             num_kv_heads: cfg.num_kv_heads,
@@ -27,7 +34,9 @@ fn check(arch: &str) {
             dtype: KvDtype::F32,
         };
         let mut cache = KvCache::new(shape, 16);
-        let logits = model.forward(&Batch::single_sequence(&ids, 4), &mut cache, &CpuAttention).unwrap();
+        let logits = model
+            .forward(&Batch::single_sequence(&ids, 4), &mut cache, &CpuAttention)
+            .unwrap();
         let vocab = cfg.vocab_size;
         let want = seq["logits"].as_array().unwrap();
         let mut worst = 0f64;
@@ -39,7 +48,11 @@ fn check(arch: &str) {
             let argmax = (0..vocab)
                 .max_by(|&a, &b| logits[pos * vocab + a].total_cmp(&logits[pos * vocab + b]))
                 .unwrap();
-            assert_eq!(argmax as u64, seq["argmax"][pos].as_u64().unwrap(), "{arch} argmax at {pos}");
+            assert_eq!(
+                argmax as u64,
+                seq["argmax"][pos].as_u64().unwrap(),
+                "{arch} argmax at {pos}"
+            );
         }
         assert!(worst < 1e-4, "{arch}: max |Δlogit| {worst}");
     }

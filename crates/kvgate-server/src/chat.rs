@@ -29,47 +29,90 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::param(field, format!("'{field}' must not be empty"))),
         None => return Err(ApiError::param(field, format!("'{field}' is required"))),
-        Some(other) => return Err(ApiError::param(field, format!("'{field}' must be a list of messages, got {}", kind(other)))),
+        Some(other) => {
+            return Err(ApiError::param(
+                field,
+                format!("'{field}' must be a list of messages, got {}", kind(other)),
+            ))
+        }
     };
     let mut out = Vec::with_capacity(arr.len());
     for (i, m) in arr.iter().enumerate() {
         let Value::Object(obj) = m else {
-            return Err(ApiError::param(field, format!("{field}[{i}] must be an object, got {}", kind(m))));
+            return Err(ApiError::param(
+                field,
+                format!("{field}[{i}] must be an object, got {}", kind(m)),
+            ));
         };
-        let role = obj.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::param(field, format!("{field}[{i}].role is required and must be a string"))
-        })?;
+        let role = obj
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].role is required and must be a string")))?;
         if !ROLES.contains(&role) {
-            return Err(ApiError::param(field, format!("{field}[{i}].role must be one of {}, got {role:?}", ROLES.join(", "))));
+            return Err(ApiError::param(
+                field,
+                format!("{field}[{i}].role must be one of {}, got {role:?}", ROLES.join(", ")),
+            ));
         }
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
                 let mut texts = vec![];
                 for (j, p) in parts.iter().enumerate() {
-                    match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                    match (
+                        p.get("type").and_then(Value::as_str),
+                        p.get("text").and_then(Value::as_str),
+                    ) {
                         (Some("text"), Some(t)) => texts.push(t.to_string()),
                         (Some(t), _) if t != "text" => {
-                            return Err(ApiError::param(field, format!("{field}[{i}].content[{j}]: content of type {t:?} is not supported (text only)")))
+                            return Err(ApiError::param(
+                                field,
+                                format!(
+                                    "{field}[{i}].content[{j}]: content of type {t:?} is not supported (text only)"
+                                ),
+                            ))
                         }
-                        _ => return Err(ApiError::param(field, format!("{field}[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": ...}}"))),
+                        _ => {
+                            return Err(ApiError::param(
+                                field,
+                                format!("{field}[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": ...}}"),
+                            ))
+                        }
                     }
                 }
                 texts.join("\n")
             }
             None | Some(Value::Null) if role == "assistant" => String::new(),
-            None | Some(Value::Null) => return Err(ApiError::param(field, format!("{field}[{i}].content is required"))),
-            Some(other) => return Err(ApiError::param(field, format!("{field}[{i}].content must be a string or a list of text parts, got {}", kind(other)))),
+            None | Some(Value::Null) => {
+                return Err(ApiError::param(field, format!("{field}[{i}].content is required")))
+            }
+            Some(other) => {
+                return Err(ApiError::param(
+                    field,
+                    format!(
+                        "{field}[{i}].content must be a string or a list of text parts, got {}",
+                        kind(other)
+                    ),
+                ))
+            }
         };
         for k in obj.keys() {
             match k.as_str() {
                 "role" | "content" | "name" => {}
                 "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" => {
                     if !obj[k].is_null() {
-                        return Err(ApiError::param(field, format!("{field}[{i}].{k} is not supported by kvgate")));
+                        return Err(ApiError::param(
+                            field,
+                            format!("{field}[{i}].{k} is not supported by kvgate"),
+                        ));
                     }
                 }
-                other => return Err(ApiError::param(field, format!("{field}[{i}] has an unknown field '{other}'"))),
+                other => {
+                    return Err(ApiError::param(
+                        field,
+                        format!("{field}[{i}] has an unknown field '{other}'"),
+                    ))
+                }
             }
         }
         let mut n = Map::new();
@@ -170,12 +213,21 @@ pub async fn chat_completions(
     let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
     for reserved in ["messages", "add_generation_prompt", "tools"] {
         if kwargs.contains_key(reserved) {
-            return Err(ApiError::param("chat_template_kwargs", format!("'chat_template_kwargs' cannot set '{reserved}'")));
+            return Err(ApiError::param(
+                "chat_template_kwargs",
+                format!("'chat_template_kwargs' cannot set '{reserved}'"),
+            ));
         }
     }
     let text = render(&st, &messages, add_gen && !cont, cont, &kwargs)?;
-    let ids = st.tokenizer.encode(&text, false).map_err(|e| ApiError::param("messages", e.to_string()))?;
-    let mt = match (b.int_in("max_completion_tokens", 1, i64::MAX)?, b.int_in("max_tokens", 1, i64::MAX)?) {
+    let ids = st
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    let mt = match (
+        b.int_in("max_completion_tokens", 1, i64::MAX)?,
+        b.int_in("max_tokens", 1, i64::MAX)?,
+    ) {
         (Some(a), _) => Some(a),
         (None, b) => b,
     };
@@ -193,7 +245,10 @@ pub async fn chat_completions(
     let want_lp = b.bool("logprobs")?.unwrap_or(false);
     let top = b.int_in("top_logprobs", 0, 20)?;
     if top.is_some() && !want_lp {
-        return Err(ApiError::param("top_logprobs", "'top_logprobs' requires 'logprobs' to be true"));
+        return Err(ApiError::param(
+            "top_logprobs",
+            "'top_logprobs' requires 'logprobs' to be true",
+        ));
     }
     if want_lp {
         c.params.logprobs = Some(top.unwrap_or(0) as usize);

@@ -22,7 +22,9 @@ use crate::{app, default_model};
 fn init_logging(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if args.log_format == "json" {
         let _ = builder.json().flatten_event(true).try_init();
     } else {
@@ -273,7 +275,10 @@ async fn run(args: Args) -> Result<(), String> {
         if keys.0.is_empty() {
             "no API key (every route is open)".to_string()
         } else {
-            format!("{} API key(s); open routes: /health /ping /version /metrics", keys.0.len())
+            format!(
+                "{} API key(s); open routes: /health /ping /version /metrics",
+                keys.0.len()
+            )
         }
     );
     info!("kvgate {} listening on http://{local}", env!("CARGO_PKG_VERSION"));
@@ -281,7 +286,10 @@ async fn run(args: Args) -> Result<(), String> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown_signal().await;
-        info!("shutdown requested: no new connections; finishing in-flight requests (up to {}s)", timeout.as_secs());
+        info!(
+            "shutdown requested: no new connections; finishing in-flight requests (up to {}s)",
+            timeout.as_secs()
+        );
         let _ = tx.send(());
     });
     let deadline = async move {

@@ -28,8 +28,13 @@ struct Prompt {
 fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
     let tok = &st.tokenizer;
     let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
-        let ids = tok.encode(s, true).map_err(|e| ApiError::param("prompt", e.to_string()))?;
-        Ok(Prompt { ids, text: s.to_string() })
+        let ids = tok
+            .encode(s, true)
+            .map_err(|e| ApiError::param("prompt", e.to_string()))?;
+        Ok(Prompt {
+            ids,
+            text: s.to_string(),
+        })
     };
     let id_prompt = |a: &[Value]| -> Result<Prompt, ApiError> {
         let ids: Vec<u32> = a
@@ -38,7 +43,15 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
                 x.as_u64()
                     .filter(|&t| (t as usize) < st.vocab_size)
                     .map(|t| t as u32)
-                    .ok_or_else(|| ApiError::param("prompt", format!("token id {x} is outside the vocabulary (size {})", st.vocab_size)))
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            "prompt",
+                            format!(
+                                "'prompt' contains token id {x}, outside the vocabulary (size {})",
+                                st.vocab_size
+                            ),
+                        )
+                    })
             })
             .collect::<Result<_, _>>()?;
         let text = tok.decode(&ids, false).unwrap_or_default();
@@ -48,9 +61,10 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
         None => return Err(ApiError::param("prompt", "'prompt' is required")),
         Some(Value::String(s)) => vec![text_prompt(s)?],
         Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::param("prompt", "'prompt' must not be empty")),
-        Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
-            a.iter().map(|s| text_prompt(s.as_str().unwrap_or_default())).collect::<Result<_, _>>()?
-        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .map(|s| text_prompt(s.as_str().unwrap_or_default()))
+            .collect::<Result<_, _>>()?,
         Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![id_prompt(a)?],
         Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
             .iter()
@@ -64,11 +78,14 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
         }
     };
     if prompts.len() > 64 {
-        return Err(ApiError::param("prompt", format!("at most 64 prompts per request, got {}", prompts.len())));
+        return Err(ApiError::param(
+            "prompt",
+            format!("at most 64 prompts per request, got {}", prompts.len()),
+        ));
     }
     if let Some(p) = prompts.iter().find(|p| p.ids.is_empty()) {
         let _ = p;
-        return Err(ApiError::param("prompt", "a prompt must contain at least one token"));
+        return Err(ApiError::param("prompt", "'prompt' must contain at least one token"));
     }
     Ok(prompts)
 }
@@ -90,9 +107,14 @@ fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], 
                 token_lps.push(json!(l.logprob));
                 let mut m = Map::new();
                 for (id, lp) in &l.top {
-                    m.entry(st.tokenizer.decode(&[*id], false).unwrap_or_default()).or_insert(json!(lp));
+                    m.entry(st.tokenizer.decode(&[*id], false).unwrap_or_default())
+                        .or_insert(json!(lp));
                 }
-                tops.push(if l.top.is_empty() { Value::Null } else { Value::Object(m) });
+                tops.push(if l.top.is_empty() {
+                    Value::Null
+                } else {
+                    Value::Object(m)
+                });
             }
             None => {
                 token_lps.push(Value::Null);

@@ -11,7 +11,11 @@ use serde::{Deserialize, Serialize};
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
-#[command(name = "serve", version, about = "kvgate: an OpenAI-compatible and System One inference server over a paged, prefix-cached KV cache")]
+#[command(
+    name = "serve",
+    version,
+    about = "kvgate: an OpenAI-compatible and System One inference server over a paged, prefix-cached KV cache"
+)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case", default)]
 pub struct Args {
     /// TOML file with any of these settings (keys are the flag names without dashes, e.g. port = 8080)
@@ -178,10 +182,12 @@ where
             msg: e.to_string(),
         })?;
         // Validate the whole file against the schema (unknown keys, types).
-        let _: Args = toml::Value::Table(file.clone()).try_into().map_err(|e: toml::de::Error| ConfigError::File {
-            path: path.display().to_string(),
-            msg: e.to_string(),
-        })?;
+        let _: Args = toml::Value::Table(file.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::File {
+                path: path.display().to_string(),
+                msg: e.to_string(),
+            })?;
         let mut current = serde_json::to_value(&args).map_err(|e| ConfigError::File {
             path: path.display().to_string(),
             msg: e.to_string(),
@@ -215,7 +221,10 @@ where
 /// environment.
 fn from_default(m: &ArgMatches, key: &str) -> bool {
     let id = key.replace('-', "_");
-    !matches!(m.value_source(&id), Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable))
+    !matches!(
+        m.value_source(&id),
+        Some(ValueSource::CommandLine) | Some(ValueSource::EnvVariable)
+    )
 }
 
 /// Expands list flags: each value may be a JSON list or a plain item.
@@ -269,14 +278,20 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     }
     for o in &a.allowed_origins {
         if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
-            return bad("allowed-origins", format!("{o:?} is not an origin like https://ui.example.com"));
+            return bad(
+                "allowed-origins",
+                format!("{o:?} is not an origin like https://ui.example.com"),
+            );
         }
         if o.ends_with('/') {
             return bad("allowed-origins", format!("{o:?}: an origin has no trailing slash"));
         }
     }
     if a.block_size == 0 || a.block_size > 1024 {
-        return bad("block-size", format!("must be between 1 and 1024, got {}", a.block_size));
+        return bad(
+            "block-size",
+            format!("must be between 1 and 1024, got {}", a.block_size),
+        );
     }
     if a.max_num_seqs == 0 {
         return bad("max-num-seqs", "must be at least 1".into());
@@ -301,7 +316,10 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
         msg: e.to_string(),
     })?;
     if let Some(m) = &a.kv_cache_memory {
-        parse_bytes(m).map_err(|msg| ConfigError::Invalid { flag: "kv-cache-memory", msg })?;
+        parse_bytes(m).map_err(|msg| ConfigError::Invalid {
+            flag: "kv-cache-memory",
+            msg,
+        })?;
     }
     parse_bytes(&a.max_request_body).map_err(|msg| ConfigError::Invalid {
         flag: "max-request-body",
@@ -333,19 +351,38 @@ mod tests {
         assert_eq!(a.allowed_methods, vec!["*"]);
         assert_eq!(a.block_size, 16);
         assert!(a.enable_prefix_caching);
-        assert_eq!((a.max_num_seqs, a.max_num_batched_tokens, a.max_queue), (256, 2048, 1024));
+        assert_eq!(
+            (a.max_num_seqs, a.max_num_batched_tokens, a.max_queue),
+            (256, 2048, 1024)
+        );
         assert_eq!(a.shutdown_timeout, 30);
         assert_eq!(parse_bytes(&a.max_request_body).unwrap(), 32 << 20);
     }
 
     #[test]
     fn lists_take_json_or_repeats() {
-        let a = load(["serve", "--allowed-origins", "[\"https://a.example\",\"http://b:3000\"]"]).unwrap();
+        let a = load([
+            "serve",
+            "--allowed-origins",
+            "[\"https://a.example\",\"http://b:3000\"]",
+        ])
+        .unwrap();
         assert_eq!(a.allowed_origins, vec!["https://a.example", "http://b:3000"]);
-        let b = load(["serve", "--allowed-origins", "https://a.example", "--allowed-origins", "http://b:3000"]).unwrap();
+        let b = load([
+            "serve",
+            "--allowed-origins",
+            "https://a.example",
+            "--allowed-origins",
+            "http://b:3000",
+        ])
+        .unwrap();
         assert_eq!(a.allowed_origins, b.allowed_origins);
         assert!(load(["serve", "--allowed-origins", "*", "--allow-credentials"]).is_err());
-        assert!(!load(["serve", "--no-enable-prefix-caching"]).unwrap().enable_prefix_caching);
+        assert!(
+            !load(["serve", "--no-enable-prefix-caching"])
+                .unwrap()
+                .enable_prefix_caching
+        );
     }
 
     #[test]
@@ -361,12 +398,19 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("c.toml");
-        std::fs::write(&f, "port = 9001\nmax-num-seqs = 7\nallowed-origins = [\"https://x.example\"]\n").unwrap();
+        std::fs::write(
+            &f,
+            "port = 9001\nmax-num-seqs = 7\nallowed-origins = [\"https://x.example\"]\n",
+        )
+        .unwrap();
         let a = load(["serve", "--config", f.to_str().unwrap(), "--port", "9100"]).unwrap();
         assert_eq!(a.port, 9100, "flag beats file");
         assert_eq!(a.max_num_seqs, 7, "file beats default");
         assert_eq!(a.allowed_origins, vec!["https://x.example"]);
         std::fs::write(&f, "prot = 1\n").unwrap();
-        assert!(load(["serve", "--config", f.to_str().unwrap()]).is_err(), "unknown keys are refused");
+        assert!(
+            load(["serve", "--config", f.to_str().unwrap()]).is_err(),
+            "unknown keys are refused"
+        );
     }
 }

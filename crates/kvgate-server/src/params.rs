@@ -23,10 +23,14 @@ fn show(v: &Value) -> String {
 impl<'a> Body<'a> {
     /// Parses raw bytes into an object.
     pub fn parse(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
-        let v: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
+        let v: Value = serde_json::from_slice(bytes)
+            .map_err(|e| ApiError::bad(format!("the request body is not valid JSON: {e}")))?;
         match v {
             Value::Object(m) => Ok(m),
-            other => Err(ApiError::bad(format!("the request body must be a JSON object, got {}", kind(&other)))),
+            other => Err(ApiError::bad(format!(
+                "the request body must be a JSON object, got {}",
+                kind(&other)
+            ))),
         }
     }
 
@@ -72,7 +76,10 @@ impl<'a> Body<'a> {
                     .as_f64()
                     .ok_or_else(|| ApiError::param(k, format!("'{k}' must be a number, got {}", show(v))))?;
                 if !(x >= lo as f64 && x <= hi as f64) {
-                    return Err(ApiError::param(k, format!("'{k}' must be between {lo} and {hi}, got {x}")));
+                    return Err(ApiError::param(
+                        k,
+                        format!("'{k}' must be between {lo} and {hi}, got {x}"),
+                    ));
                 }
                 Ok(Some(x as f32))
             }
@@ -85,7 +92,9 @@ impl<'a> Body<'a> {
             None => Ok(None),
             Some(v) => {
                 let x = v.as_i64().or_else(|| {
-                    v.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64)
+                    v.as_f64()
+                        .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
+                        .map(|f| f as i64)
                 });
                 let x = x.ok_or_else(|| ApiError::param(k, format!("'{k}' must be an integer, got {}", show(v))))?;
                 if x < lo || x > hi {
@@ -118,15 +127,26 @@ impl<'a> Body<'a> {
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|x| {
-                    x.as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| ApiError::param(k, format!("'{k}' must be a string or a list of strings, got an item {}", show(x))))
+                    x.as_str().map(str::to_string).ok_or_else(|| {
+                        ApiError::param(
+                            k,
+                            format!("'{k}' must be a string or a list of strings, got an item {}", show(x)),
+                        )
+                    })
                 })
                 .collect::<Result<_, _>>()?,
-            Some(v) => return Err(ApiError::param(k, format!("'{k}' must be a string or a list of strings, got {}", show(v)))),
+            Some(v) => {
+                return Err(ApiError::param(
+                    k,
+                    format!("'{k}' must be a string or a list of strings, got {}", show(v)),
+                ))
+            }
         };
         if out.len() > max {
-            return Err(ApiError::param(k, format!("'{k}' may hold at most {max} items, got {}", out.len())));
+            return Err(ApiError::param(
+                k,
+                format!("'{k}' may hold at most {max} items, got {}", out.len()),
+            ));
         }
         Ok(out)
     }
@@ -141,10 +161,15 @@ impl<'a> Body<'a> {
                     x.as_u64()
                         .filter(|&t| t <= u32::MAX as u64)
                         .map(|t| t as u32)
-                        .ok_or_else(|| ApiError::param(k, format!("'{k}' must be a list of token ids, got an item {}", show(x))))
+                        .ok_or_else(|| {
+                            ApiError::param(k, format!("'{k}' must be a list of token ids, got an item {}", show(x)))
+                        })
                 })
                 .collect(),
-            Some(v) => Err(ApiError::param(k, format!("'{k}' must be a list of token ids, got {}", show(v)))),
+            Some(v) => Err(ApiError::param(
+                k,
+                format!("'{k}' must be a list of token ids, got {}", show(v)),
+            )),
         }
     }
 

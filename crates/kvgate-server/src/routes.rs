@@ -32,7 +32,11 @@ pub async fn version() -> Response {
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let body = st.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
 }
 
 /// `GET /v1/models`.
@@ -64,7 +68,15 @@ pub async fn tokenize(
     let map = st.json_body(&headers, body)?;
     let b = Body::new(&map);
     b.only(
-        &["model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"],
+        &[
+            "model",
+            "prompt",
+            "messages",
+            "add_special_tokens",
+            "add_generation_prompt",
+            "continue_final_message",
+            "chat_template_kwargs",
+        ],
         &[],
     )?;
     st.check_model(b.str("model")?)?;
@@ -72,16 +84,26 @@ pub async fn tokenize(
         (Some(_), Some(_)) => return Err(ApiError::bad("give either 'prompt' or 'messages', not both")),
         (Some(Value::String(p)), None) => {
             let add = b.bool("add_special_tokens")?.unwrap_or(true);
-            st.tokenizer.encode(p, add).map_err(|e| ApiError::param("prompt", e.to_string()))?
+            st.tokenizer
+                .encode(p, add)
+                .map_err(|e| ApiError::param("prompt", e.to_string()))?
         }
         (Some(_), None) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
         (None, Some(m)) => {
             let msgs = normalize_messages(Some(m), "messages")?;
             let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
             let cont = b.bool("continue_final_message")?.unwrap_or(false);
-            let text = render(&st, &msgs, b.bool("add_generation_prompt")?.unwrap_or(true) && !cont, cont, &kwargs)?;
+            let text = render(
+                &st,
+                &msgs,
+                b.bool("add_generation_prompt")?.unwrap_or(true) && !cont,
+                cont,
+                &kwargs,
+            )?;
             let add = b.bool("add_special_tokens")?.unwrap_or(false);
-            st.tokenizer.encode(&text, add).map_err(|e| ApiError::param("messages", e.to_string()))?
+            st.tokenizer
+                .encode(&text, add)
+                .map_err(|e| ApiError::param("messages", e.to_string()))?
         }
         (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
     };
@@ -103,9 +125,15 @@ pub async fn detokenize(
     }
     let ids = b.ids("tokens")?;
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.vocab_size) {
-        return Err(ApiError::param("tokens", format!("token id {bad} is outside the vocabulary (size {})", st.vocab_size)));
+        return Err(ApiError::param(
+            "tokens",
+            format!("token id {bad} is outside the vocabulary (size {})", st.vocab_size),
+        ));
     }
-    let text = st.tokenizer.decode(&ids, false).map_err(|e| ApiError::param("tokens", e.to_string()))?;
+    let text = st
+        .tokenizer
+        .decode(&ids, false)
+        .map_err(|e| ApiError::param("tokens", e.to_string()))?;
     Ok(axum::Json(json!({"prompt": text})).into_response())
 }
 

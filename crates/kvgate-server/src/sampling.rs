@@ -79,9 +79,17 @@ pub struct Common {
 }
 
 /// Reads the common parameters. `max_tokens_key` is `max_tokens` (or chat's `max_completion_tokens`).
-pub fn read(b: &Body, defaults: &GenerationDefaults, vocab: usize, max_tokens: Option<i64>) -> Result<Common, ApiError> {
+pub fn read(
+    b: &Body,
+    defaults: &GenerationDefaults,
+    vocab: usize,
+    max_tokens: Option<i64>,
+) -> Result<Common, ApiError> {
     let mut p = SamplingParams {
-        temperature: b.f32_in("temperature", 0.0, f32::MAX)?.or(defaults.temperature).unwrap_or(1.0),
+        temperature: b
+            .f32_in("temperature", 0.0, f32::MAX)?
+            .or(defaults.temperature)
+            .unwrap_or(1.0),
         top_p: b.f32_in("top_p", 0.0, 1.0)?.or(defaults.top_p).unwrap_or(1.0),
         min_p: b.f32_in("min_p", 0.0, 1.0)?.or(defaults.min_p).unwrap_or(0.0),
         presence_penalty: b.f32_in("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
@@ -96,7 +104,10 @@ pub fn read(b: &Body, defaults: &GenerationDefaults, vocab: usize, max_tokens: O
         return Err(ApiError::param("top_p", "'top_p' must be in (0, 1], got 0"));
     }
     if p.repetition_penalty == 0.0 {
-        return Err(ApiError::param("repetition_penalty", "'repetition_penalty' must be greater than 0, got 0"));
+        return Err(ApiError::param(
+            "repetition_penalty",
+            "'repetition_penalty' must be greater than 0, got 0",
+        ));
     }
     let top_k = b.int_in("top_k", -1, i64::MAX)?.or(defaults.top_k).unwrap_or(0);
     p.top_k = if top_k <= 0 { 0 } else { top_k as usize };
@@ -108,31 +119,43 @@ pub fn read(b: &Body, defaults: &GenerationDefaults, vocab: usize, max_tokens: O
     if mt.is_some() && p.min_tokens > p.max_tokens {
         return Err(ApiError::param(
             "min_tokens",
-            format!("'min_tokens' ({}) must not exceed 'max_tokens' ({})", p.min_tokens, p.max_tokens),
+            format!(
+                "'min_tokens' ({}) must not exceed 'max_tokens' ({})",
+                p.min_tokens, p.max_tokens
+            ),
         ));
     }
     p.stop = b.strings("stop", 64)?;
     p.stop_token_ids = b.ids("stop_token_ids")?;
     if let Some(&bad) = p.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
-        return Err(ApiError::param("stop_token_ids", format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        return Err(ApiError::param(
+            "stop_token_ids",
+            format!("token id {bad} is outside the vocabulary (size {vocab})"),
+        ));
     }
     p.include_stop_str_in_output = b.bool("include_stop_str_in_output")?.unwrap_or(false);
     p.ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
     p.skip_special_tokens = b.bool("skip_special_tokens")?.unwrap_or(true);
     if let Some(bias) = b.object("logit_bias")? {
         if bias.len() > 300 {
-            return Err(ApiError::param("logit_bias", format!("'logit_bias' may hold at most 300 entries, got {}", bias.len())));
+            return Err(ApiError::param(
+                "logit_bias",
+                format!("'logit_bias' may hold at most 300 entries, got {}", bias.len()),
+            ));
         }
         for (k, v) in bias {
-            let id: u32 = k
-                .parse()
-                .ok()
-                .filter(|&i: &u32| (i as usize) < vocab)
-                .ok_or_else(|| ApiError::param("logit_bias", format!("'logit_bias' key {k:?} is not a token id below {vocab}")))?;
-            let x = v
-                .as_f64()
-                .filter(|x| (-100.0..=100.0).contains(x))
-                .ok_or_else(|| ApiError::param("logit_bias", format!("'logit_bias' values must be numbers between -100 and 100, got {v}")))?;
+            let id: u32 = k.parse().ok().filter(|&i: &u32| (i as usize) < vocab).ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!("'logit_bias' key {k:?} is not a token id below {vocab}"),
+                )
+            })?;
+            let x = v.as_f64().filter(|x| (-100.0..=100.0).contains(x)).ok_or_else(|| {
+                ApiError::param(
+                    "logit_bias",
+                    format!("'logit_bias' values must be numbers between -100 and 100, got {v}"),
+                )
+            })?;
             p.logit_bias.push((id, x as f32));
         }
     }
@@ -140,16 +163,27 @@ pub fn read(b: &Body, defaults: &GenerationDefaults, vocab: usize, max_tokens: O
     let mut include_usage = false;
     if let Some(so) = b.object("stream_options")? {
         if !stream {
-            return Err(ApiError::param("stream_options", "'stream_options' is only allowed when 'stream' is true"));
+            return Err(ApiError::param(
+                "stream_options",
+                "'stream_options' is only allowed when 'stream' is true",
+            ));
         }
         for (k, v) in so {
             match (k.as_str(), v) {
                 ("include_usage", serde_json::Value::Bool(x)) => include_usage = *x,
                 ("continuous_usage_stats", serde_json::Value::Bool(false)) => {}
                 ("include_usage", _) => {
-                    return Err(ApiError::param("stream_options", "'stream_options.include_usage' must be a boolean"))
+                    return Err(ApiError::param(
+                        "stream_options",
+                        "'stream_options.include_usage' must be a boolean",
+                    ))
                 }
-                _ => return Err(ApiError::param("stream_options", format!("unsupported stream option '{k}'"))),
+                _ => {
+                    return Err(ApiError::param(
+                        "stream_options",
+                        format!("unsupported stream option '{k}'"),
+                    ))
+                }
             }
         }
     }

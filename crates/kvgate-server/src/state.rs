@@ -80,14 +80,21 @@ impl AppState {
 
 /// 415 unless the body is declared as JSON.
 pub fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
         Ok(())
     } else {
         Err(ApiError::UnsupportedMediaType(format!(
             "Content-Type must be application/json, got {}",
-            if ct.is_empty() { "none".to_string() } else { format!("{ct:?}") }
+            if ct.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{ct:?}")
+            }
         )))
     }
 }

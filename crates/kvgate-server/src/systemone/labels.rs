@@ -47,7 +47,9 @@ fn build(tok: &Tokenizer, labels: &[&str], case_aliases: bool) -> LabelSet {
         let mut forms = vec![format!(" {l}")];
         let cap = {
             let mut c = l.chars();
-            c.next().map(|f| f.to_uppercase().collect::<String>() + c.as_str()).unwrap_or_default()
+            c.next()
+                .map(|f| f.to_uppercase().collect::<String>() + c.as_str())
+                .unwrap_or_default()
         };
         if case_aliases {
             for f in [cap.clone(), l.to_uppercase()] {
@@ -62,7 +64,10 @@ fn build(tok: &Tokenizer, labels: &[&str], case_aliases: bool) -> LabelSet {
                 }
             }
         }
-        out.push(Label { text: l.to_string(), ids });
+        out.push(Label {
+            text: l.to_string(),
+            ids,
+        });
     }
     // Aliases must never be shared between labels (e.g. "A" and "a" are different labels only if
     // they are distinct tokens); keep each id with the first label that claimed it as its base, else
@@ -71,7 +76,8 @@ fn build(tok: &Tokenizer, labels: &[&str], case_aliases: bool) -> LabelSet {
     let mut seen = std::collections::HashSet::new();
     for l in out.iter_mut() {
         let base = l.ids[0];
-        l.ids.retain(|id| (*id == base || !bases.contains(id)) && seen.insert(*id));
+        l.ids
+            .retain(|id| (*id == base || !bases.contains(id)) && seen.insert(*id));
         if l.ids.first() != Some(&base) {
             return Err(format!("the label {:?} shares its token with another label", l.text));
         }

@@ -1,0 +1,387 @@
+//! kvgate's own matmul for the GGUF formats that matter most on CPU (Q4_0, Q4_1, Q8_0): the weight stays
+//! 4- or 8-bit, the activations stay f32 (they are not quantized, unlike llama.cpp's and candle's
+//! `q8_1` path), so the result equals a matmul against the dequantized weights up to f32 rounding — the
+//! Hugging Face reference on the dequantized GGUF — while reading a quarter of the bytes.
+//!
+//! Layout: at load, each block of 32 weights is repacked into an f32 scale `d`, an f32 offset `m`
+//! (Q4_0 becomes `m = -8·d`) and its packed quants, so the inner loop does no f16 conversion.
+//! `w = d·q + m`, hence `dot(w, x) = Σ_blocks d·Σ q·x + m·Σ x`.
+//!
+//! Batch invariance: every output `y[r][c]` is reduced in the same order (blocks ascending, fixed 8-lane
+//! accumulator, fixed horizontal sum) whatever the number of rows or the tiling, so a row's result never
+//! depends on the batch. Rows are processed four at a time so that each decoded weight block is reused
+//! from registers by four activation rows (batched decode and prefill read the weights once per tile).
+
+use rayon::prelude::*;
+
+/// Weights per block.
+pub const QK: usize = 32;
+
+/// Packed formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKind {
+    /// 4-bit (Q4_0 and Q4_1): low nibbles are elements 0..16, high nibbles 16..32.
+    Q4,
+    /// 8-bit signed (Q8_0).
+    Q8,
+}
+
+/// A repacked quantized matrix, `n` rows (outputs) of `k` inputs.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    kind: QKind,
+    n: usize,
+    k: usize,
+    d: Vec<f32>,
+    m: Vec<f32>,
+    qs: Vec<u8>,
+}
+
+fn f16le(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+impl QMatrix {
+    /// Repacks GGUF Q4_0 data (`d: f16, qs: [u8; 16]` per block).
+    pub fn from_q4_0(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::repack(data, n, k, 18, QKind::Q4, |b| {
+            let d = f16le(b);
+            (d, -8.0 * d, &b[2..18])
+        })
+    }
+
+    /// Repacks GGUF Q4_1 data (`d: f16, m: f16, qs: [u8; 16]` per block).
+    pub fn from_q4_1(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::repack(data, n, k, 20, QKind::Q4, |b| (f16le(b), f16le(&b[2..]), &b[4..20]))
+    }
+
+    /// Repacks GGUF Q8_0 data (`d: f16, qs: [i8; 32]` per block).
+    pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::repack(data, n, k, 34, QKind::Q8, |b| (f16le(b), 0.0, &b[2..34]))
+    }
+
+    fn repack(
+        data: &[u8],
+        n: usize,
+        k: usize,
+        block_bytes: usize,
+        kind: QKind,
+        split: impl Fn(&[u8]) -> (f32, f32, &[u8]),
+    ) -> QMatrix {
+        assert_eq!(k % QK, 0, "k must be a multiple of 32");
+        let blocks = n * k / QK;
+        assert_eq!(data.len(), blocks * block_bytes, "quantized data size");
+        let mut d = Vec::with_capacity(blocks);
+        let mut m = Vec::with_capacity(blocks);
+        let mut qs = Vec::with_capacity(blocks * if kind == QKind::Q4 { 16 } else { 32 });
+        for b in data.chunks_exact(block_bytes) {
+            let (dd, mm, q) = split(b);
+            d.push(dd);
+            m.push(mm);
+            qs.extend_from_slice(q);
+        }
+        QMatrix { kind, n, k, d, m, qs }
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs per row.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    /// The dequantized value of row `r`, element `i` (tests).
+    pub fn value(&self, r: usize, i: usize) -> f32 {
+        let b = r * (self.k / QK) + i / QK;
+        let j = i % QK;
+        let q = match self.kind {
+            QKind::Q4 => {
+                let byte = self.qs[b * 16 + j % 16];
+                (if j < 16 { byte & 0xF } else { byte >> 4 }) as f32
+            }
+            QKind::Q8 => self.qs[b * 32 + j] as i8 as f32,
+        };
+        self.d[b] * q + self.m[b]
+    }
+
+    /// `x` is `rows × k`; returns `rows × n`.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k) = (self.n, self.k);
+        debug_assert_eq!(x.len(), rows * k);
+        let nb = k / QK;
+        // Σx per block per row (for the `m` term).
+        let xsum: Vec<f32> = x
+            .chunks_exact(QK)
+            .map(|c| {
+                let mut s = [0f32; 8];
+                for (i, v) in c.iter().enumerate() {
+                    s[i % 8] += v;
+                }
+                ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
+            })
+            .collect();
+        let tile = 16usize;
+        let tiles = n.div_ceil(tile);
+        let mut out = vec![0f32; rows * n];
+        let parts: Vec<(usize, Vec<f32>)> = (0..tiles)
+            .into_par_iter()
+            .map(|t| {
+                let c0 = t * tile;
+                let c1 = (c0 + tile).min(n);
+                let w = c1 - c0;
+                let mut y = vec![0f32; rows * w];
+                let mut r = 0;
+                while r < rows {
+                    let rr = (rows - r).min(4);
+                    for c in c0..c1 {
+                        let mut res = [0f32; 4];
+                        self.dot_rows(c, &x[r * k..], &xsum[r * nb..], rr, &mut res);
+                        for i in 0..rr {
+                            y[(r + i) * w + c - c0] = res[i];
+                        }
+                    }
+                    r += rr;
+                }
+                (c0, y)
+            })
+            .collect();
+        for (c0, y) in parts {
+            let w = y.len() / rows.max(1);
+            for r in 0..rows {
+                out[r * n + c0..r * n + c0 + w].copy_from_slice(&y[r * w..(r + 1) * w]);
+            }
+        }
+        out
+    }
+
+    /// Dots of weight row `c` with `rr` (≤ 4) consecutive activation rows starting at `x`.
+    #[inline]
+    fn dot_rows(&self, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        {
+            // SAFETY: the avx2 and fma target features are enabled at compile time (this cfg), so the
+            // intrinsics are available; every load below stays inside the slices as argued there.
+            unsafe { avx2::dot_rows(self, c, x, xsum, rr, out) }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+        {
+            scalar_dot_rows(self, c, x, xsum, rr, out)
+        }
+    }
+}
+
+/// The portable kernel (same block order; used where AVX2/FMA are not compiled in).
+#[allow(dead_code)]
+fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+    let (k, nb) = (w.k, w.k / QK);
+    let mut acc = [[0f32; 8]; 4];
+    let mut mterm = [0f32; 4];
+    let mut q = [0f32; QK];
+    for b in 0..nb {
+        let blk = c * nb + b;
+        let d = w.d[blk];
+        match w.kind {
+            QKind::Q4 => {
+                let qs = &w.qs[blk * 16..blk * 16 + 16];
+                for j in 0..16 {
+                    q[j] = (qs[j] & 0xF) as f32 * d;
+                    q[j + 16] = (qs[j] >> 4) as f32 * d;
+                }
+            }
+            QKind::Q8 => {
+                for (j, v) in w.qs[blk * 32..blk * 32 + 32].iter().enumerate() {
+                    q[j] = *v as i8 as f32 * d;
+                }
+            }
+        }
+        for r in 0..rr {
+            let xr = &x[r * k + b * QK..r * k + b * QK + QK];
+            for j in 0..QK {
+                acc[r][j % 8] = q[j].mul_add(xr[j], acc[r][j % 8]);
+            }
+            mterm[r] += w.m[blk] * xsum[r * nb + b];
+        }
+    }
+    for r in 0..rr {
+        let a = &acc[r];
+        out[r] = (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))) + mterm[r];
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{QKind, QMatrix, QK};
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        // (a0+a4, a1+a5, a2+a6, a3+a7) then pairwise, the same order as the scalar kernel.
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s3 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+        _mm_cvtss_f32(s3)
+    }
+
+    /// SAFETY (caller): avx2+fma available. Bounds: block `blk < n·nb`, so `qs[blk·16 .. +16]` /
+    /// `qs[blk·32 .. +32]` are inside `w.qs`; activation row `r < rr ≤ 4` reads
+    /// `x[r·k + b·32 .. +32]` with `b < nb = k/32`, inside `x` because the caller passes at least `rr`
+    /// rows of `k`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+        let (k, nb) = (w.k, w.k / QK);
+        debug_assert!(x.len() >= rr * k && xsum.len() >= rr * nb);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut mterm = [0f32; 4];
+        let xp = x.as_ptr();
+        let mask = _mm_set1_epi8(0x0F);
+        for b in 0..nb {
+            let blk = c * nb + b;
+            let d = _mm256_set1_ps(*w.d.get_unchecked(blk));
+            let q: [__m256; 4] = match w.kind {
+                QKind::Q4 => {
+                    let raw = _mm_loadu_si128(w.qs.as_ptr().add(blk * 16) as *const __m128i);
+                    let lo = _mm_and_si128(raw, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+                    [
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d),
+                    ]
+                }
+                QKind::Q8 => {
+                    let p = w.qs.as_ptr().add(blk * 32);
+                    let a = _mm_loadu_si128(p as *const __m128i);
+                    let bb = _mm_loadu_si128(p.add(16) as *const __m128i);
+                    [
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bb)), d),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bb, 8))), d),
+                    ]
+                }
+            };
+            let mb = *w.m.get_unchecked(blk);
+            for r in 0..rr {
+                let xr = xp.add(r * k + b * QK);
+                let mut a = acc[r];
+                a = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xr), a);
+                a = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr.add(8)), a);
+                a = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr.add(16)), a);
+                a = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr.add(24)), a);
+                acc[r] = a;
+                mterm[r] += mb * *xsum.get_unchecked(r * nb + b);
+            }
+        }
+        for r in 0..rr {
+            out[r] = hsum(acc[r]) + mterm[r];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blocks(kind: &str, n: usize, k: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed;
+        let mut rnd = || {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (s >> 8) as u8
+        };
+        let mut out = vec![];
+        for _ in 0..n * k / 32 {
+            let d = half::f16::from_f32(0.01 + (rnd() as f32) / 4000.0).to_le_bytes();
+            out.extend(d);
+            match kind {
+                "q4_1" => {
+                    out.extend(half::f16::from_f32(-0.05 + rnd() as f32 / 3000.0).to_le_bytes());
+                    (0..16).for_each(|_| out.push(rnd()));
+                }
+                "q4_0" => (0..16).for_each(|_| out.push(rnd())),
+                _ => (0..32).for_each(|_| out.push(rnd())),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_the_dequantized_matmul_and_is_batch_invariant() {
+        let (n, k) = (37, 96);
+        for kind in ["q4_0", "q4_1", "q8_0"] {
+            let data = blocks(kind, n, k, 7);
+            let w = match kind {
+                "q4_0" => QMatrix::from_q4_0(&data, n, k),
+                "q4_1" => QMatrix::from_q4_1(&data, n, k),
+                _ => QMatrix::from_q8_0(&data, n, k),
+            };
+            let rows = 7;
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+            let y = w.matmul(&x, rows);
+            for r in 0..rows {
+                for c in 0..n {
+                    let want: f64 = (0..k).map(|i| w.value(c, i) as f64 * x[r * k + i] as f64).sum();
+                    assert!(
+                        (y[r * n + c] as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "{kind} {r} {c}"
+                    );
+                }
+                let alone = w.matmul(&x[r * k..(r + 1) * k], 1);
+                assert_eq!(
+                    &y[r * n..(r + 1) * n],
+                    alone.as_slice(),
+                    "{kind}: row {r} depends on the batch"
+                );
+            }
+            let mut scalar = [0f32; 4];
+            scalar_dot_rows(&w, 3, &x, &w_xsum(&x, k), 4, &mut scalar);
+            for r in 0..4 {
+                assert!((scalar[r] - y[r * n + 3]).abs() < 1e-4, "{kind}: scalar kernel");
+            }
+        }
+    }
+
+    fn w_xsum(x: &[f32], _k: usize) -> Vec<f32> {
+        x.chunks_exact(QK)
+            .map(|c| {
+                let mut s = [0f32; 8];
+                for (i, v) in c.iter().enumerate() {
+                    s[i % 8] += v;
+                }
+                ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn decodes_gguf_blocks() {
+        // one Q4_1 block: d = 0.5, m = -1, nibbles 0..15 low and 15..0 high
+        let mut b = vec![];
+        b.extend(half::f16::from_f32(0.5).to_le_bytes());
+        b.extend(half::f16::from_f32(-1.0).to_le_bytes());
+        for j in 0..16u8 {
+            b.push(j | ((15 - j) << 4));
+        }
+        let w = QMatrix::from_q4_1(&b, 1, 32);
+        assert_eq!(w.value(0, 0), -1.0);
+        assert_eq!(w.value(0, 3), 0.5);
+        assert_eq!(w.value(0, 16), 6.5);
+        let mut q0 = vec![];
+        q0.extend(half::f16::from_f32(2.0).to_le_bytes());
+        q0.extend([0x8Fu8; 16]);
+        let w = QMatrix::from_q4_0(&q0, 1, 32);
+        assert_eq!(w.value(0, 0), 14.0);
+        assert_eq!(w.value(0, 16), 0.0);
+    }
+}
