@@ -31,6 +31,9 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Status, headers (lower-cased names) and body of a raw HTTP exchange.
+pub type RawResponse = (u16, Vec<(String, String)>, Vec<u8>);
+
 /// A running `serve`, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -96,13 +99,7 @@ impl Server {
     }
 
     /// A raw HTTP/1.1 request; returns (status, headers (lowercased names), body).
-    pub fn raw(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-    ) -> std::io::Result<(u16, Vec<(String, String)>, Vec<u8>)> {
+    pub fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<RawResponse> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
         s.set_read_timeout(Some(Duration::from_secs(300)))?;
         let mut req = format!(

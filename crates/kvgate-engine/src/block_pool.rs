@@ -317,12 +317,8 @@ impl BlockPool {
         }
         assert_eq!(prev, self.tail);
         assert_eq!(n, self.num_free);
-        for i in 0..self.total() {
-            assert_eq!(
-                seen[i],
-                self.ref_count[i] == 0,
-                "block {i}: free-list membership vs ref count"
-            );
+        for (i, (&s, &rc)) in seen.iter().zip(&self.ref_count).enumerate() {
+            assert_eq!(s, rc == 0, "block {i}: free-list membership vs ref count");
         }
         let indexed: usize = self.index.values().map(Vec::len).sum();
         let with_id = self.identity.iter().filter(|x| x.is_some()).count();

@@ -125,7 +125,7 @@ impl KvManager {
     fn needs_cow(&self, sb: &SeqBlocks, computed: usize, upto: usize) -> bool {
         let bs = self.block_size;
         upto > computed
-            && computed % bs != 0
+            && !computed.is_multiple_of(bs)
             && sb
                 .blocks
                 .get(computed / bs)

@@ -37,6 +37,18 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
+/// The query side of one attention call: `q` is `rows × heads × head_dim`; each row reads the block
+/// table `tables[row.table]`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttnQuery<'a> {
+    /// Queries.
+    pub q: &'a [f32],
+    /// One entry per query row.
+    pub rows: &'a [AttnRow],
+    /// Block tables of the sequences in the batch.
+    pub tables: &'a [&'a [u32]],
+}
+
 /// What an attention implementation (CPU here, CUDA in `kvgate-cuda`) provides to the model.
 pub trait AttentionBackend: Send + Sync {
     /// Stores the step's new K and V rows (`slots.len() × kv_heads × head_dim`) for `layer`.
@@ -44,17 +56,8 @@ pub trait AttentionBackend: Send + Sync {
         cache.write(layer, slots, k, v);
     }
 
-    /// Computes attention for every row: `q` is `rows × heads × head_dim`, `out` has the same shape.
-    fn attend(
-        &self,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        rows: &[AttnRow],
-        tables: &[&[u32]],
-        p: &AttnParams,
-        out: &mut [f32],
-    );
+    /// Computes attention for every query row; `out` has the shape of `query.q`.
+    fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]);
 }
 
 /// The CPU implementation, parallel over (row, KV head) pairs with rayon.
@@ -87,16 +90,8 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 }
 
 impl AttentionBackend for CpuAttention {
-    fn attend(
-        &self,
-        cache: &KvCache,
-        layer: usize,
-        q: &[f32],
-        rows: &[AttnRow],
-        tables: &[&[u32]],
-        p: &AttnParams,
-        out: &mut [f32],
-    ) {
+    fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
+        let (q, rows, tables) = (query.q, query.rows, query.tables);
         let hd = p.head_dim;
         let group = p.num_heads / p.num_kv_heads;
         let row_len = p.num_heads * hd;
@@ -220,7 +215,8 @@ mod tests {
                 let mut cache = KvCache::new(shape, 16);
                 let tables: Vec<Vec<u32>> = vec![vec![5, 2, 9, 11], vec![3, 0, 14]];
                 let lens = [13usize, 10];
-                let mut decoded: Vec<(Vec<Vec<f32>>, Vec<Vec<f32>>)> = vec![];
+                type Decoded = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+                let mut decoded: Vec<Decoded> = vec![];
                 for (s, table) in tables.iter().enumerate() {
                     let (mut ks, mut vs) = (vec![], vec![]);
                     for t in 0..lens[s] {
@@ -261,7 +257,12 @@ mod tests {
                 let q: Vec<f32> = (0..rows.len() * 6 * 32).map(|_| rng.random_range(-1.0..1.0)).collect();
                 let mut out = vec![0f32; q.len()];
                 let trefs: Vec<&[u32]> = tables.iter().map(|t| t.as_slice()).collect();
-                CpuAttention.attend(&cache, 0, &q, &rows, &trefs, &p, &mut out);
+                let query = AttnQuery {
+                    q: &q,
+                    rows: &rows,
+                    tables: &trefs,
+                };
+                CpuAttention.attend(&cache, 0, &query, &p, &mut out);
                 for (r, row) in rows.iter().enumerate() {
                     let (ks, vs) = &decoded[row.table as usize];
                     let want = naive(&q[r * 192..(r + 1) * 192], ks, vs, row.pos as usize, &p);
@@ -287,7 +288,18 @@ mod tests {
         let tables = [table.as_slice()];
         let q: Vec<f32> = (0..192).map(|_| rng.random_range(-1.0..1.0)).collect();
         let mut alone = vec![0f32; 192];
-        CpuAttention.attend(&cache, 0, &q, &[AttnRow { table: 0, pos: 30 }], &tables, &p, &mut alone);
+        let one = [AttnRow { table: 0, pos: 30 }];
+        CpuAttention.attend(
+            &cache,
+            0,
+            &AttnQuery {
+                q: &q,
+                rows: &one,
+                tables: &tables,
+            },
+            &p,
+            &mut alone,
+        );
         let mut big_q = vec![];
         let mut rows = vec![];
         for i in 0..9 {
@@ -300,7 +312,17 @@ mod tests {
         big_q[4 * 192..5 * 192].copy_from_slice(&q);
         rows[4].pos = 30;
         let mut out = vec![0f32; big_q.len()];
-        CpuAttention.attend(&cache, 0, &big_q, &rows, &tables, &p, &mut out);
+        CpuAttention.attend(
+            &cache,
+            0,
+            &AttnQuery {
+                q: &big_q,
+                rows: &rows,
+                tables: &tables,
+            },
+            &p,
+            &mut out,
+        );
         assert_eq!(&out[4 * 192..5 * 192], alone.as_slice());
     }
 }

@@ -94,13 +94,13 @@ impl KvDtype {
     /// Checks that a model with this `head_dim` and block size can be stored in this dtype.
     pub fn check(self, head_dim: usize, block_size: usize) -> Result<(), KvError> {
         if self == KvDtype::Nvfp4 {
-            if head_dim % NVFP4_GROUP != 0 {
+            if !head_dim.is_multiple_of(NVFP4_GROUP) {
                 return Err(KvError::Unsupported {
                     dtype: self.name(),
                     reason: format!("head_dim {head_dim} is not a multiple of {NVFP4_GROUP}"),
                 });
             }
-            if block_size % 4 != 0 {
+            if !block_size.is_multiple_of(4) {
                 return Err(KvError::Unsupported {
                     dtype: self.name(),
                     reason: format!("block size {block_size} is not a multiple of 4"),

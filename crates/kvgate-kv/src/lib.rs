@@ -17,7 +17,7 @@ pub mod error;
 pub mod layout;
 pub mod storage;
 
-pub use attention::{AttentionBackend, AttnParams, AttnRow, CpuAttention};
+pub use attention::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention};
 pub use dtype::KvDtype;
 pub use error::KvError;
 pub use layout::CacheShape;

@@ -291,13 +291,13 @@ impl ModelConfig {
     /// Checks the numbers are consistent (heads divide, widths positive).
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(ModelError::Invalid(m));
-        if self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return bad(format!(
                 "{} attention heads are not a multiple of {} KV heads",
                 self.num_heads, self.num_kv_heads
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} must be even and positive", self.head_dim));
         }
         if self.vocab_size == 0 || self.hidden_size == 0 || self.num_layers == 0 {

@@ -6,7 +6,7 @@
 //! logits are bitwise the same whatever else is in the batch and whether its prefix was computed in
 //! this step, an earlier chunk, or found in the prefix cache.
 
-use kvgate_kv::{AttentionBackend, AttnParams, AttnRow, KvCache};
+use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, KvCache};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -220,7 +220,12 @@ impl Model {
                 window: if sliding { c.sliding_window } else { None },
                 softcap: c.attn_logit_softcap,
             };
-            attn.attend(cache, li, &q, &rows, &tables, &params, &mut attn_out);
+            let query = AttnQuery {
+                q: &q,
+                rows: &rows,
+                tables: &tables,
+            };
+            attn.attend(cache, li, &query, &params, &mut attn_out);
             let mut o = l.o.forward(&attn_out, n)?;
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_inplace(&mut o, w, c.rms_eps, c.norm_plus_one);
