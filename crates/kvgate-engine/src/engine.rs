@@ -483,7 +483,10 @@ impl Engine {
         if !self.calibrated {
             self.calibrate(&batch)?;
         }
-        let logits = self.model.forward(&batch, &mut self.cache, self.attn.as_ref())?;
+        // The whole forward runs inside the compute pool (one hand-off per step instead of one per
+        // parallel region: the engine thread is not a pool worker).
+        let (model, cache, attn) = (&self.model, &mut self.cache, self.attn.as_ref());
+        let logits = rayon::scope(|_| model.forward(&batch, cache, attn))?;
         for c in &plan.chunks {
             self.sched.advance(c);
             if let Some(seq) = self.sched.seq(c.seq) {

@@ -83,6 +83,37 @@ impl Linear {
         })
     }
 
+    /// One layer computing the outputs of several (same input, stacked outputs), when their weights can
+    /// be stacked (packed formats of one kind); `None` otherwise.
+    pub fn fuse(parts: &[&Linear]) -> Option<Linear> {
+        let packed: Vec<&QMatrix> = parts
+            .iter()
+            .map(|l| match &l.weight {
+                Weight::Packed(p) => Some(p),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        let w = QMatrix::concat(&packed)?;
+        let bias = if parts.iter().any(|l| l.bias.is_some()) {
+            let mut b = Vec::new();
+            for l in parts {
+                match &l.bias {
+                    Some(x) => b.extend_from_slice(x),
+                    None => b.extend(std::iter::repeat_n(0.0, l.out_dim)),
+                }
+            }
+            Some(b)
+        } else {
+            None
+        };
+        Some(Linear {
+            in_dim: parts[0].in_dim,
+            out_dim: w.rows(),
+            weight: Weight::Packed(w),
+            bias,
+        })
+    }
+
     /// Whether the layer adds a bias.
     pub fn has_bias(&self) -> bool {
         self.bias.is_some()

@@ -10,6 +10,7 @@ use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, KvCache};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
+use crate::linear::Linear;
 use crate::ops::{add_inplace, gated_activation, rms_norm, rms_norm_inplace, softcap_inplace, Rope};
 use crate::weights::Weights;
 
@@ -65,13 +66,36 @@ pub struct KvAmax {
     pub v: Vec<f32>,
 }
 
+/// Per layer, projections stacked into one matmul where the weights allow it (q·k·v, gate·up): fewer,
+/// larger matmuls, one pass over the activations.
+#[derive(Debug)]
+struct Fused {
+    qkv: Option<Linear>,
+    gate_up: Option<Linear>,
+}
+
 /// A loaded model ready to run.
 #[derive(Debug)]
 pub struct Model {
     cfg: ModelConfig,
     w: Weights,
+    fused: Vec<Fused>,
     rope: Rope,
     rope_local: Option<Rope>,
+}
+
+/// Splits `rows × (a + b + …)` into one `rows × width` buffer per width.
+fn split_cols(y: &[f32], rows: usize, widths: &[usize]) -> Vec<Vec<f32>> {
+    let total: usize = widths.iter().sum();
+    let mut out: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(rows * w)).collect();
+    for r in 0..rows {
+        let mut o = r * total;
+        for (i, w) in widths.iter().enumerate() {
+            out[i].extend_from_slice(&y[o..o + w]);
+            o += w;
+        }
+    }
+    out
 }
 
 fn amax(x: &[f32]) -> f32 {
@@ -105,9 +129,18 @@ impl Model {
                 cfg.rope_style,
             )
         });
+        let fused = w
+            .layers
+            .iter()
+            .map(|l| Fused {
+                qkv: Linear::fuse(&[&l.q, &l.k, &l.v]),
+                gate_up: Linear::fuse(&[&l.gate, &l.up]),
+            })
+            .collect();
         Ok(Model {
             cfg,
             w,
+            fused,
             rope,
             rope_local,
         })
@@ -191,9 +224,15 @@ impl Model {
         let mut attn_out = vec![0f32; n * nh * hd];
         for (li, l) in self.w.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, c.rms_eps, c.norm_plus_one, &mut h);
-            let mut q = l.q.forward(&h, n)?;
-            let mut k = l.k.forward(&h, n)?;
-            let v = l.v.forward(&h, n)?;
+            let (mut q, mut k, v) = match &self.fused[li].qkv {
+                Some(f) => {
+                    let y = f.forward(&h, n)?;
+                    let mut parts = split_cols(&y, n, &[l.q.out_dim(), l.k.out_dim(), l.v.out_dim()]).into_iter();
+                    let (q, k, v) = (parts.next(), parts.next(), parts.next());
+                    (q.unwrap_or_default(), k.unwrap_or_default(), v.unwrap_or_default())
+                }
+                None => (l.q.forward(&h, n)?, l.k.forward(&h, n)?, l.v.forward(&h, n)?),
+            };
             if let Some(w) = &l.q_norm {
                 rms_norm_inplace(&mut q, w, c.rms_eps, c.norm_plus_one);
             }
@@ -232,8 +271,14 @@ impl Model {
             }
             add_inplace(&mut x, &o);
             rms_norm(&x, &l.ffn_norm, c.rms_eps, c.norm_plus_one, &mut h);
-            let mut g = l.gate.forward(&h, n)?;
-            let u = l.up.forward(&h, n)?;
+            let (mut g, u) = match &self.fused[li].gate_up {
+                Some(f) => {
+                    let y = f.forward(&h, n)?;
+                    let mut parts = split_cols(&y, n, &[l.gate.out_dim(), l.up.out_dim()]).into_iter();
+                    (parts.next().unwrap_or_default(), parts.next().unwrap_or_default())
+                }
+                None => (l.gate.forward(&h, n)?, l.up.forward(&h, n)?),
+            };
             gated_activation(&mut g, &u, c.activation);
             let mut m = l.down.forward(&g, n)?;
             if let Some(w) = &l.post_ffn_norm {

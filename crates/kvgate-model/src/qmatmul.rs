@@ -4,18 +4,29 @@
 //! Hugging Face reference on the dequantized GGUF — while reading a quarter of the bytes.
 //!
 //! Layout: at load, each block of 32 weights is repacked into an f32 scale `d`, an f32 offset `m`
-//! (Q4_0 becomes `m = -8·d`) and its packed quants, so the inner loop does no f16 conversion.
-//! `w = d·q + m`, hence `dot(w, x) = Σ_blocks d·Σ q·x + m·Σ x`.
+//! (Q4_0 becomes `m = -8·d`) and its packed quants, so the inner loop does no f16 conversion. The inner
+//! loop decodes a block to `w = fma(q, d, m)` once and multiplies it with up to [`ROWS`] activation rows.
 //!
 //! Batch invariance: every output `y[r][c]` is reduced in the same order (blocks ascending, fixed 8-lane
 //! accumulator, fixed horizontal sum) whatever the number of rows or the tiling, so a row's result never
-//! depends on the batch. Rows are processed four at a time so that each decoded weight block is reused
-//! from registers by four activation rows (batched decode and prefill read the weights once per tile).
+//! depends on the batch. Rows are processed in groups so that each decoded weight block is reused
+//! from registers by up to [`ROWS`] activation rows (batched decode and prefill read the weights once
+//! per tile). AVX-512 is used when the CPU has it (checked once at run time), else AVX2.
 
 use rayon::prelude::*;
 
 /// Weights per block.
 pub const QK: usize = 32;
+
+/// Activation rows that share one decoded weight block (16 measured slower than 8 on AVX-512 too).
+pub const ROWS: usize = 8;
+
+/// Whether the CPU has AVX-512F (checked once; the same machine always takes the same path, so results
+/// stay deterministic).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var_os("KVGATE_NO_AVX512").is_none() && std::arch::is_x86_feature_detected!("avx512f")
+});
 
 /// Packed formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +94,29 @@ impl QMatrix {
         QMatrix { kind, n, k, d, m, qs }
     }
 
+    /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).
+    pub fn concat(parts: &[&QMatrix]) -> Option<QMatrix> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.kind != first.kind || p.k != first.k) {
+            return None;
+        }
+        let mut out = QMatrix {
+            kind: first.kind,
+            n: 0,
+            k: first.k,
+            d: vec![],
+            m: vec![],
+            qs: vec![],
+        };
+        for p in parts {
+            out.n += p.n;
+            out.d.extend_from_slice(&p.d);
+            out.m.extend_from_slice(&p.m);
+            out.qs.extend_from_slice(&p.qs);
+        }
+        Some(out)
+    }
+
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.n
@@ -116,18 +150,6 @@ impl QMatrix {
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), rows * k);
-        let nb = k / QK;
-        // Σx per block per row (for the `m` term).
-        let xsum: Vec<f32> = x
-            .chunks_exact(QK)
-            .map(|c| {
-                let mut s = [0f32; 8];
-                for (i, v) in c.iter().enumerate() {
-                    s[i % 8] += v;
-                }
-                ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
-            })
-            .collect();
         let tile = 16usize;
         let tiles = n.div_ceil(tile);
         let mut out = vec![0f32; rows * n];
@@ -140,10 +162,10 @@ impl QMatrix {
                 let mut y = vec![0f32; rows * w];
                 let mut r = 0;
                 while r < rows {
-                    let rr = (rows - r).min(4);
+                    let rr = (rows - r).min(ROWS);
                     for c in c0..c1 {
-                        let mut res = [0f32; 4];
-                        self.dot_rows(c, &x[r * k..], &xsum[r * nb..], rr, &mut res);
+                        let mut res = [0f32; ROWS];
+                        self.dot_rows(c, &x[r * k..], rr, &mut res);
                         for i in 0..rr {
                             y[(r + i) * w + c - c0] = res[i];
                         }
@@ -162,43 +184,46 @@ impl QMatrix {
         out
     }
 
-    /// Dots of weight row `c` with `rr` (≤ 4) consecutive activation rows starting at `x`.
+    /// Dots of weight row `c` with `rr` (≤ [`ROWS`]) consecutive activation rows starting at `x`.
     #[inline]
-    fn dot_rows(&self, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+    fn dot_rows(&self, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
         #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
         {
+            if *AVX512 {
+                // SAFETY: avx512f was detected at run time; bounds as argued in `avx512::dot_rows`.
+                return unsafe { avx512::dot_rows(self, c, x, rr, out) };
+            }
             // SAFETY: the avx2 and fma target features are enabled at compile time (this cfg), so the
             // intrinsics are available; every load below stays inside the slices as argued there.
-            unsafe { avx2::dot_rows(self, c, x, xsum, rr, out) }
+            unsafe { avx2::dot_rows(self, c, x, rr, out) }
         }
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
         {
-            scalar_dot_rows(self, c, x, xsum, rr, out)
+            scalar_dot_rows(self, c, x, rr, out)
         }
     }
 }
 
 /// The portable kernel (same block order; used where AVX2/FMA are not compiled in).
 #[allow(dead_code)]
-fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
     let (k, nb) = (w.k, w.k / QK);
-    let mut acc = [[0f32; 8]; 4];
-    let mut mterm = [0f32; 4];
+    let mut acc = [[0f32; 8]; ROWS];
     let mut q = [0f32; QK];
     for b in 0..nb {
         let blk = c * nb + b;
-        let d = w.d[blk];
+        let (d, m) = (w.d[blk], w.m[blk]);
         match w.kind {
             QKind::Q4 => {
                 let qs = &w.qs[blk * 16..blk * 16 + 16];
                 for j in 0..16 {
-                    q[j] = (qs[j] & 0xF) as f32 * d;
-                    q[j + 16] = (qs[j] >> 4) as f32 * d;
+                    q[j] = ((qs[j] & 0xF) as f32).mul_add(d, m);
+                    q[j + 16] = ((qs[j] >> 4) as f32).mul_add(d, m);
                 }
             }
             QKind::Q8 => {
                 for (j, v) in w.qs[blk * 32..blk * 32 + 32].iter().enumerate() {
-                    q[j] = *v as i8 as f32 * d;
+                    q[j] = (*v as i8 as f32).mul_add(d, m);
                 }
             }
         }
@@ -207,12 +232,11 @@ fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, ou
             for j in 0..QK {
                 acc[r][j % 8] = q[j].mul_add(xr[j], acc[r][j % 8]);
             }
-            mterm[r] += w.m[blk] * xsum[r * nb + b];
         }
     }
     for r in 0..rr {
         let a = &acc[r];
-        out[r] = (((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))) + mterm[r];
+        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
     }
 }
 
@@ -220,10 +244,10 @@ fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, ou
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{QKind, QMatrix, QK};
+    use super::{QKind, QMatrix, QK, ROWS};
 
     #[inline(always)]
-    unsafe fn hsum(v: __m256) -> f32 {
+    pub(super) unsafe fn hsum(v: __m256) -> f32 {
         // (a0+a4, a1+a5, a2+a6, a3+a7) then pairwise, the same order as the scalar kernel.
         let lo = _mm256_castps256_ps128(v);
         let hi = _mm256_extractf128_ps(v, 1);
@@ -234,30 +258,45 @@ mod avx2 {
     }
 
     /// SAFETY (caller): avx2+fma available. Bounds: block `blk < n·nb`, so `qs[blk·16 .. +16]` /
-    /// `qs[blk·32 .. +32]` are inside `w.qs`; activation row `r < rr ≤ 4` reads
+    /// `qs[blk·32 .. +32]` are inside `w.qs`; activation row `r < rr ≤ ROWS` reads
     /// `x[r·k + b·32 .. +32]` with `b < nb = k/32`, inside `x` because the caller passes at least `rr`
     /// rows of `k`.
+    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
+        match rr {
+            1 => dot_r::<1>(w, c, x, out),
+            2 => dot_r::<2>(w, c, x, out),
+            3 => dot_r::<3>(w, c, x, out),
+            4 => dot_r::<4>(w, c, x, out),
+            5 => dot_r::<5>(w, c, x, out),
+            6 => dot_r::<6>(w, c, x, out),
+            7 => dot_r::<7>(w, c, x, out),
+            _ => dot_r::<8>(w, c, x, out),
+        }
+    }
+
+    /// The kernel for exactly `R` rows (the accumulators stay in registers).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], xsum: &[f32], rr: usize, out: &mut [f32; 4]) {
+    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], out: &mut [f32; ROWS]) {
+        let rr = R;
         let (k, nb) = (w.k, w.k / QK);
-        debug_assert!(x.len() >= rr * k && xsum.len() >= rr * nb);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut mterm = [0f32; 4];
+        debug_assert!(x.len() >= rr * k);
+        let mut acc = [_mm256_setzero_ps(); R];
         let xp = x.as_ptr();
         let mask = _mm_set1_epi8(0x0F);
         for b in 0..nb {
             let blk = c * nb + b;
             let d = _mm256_set1_ps(*w.d.get_unchecked(blk));
+            let m = _mm256_set1_ps(*w.m.get_unchecked(blk));
             let q: [__m256; 4] = match w.kind {
                 QKind::Q4 => {
                     let raw = _mm_loadu_si128(w.qs.as_ptr().add(blk * 16) as *const __m128i);
                     let lo = _mm_and_si128(raw, mask);
                     let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
                     [
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m),
                     ]
                 }
                 QKind::Q8 => {
@@ -265,27 +304,98 @@ mod avx2 {
                     let a = _mm_loadu_si128(p as *const __m128i);
                     let bb = _mm_loadu_si128(p.add(16) as *const __m128i);
                     [
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bb)), d),
-                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bb, 8))), d),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bb)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bb, 8))), d, m),
                     ]
                 }
             };
-            let mb = *w.m.get_unchecked(blk);
-            for r in 0..rr {
+            for (r, a) in acc.iter_mut().enumerate() {
                 let xr = xp.add(r * k + b * QK);
-                let mut a = acc[r];
-                a = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xr), a);
-                a = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr.add(8)), a);
-                a = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr.add(16)), a);
-                a = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr.add(24)), a);
-                acc[r] = a;
-                mterm[r] += mb * *xsum.get_unchecked(r * nb + b);
+                *a = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xr), *a);
+                *a = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr.add(8)), *a);
+                *a = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr.add(16)), *a);
+                *a = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr.add(24)), *a);
             }
         }
-        for r in 0..rr {
-            out[r] = hsum(acc[r]) + mterm[r];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = hsum(a);
+        }
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{QKind, QMatrix, QK, ROWS};
+
+    /// Fixed-order horizontal sum: the two 256-bit halves added, then the AVX2 order.
+    #[inline(always)]
+    unsafe fn hsum(v: __m512) -> f32 {
+        let lo = _mm512_castps512_ps256(v);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+        super::avx2::hsum(_mm256_add_ps(lo, hi))
+    }
+
+    /// SAFETY (caller): avx512f (and avx2/fma) available. Bounds as in `avx2::dot_rows`: block
+    /// `blk < n·nb` keeps the quant loads inside `w.qs`; row `r < rr ≤ ROWS` reads `x[r·k + b·32 .. +32]`
+    /// with `b < k/32`, inside `x`.
+    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
+        match rr {
+            1 => dot_r::<1>(w, c, x, out),
+            2 => dot_r::<2>(w, c, x, out),
+            3 => dot_r::<3>(w, c, x, out),
+            4 => dot_r::<4>(w, c, x, out),
+            5 => dot_r::<5>(w, c, x, out),
+            6 => dot_r::<6>(w, c, x, out),
+            7 => dot_r::<7>(w, c, x, out),
+            _ => dot_r::<8>(w, c, x, out),
+        }
+    }
+
+    /// The kernel for exactly `R` rows (the accumulators stay in registers).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], out: &mut [f32; ROWS]) {
+        let rr = R;
+        let (k, nb) = (w.k, w.k / QK);
+        debug_assert!(x.len() >= rr * k);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let xp = x.as_ptr();
+        let mask = _mm_set1_epi8(0x0F);
+        for b in 0..nb {
+            let blk = c * nb + b;
+            let d = _mm512_set1_ps(*w.d.get_unchecked(blk));
+            let m = _mm512_set1_ps(*w.m.get_unchecked(blk));
+            let (q0, q1) = match w.kind {
+                QKind::Q4 => {
+                    let raw = _mm_loadu_si128(w.qs.as_ptr().add(blk * 16) as *const __m128i);
+                    let lo = _mm_and_si128(raw, mask);
+                    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+                    (
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m),
+                    )
+                }
+                QKind::Q8 => {
+                    let p = w.qs.as_ptr().add(blk * 32);
+                    let a = _mm_loadu_si128(p as *const __m128i);
+                    let bb = _mm_loadu_si128(p.add(16) as *const __m128i);
+                    (
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bb)), d, m),
+                    )
+                }
+            };
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xr = xp.add(r * k + b * QK);
+                *a = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xr), *a);
+                *a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr.add(16)), *a);
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = hsum(a);
         }
     }
 }
@@ -344,24 +454,12 @@ mod tests {
                     "{kind}: row {r} depends on the batch"
                 );
             }
-            let mut scalar = [0f32; 4];
-            scalar_dot_rows(&w, 3, &x, &w_xsum(&x, k), 4, &mut scalar);
+            let mut scalar = [0f32; ROWS];
+            scalar_dot_rows(&w, 3, &x, 4, &mut scalar);
             for r in 0..4 {
                 assert!((scalar[r] - y[r * n + 3]).abs() < 1e-4, "{kind}: scalar kernel");
             }
         }
-    }
-
-    fn w_xsum(x: &[f32], _k: usize) -> Vec<f32> {
-        x.chunks_exact(QK)
-            .map(|c| {
-                let mut s = [0f32; 8];
-                for (i, v) in c.iter().enumerate() {
-                    s[i % 8] += v;
-                }
-                ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
-            })
-            .collect()
     }
 
     #[test]

@@ -1,0 +1,103 @@
+//! Micro-benchmarks of the CPU kernels: the packed Q4_1 / Q8_0 matmul at several batch sizes (GFLOP/s)
+//! and paged attention over each cache dtype (GB/s of K/V read). `cargo bench --bench kernels`.
+
+use std::time::Instant;
+
+use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_model::qmatmul::QMatrix;
+
+fn q4_1_data(n: usize, k: usize) -> Vec<u8> {
+    let mut s = 12345u32;
+    let mut out = vec![];
+    for _ in 0..n * k / 32 {
+        s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        out.extend(half::f16::from_f32(0.01 + (s >> 20) as f32 / 1e5).to_le_bytes());
+        out.extend(half::f16::from_f32(-0.05).to_le_bytes());
+        for _ in 0..16 {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            out.push((s >> 24) as u8);
+        }
+    }
+    out
+}
+
+fn time<F: FnMut()>(mut f: F, min_secs: f64) -> f64 {
+    f();
+    let t0 = Instant::now();
+    let mut n = 0;
+    while t0.elapsed().as_secs_f64() < min_secs {
+        f();
+        n += 1;
+    }
+    t0.elapsed().as_secs_f64() / n as f64
+}
+
+fn main() {
+    println!("| kernel | shape | rows | time | GFLOP/s |\n|---|---|---|---|---|");
+    for (n, k) in [(1536usize, 576usize), (576, 1536)] {
+        let w = QMatrix::from_q4_1(&q4_1_data(n, k), n, k);
+        for rows in [1usize, 4, 16, 64, 512] {
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+            let t = time(
+                || {
+                    std::hint::black_box(w.matmul(&x, rows));
+                },
+                0.5,
+            );
+            let gf = 2.0 * (n * k * rows) as f64 / t / 1e9;
+            println!("| q4_1 matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
+        }
+    }
+    println!("\n| attention | context | rows | GB/s of K/V |\n|---|---|---|---|");
+    for dtype in KvDtype::ALL {
+        let shape = CacheShape {
+            num_layers: 1,
+            num_kv_heads: 3,
+            head_dim: 64,
+            block_size: 16,
+            dtype,
+        };
+        let ctx = 4096;
+        let mut cache = KvCache::new(shape, ctx / 16);
+        let kv: Vec<f32> = (0..3 * 64).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+        for t in 0..ctx {
+            cache.write(0, &[t], &kv, &kv);
+        }
+        let table: Vec<u32> = (0..(ctx / 16) as u32).collect();
+        let tables = [table.as_slice()];
+        let rows: Vec<AttnRow> = (0..16)
+            .map(|_| AttnRow {
+                table: 0,
+                pos: (ctx - 1) as u32,
+            })
+            .collect();
+        let q: Vec<f32> = (0..16 * 9 * 64).map(|i| ((i % 11) as f32 - 5.0) / 5.0).collect();
+        let mut out = vec![0f32; q.len()];
+        let p = AttnParams {
+            num_heads: 9,
+            num_kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: None,
+            softcap: None,
+        };
+        let t = time(
+            || {
+                CpuAttention.attend(
+                    &cache,
+                    0,
+                    &AttnQuery {
+                        q: &q,
+                        rows: &rows,
+                        tables: &tables,
+                    },
+                    &p,
+                    &mut out,
+                )
+            },
+            0.5,
+        );
+        let bytes = 16.0 * ctx as f64 * 3.0 * 2.0 * dtype.bytes_per_vector(64) as f64;
+        println!("| {dtype} | {ctx} | 16 | {:.2} |", bytes / t / 1e9);
+    }
+}
