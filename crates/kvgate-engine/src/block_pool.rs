@@ -82,6 +82,7 @@ pub struct BlockPool {
     tail: u32,
     num_free: usize,
     identity: Vec<Option<Identity>>,
+    warmed_by_decision: Vec<bool>,
     index: HashMap<u64, Vec<BlockId>>,
     hasher: KeyHasher,
     evictions: u64,
@@ -106,6 +107,7 @@ impl BlockPool {
             tail: NIL,
             num_free: 0,
             identity: vec![None; n],
+            warmed_by_decision: vec![false; n],
             index: HashMap::new(),
             hasher,
             evictions: 0,
@@ -188,6 +190,7 @@ impl BlockPool {
     }
 
     fn drop_identity(&mut self, b: BlockId) {
+        self.warmed_by_decision[b as usize] = false;
         if let Some(id) = self.identity[b as usize].take() {
             if let Some(list) = self.index.get_mut(&id.hash) {
                 list.retain(|&x| x != b);
@@ -268,6 +271,19 @@ impl BlockPool {
         });
         self.index.entry(hash).or_default().push(b);
         b
+    }
+
+    /// Marks a cached block as computed by a decision (for `decision_prefix_reuse_tokens_total`); the
+    /// mark goes with the block's identity.
+    pub fn mark_decision_warmed(&mut self, b: BlockId) {
+        if self.identity[b as usize].is_some() {
+            self.warmed_by_decision[b as usize] = true;
+        }
+    }
+
+    /// Whether a cached block was computed by a decision.
+    pub fn is_decision_warmed(&self, b: BlockId) -> bool {
+        self.warmed_by_decision[b as usize]
     }
 
     /// Drops every cached identity of free blocks (`--no-enable-prefix-caching` at run time, or a reset).

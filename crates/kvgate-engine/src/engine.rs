@@ -468,7 +468,11 @@ impl Engine {
         for (g, a) in self.reqs.iter_mut() {
             if a.admitted.is_none() && self.sched.is_running(*g) {
                 a.admitted = Some(now);
-                a.cached_tokens = self.sched.usage(*g).cached_tokens;
+                let u = self.sched.usage(*g);
+                a.cached_tokens = u.cached_tokens;
+                if matches!(a.kind, Kind::Gen(_)) && u.decision_warmed_tokens > 0 {
+                    metrics::counter!(m::DECISION_PREFIX_REUSE, &l).increment(u.decision_warmed_tokens as u64);
+                }
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                 metrics::histogram!(m::QUEUE_TIME, &l).record((now - a.arrival).as_secs_f64());
             }

@@ -154,8 +154,9 @@ impl KvManager {
         true
     }
 
-    /// Registers every full block among the first `computed` tokens in the prefix cache.
-    pub fn commit(&mut self, sb: &mut SeqBlocks, tokens: &[u32], computed: usize, extra: &str) {
+    /// Registers every full block among the first `computed` tokens in the prefix cache (marking them as
+    /// warmed by a decision when `decision`).
+    pub fn commit(&mut self, sb: &mut SeqBlocks, tokens: &[u32], computed: usize, extra: &str, decision: bool) {
         if !self.prefix_caching {
             return;
         }
@@ -165,6 +166,9 @@ impl KvManager {
             let i = sb.registered;
             let b = sb.blocks[i];
             let holder = self.pool.register(b, sb.last_ref, &tokens[i * bs..(i + 1) * bs], extra);
+            if decision && holder == b {
+                self.pool.mark_decision_warmed(b);
+            }
             sb.last_ref = self.pool.block_ref(holder);
             sb.registered += 1;
         }
@@ -215,7 +219,7 @@ mod tests {
         let mut copies = vec![];
         assert!(m.reserve(&mut a, 0, 10, &mut copies));
         assert_eq!(a.blocks.len(), 3);
-        m.commit(&mut a, &toks, 10, "");
+        m.commit(&mut a, &toks, 10, "", false);
         // a second sequence with the same 8-token prefix hits two blocks
         let mut b = m.match_prefix(&toks, 2, "", true);
         assert_eq!(b.blocks, a.blocks[..2].to_vec());

@@ -121,6 +121,7 @@ struct Group {
     running: bool,
     admitted_once: bool,
     cached_tokens: usize,
+    decision_warmed_tokens: usize,
     computed_tokens: usize,
 }
 
@@ -139,6 +140,8 @@ pub struct GroupUsage {
     pub cached_tokens: usize,
     /// Tokens actually computed (prefill chunks and decode tokens, recomputation included).
     pub computed_tokens: usize,
+    /// Of the cached prompt tokens, those found in blocks a decision computed.
+    pub decision_warmed_tokens: usize,
 }
 
 /// The scheduler and everything it owns: the block tables, the pool, the queues.
@@ -230,6 +233,7 @@ impl Scheduler {
             .map(|g| GroupUsage {
                 cached_tokens: g.cached_tokens,
                 computed_tokens: g.computed_tokens,
+                decision_warmed_tokens: g.decision_warmed_tokens,
             })
             .unwrap_or_default()
     }
@@ -300,6 +304,7 @@ impl Scheduler {
                 running: false,
                 admitted_once: false,
                 cached_tokens: 0,
+                decision_warmed_tokens: 0,
                 computed_tokens: 0,
             },
         );
@@ -409,8 +414,9 @@ impl Scheduler {
         let grp = self.groups.get_mut(&g).expect("seq without group");
         grp.computed_tokens += c.len;
         let salt = grp.salt.clone();
+        let decision = matches!(grp.kind, Kind::Decide { .. });
         let s = self.seqs.get_mut(&c.seq).expect("exists");
-        self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt);
+        self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
     }
 
     /// Ends one sequence, releasing its blocks. The group ends with its last sequence.
@@ -737,11 +743,20 @@ impl Scheduler {
             self.running.insert(pos, g);
             admitted = true;
             let tokens = self.seqs[&first].tokens.len();
+            let warmed = self.seqs[&first]
+                .blocks
+                .blocks
+                .iter()
+                .take(hit / self.cfg.block_size)
+                .filter(|&&b| self.kv.pool().is_decision_warmed(b))
+                .count()
+                * self.cfg.block_size;
             let grp = self.groups.get_mut(&g).expect("exists");
             grp.running = true;
             if !grp.admitted_once {
                 grp.admitted_once = true;
                 grp.cached_tokens = hit;
+                grp.decision_warmed_tokens = warmed;
                 self.kv_record(tokens as u64, hit as u64);
             }
         }

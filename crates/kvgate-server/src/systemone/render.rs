@@ -1,0 +1,115 @@
+//! The text of one read: the chat template (thinking off) around the state first, so that every read of
+//! a request shares the state's prefix, then the question with its single-token labels and a closing
+//! line asking for the label only.
+//!
+//! - A plain state: one user turn `"{state}\n\n{question}"` (after an optional system turn with the
+//!   top-level `instructions`).
+//! - A conversation state: the conversation's turns exactly as `/v1/chat/completions` renders them, and
+//!   the question as one more user turn, so the follow-up chat completion over the same messages finds
+//!   the whole conversation in the prefix cache.
+
+use serde_json::{json, Map, Value};
+
+use super::wire::{Content, Question, Request, State};
+
+/// The question text of one read, with its labels (`yes`/`no`, `A`…, `0`…).
+pub fn question_text(q: &Question) -> String {
+    let mut out = String::new();
+    let line = |out: &mut String, s: &str| {
+        if !s.is_empty() {
+            out.push_str(s);
+            out.push('\n');
+        }
+    };
+    match q {
+        Question::Noul { instructions, yes, no } => {
+            if let Some(i) = instructions {
+                line(&mut out, &i.text());
+            }
+            if let Some(y) = yes {
+                line(&mut out, &format!("yes: {}", y.text()));
+            }
+            if let Some(n) = no {
+                line(&mut out, &format!("no: {}", n.text()));
+            }
+            out.push_str("Answer with yes or no only.");
+        }
+        Question::Choice { instructions, options } => {
+            line(&mut out, &instructions.text());
+            for (i, (name, desc)) in options.iter().enumerate() {
+                let label = (b'A' + i as u8) as char;
+                match desc {
+                    Some(d) => line(&mut out, &format!("{label}: {name} ({})", d.text())),
+                    None => line(&mut out, &format!("{label}: {name}")),
+                }
+            }
+            out.push_str("Answer with the letter of one option only.");
+        }
+        Question::Score { instructions, levels } => {
+            line(&mut out, &instructions.text());
+            for (i, l) in levels.iter().enumerate() {
+                line(&mut out, &format!("{i}: {}", Content(l.clone()).text()));
+            }
+            out.push_str("Answer with the number of one level only.");
+        }
+    }
+    out
+}
+
+/// The chat messages of one read (rendered by the model's template with the generation prompt).
+pub fn messages(req: &Request, q: &Question) -> Value {
+    let mut msgs: Vec<Value> = vec![];
+    if let Some(i) = &req.instructions {
+        msgs.push(json!({"role": "system", "content": i.text()}));
+    }
+    match &req.state {
+        State::Text(s) => msgs.push(json!({"role": "user", "content": format!("{s}\n\n{}", question_text(q))})),
+        State::Conversation(c) => {
+            msgs.extend(c.as_array().cloned().unwrap_or_default());
+            msgs.push(json!({"role": "user", "content": question_text(q)}));
+        }
+    }
+    Value::Array(msgs)
+}
+
+/// Template variables of a read: thinking off (Qwen3-style templates honour `enable_thinking`).
+pub fn template_kwargs() -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("enable_thinking".into(), Value::Bool(false));
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn question_texts() {
+        let q = Question::Choice {
+            instructions: Content(json!("Which team?")),
+            options: vec![
+                ("billing".into(), Some(Content(json!("Payments")))),
+                ("sales".into(), None),
+            ],
+        };
+        assert_eq!(
+            question_text(&q),
+            "Which team?\nA: billing (Payments)\nB: sales\nAnswer with the letter of one option only."
+        );
+        let s = Question::Score {
+            instructions: Content(json!({"question": "How angry?", "scale": 3})),
+            levels: vec![json!("Calm"), json!({"label": "Angry"})],
+        };
+        assert_eq!(
+            question_text(&s),
+            "{\"question\":\"How angry?\",\"scale\":3}\n0: Calm\n1: {\"label\":\"Angry\"}\nAnswer with the number of one level only."
+        );
+        let n = Question::Noul {
+            instructions: None,
+            yes: Some(Content(json!("It is urgent"))),
+            no: None,
+        };
+        assert_eq!(question_text(&n), "yes: It is urgent\nAnswer with yes or no only.");
+    }
+}
