@@ -64,6 +64,133 @@ pub trait AttentionBackend: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CpuAttention;
 
+/// Eight dot products `q · ks[j]` at once. Every result is computed by the same arithmetic whichever
+/// slot `j` it is in (AVX2: a fixed 8-lane accumulation and a fixed `hadd` tree; otherwise [`dot`]).
+#[inline]
+pub fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if q.len() % 8 == 0 {
+        // SAFETY: avx2 and fma are enabled at compile time; every `ks[j]` has `q.len()` elements (the
+        // caller passes head_dim-long vectors) and loads stay below `q.len()`.
+        return unsafe { avx2::dot8(q, ks) };
+    }
+    std::array::from_fn(|j| dot(q, ks[j]))
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// exp(x) for x ≤ 0 (Cephes-style: 2^n · p(r), r = x − n·ln2 in two steps, degree-6 polynomial).
+    #[inline(always)]
+    unsafe fn exp8(x_in: __m256) -> __m256 {
+        let floor = _mm256_set1_ps(-87.3);
+        let keep = _mm256_cmp_ps(x_in, floor, _CMP_GE_OQ);
+        let x = _mm256_max_ps(x_in, floor);
+        let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(1.0));
+        let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        // Below the float range (and −∞ padding): exactly 0.
+        _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep)
+    }
+
+    /// SAFETY (caller): avx2+fma available. Loads and stores stay inside `x` (full chunks of 8, then the
+    /// tail through a padded copy).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax(x: &mut [f32], max: f32) {
+        let m = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        let full = x.len() / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), m));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), e);
+            sum = _mm256_add_ps(sum, e);
+            i += 8;
+        }
+        if full < x.len() {
+            // The tail goes through the same vector code, padded with −∞ (exp → 0).
+            let mut pad = [f32::NEG_INFINITY; 8];
+            pad[..x.len() - full].copy_from_slice(&x[full..]);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(pad.as_ptr()), m));
+            _mm256_storeu_ps(pad.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+            let tail = x.len() - full;
+            x[full..].copy_from_slice(&pad[..tail]);
+        }
+        let lo = _mm256_castps256_ps128(sum);
+        let hi = _mm256_extractf128_ps(sum, 1);
+        let s4 = _mm_add_ps(lo, hi);
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let total = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        let inv = _mm256_set1_ps(1.0 / total);
+        let mut i = 0;
+        while i < full {
+            let p = x.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
+            i += 8;
+        }
+        let inv = 1.0 / total;
+        for v in &mut x[full..] {
+            *v *= inv;
+        }
+    }
+
+    /// SAFETY (caller): avx2+fma available, `q.len() % 8 == 0`, every `ks[j].len() >= q.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut c = 0;
+        while c < q.len() {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for (a, k) in acc.iter_mut().zip(ks) {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.as_ptr().add(c)), *a);
+            }
+            c += 8;
+        }
+        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), r);
+        out
+    }
+}
+
+/// In-place softmax of one row of scores with a vectorised `exp` (AVX2: a degree-6 polynomial after
+/// range reduction, within 2 ulp of `f32::exp`); every element goes through the same code path.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        // SAFETY: avx2 and fma are enabled at compile time; the kernel only touches `x`.
+        unsafe { avx2::softmax(x, max) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    {
+        let mut sum = 0f32;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
 /// Dot product with a fixed 8-lane reduction order (vectorizes; deterministic for a given length).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
@@ -101,8 +228,8 @@ impl AttentionBackend for CpuAttention {
         let bs = cache.shape().block_size;
         // One task per (row, kv head): the group's query heads are contiguous in `out`.
         out.par_chunks_mut(group * hd).enumerate().for_each_init(
-            || (vec![0f32; hd], Vec::<f32>::new()),
-            |(scratch, scores), (task, o)| {
+            || (vec![0f32; 8 * hd], vec![0f32; hd], Vec::<f32>::new()),
+            |(scratch, zeros, scores), (task, o)| {
                 let (r, kvh) = (task / p.num_kv_heads, task % p.num_kv_heads);
                 let row = rows[r];
                 let table = tables[row.table as usize];
@@ -115,28 +242,31 @@ impl AttentionBackend for CpuAttention {
                 let qs = &q[r * row_len + kvh * group * hd..r * row_len + (kvh + 1) * group * hd];
                 scores.clear();
                 scores.resize(group * n, 0.0);
-                for (i, t) in (start..=pos).enumerate() {
-                    let k = lc.vector(Which::K, table[t / bs] as usize, kvh, t % bs, scratch);
+                // Keys eight at a time; a short last group is padded with zero keys, so every score is
+                // computed by the same arithmetic wherever it falls.
+                let mut i = 0;
+                while i < n {
+                    let cnt = (n - i).min(8);
+                    let mut ks: [&[f32]; 8] = [zeros.as_slice(); 8];
+                    for (j, buf) in scratch.chunks_mut(hd).take(cnt).enumerate() {
+                        let t = start + i + j;
+                        ks[j] = lc.vector(Which::K, table[t / bs] as usize, kvh, t % bs, buf);
+                    }
                     for g in 0..group {
-                        let mut s = dot(&qs[g * hd..(g + 1) * hd], k) * p.scale;
-                        if let Some(cap) = p.softcap {
-                            s = cap * (s / cap).tanh();
+                        let s8 = dot8(&qs[g * hd..(g + 1) * hd], &ks);
+                        for j in 0..cnt {
+                            let mut s = s8[j] * p.scale;
+                            if let Some(cap) = p.softcap {
+                                s = cap * (s / cap).tanh();
+                            }
+                            scores[g * n + i + j] = s;
                         }
-                        scores[g * n + i] = s;
                     }
+                    i += cnt;
                 }
+                let scratch = &mut scratch[..hd];
                 for g in 0..group {
-                    let sc = &mut scores[g * n..(g + 1) * n];
-                    let max = sc.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-                    let mut sum = 0f32;
-                    for x in sc.iter_mut() {
-                        *x = (*x - max).exp();
-                        sum += *x;
-                    }
-                    let inv = 1.0 / sum;
-                    for x in sc.iter_mut() {
-                        *x *= inv;
-                    }
+                    softmax_inplace(&mut scores[g * n..(g + 1) * n]);
                 }
                 o.fill(0.0);
                 for (i, t) in (start..=pos).enumerate() {
@@ -275,6 +405,24 @@ mod tests {
     }
 
     /// A row's output does not depend on the other rows of the batch.
+    #[test]
+    fn softmax_matches_exp() {
+        for n in [1usize, 7, 8, 9, 100] {
+            let x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 30.0 - 5.0).collect();
+            let mut y = x.clone();
+            softmax_inplace(&mut y);
+            let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let z: f64 = x.iter().map(|v| ((v - max) as f64).exp()).sum();
+            for (a, b) in y.iter().zip(&x) {
+                let want = ((b - max) as f64).exp() / z;
+                assert!((*a as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-12, "{a} vs {want}");
+            }
+        }
+        let mut y = vec![-1000.0, 0.0];
+        softmax_inplace(&mut y);
+        assert_eq!(y, vec![0.0, 1.0]);
+    }
+
     #[test]
     fn batch_invariant() {
         let (shape, p) = setup(KvDtype::F32, None);

@@ -1,0 +1,139 @@
+//! System One benchmark against the real `serve` on the default model (HTTP on loopback):
+//! decision latency for 1, 8 and 32 questions over a ~2,000-token state, cold and warm; and the round
+//! trip a router makes — the routing question asked as a chat completion (max_tokens 5, parse the
+//! answer) then the follow-up completion, versus `/v1/systemone` then the same follow-up.
+//! `cargo bench --bench decisions` prints a table.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Serve(Child, u16);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start() -> Serve {
+    let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(env!("CARGO_BIN_EXE_serve"))
+        .args(["--model", model.to_str().unwrap(), "--served-model-name", "smollm2-135m-instruct"])
+        .args(["--port", &port.to_string(), "--kv-cache-memory", "2GiB"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Serve(child, port);
+    for _ in 0..600 {
+        if ureq::get(&format!("http://127.0.0.1:{port}/health")).call().is_ok() {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("serve did not start");
+}
+
+fn post(port: u16, path: &str, body: &Value) -> Value {
+    let mut r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
+        .send_json(body)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    r.body_mut().read_json::<Value>().unwrap()
+}
+
+fn state_text() -> String {
+    let mut s = String::new();
+    let mut i = 0;
+    while s.len() < 9000 {
+        s.push_str(&format!("Entry {i}: order {} shipped from the {} warehouse, status {}. ", i * 37 % 101, ["north", "south", "east"][i % 3], ["ok", "late", "lost"][i % 3]));
+        i += 1;
+    }
+    s
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let s = start();
+    let port = s.1;
+    let state = state_text();
+    post(port, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 4}));
+    let mut rows: Vec<(String, String)> = vec![];
+    for k in [1usize, 8, 32] {
+        let qs: serde_json::Map<String, Value> = (0..k)
+            .map(|i| (format!("q{i}"), json!({"type": "noul", "instructions": format!("Is entry {i} late?")})))
+            .collect();
+        let mut cold = vec![];
+        let mut warm = vec![];
+        let mut tokens = (0, 0);
+        for rep in 0..3 {
+            let salt = format!("k{k}-r{rep}");
+            let req = json!({"state": state, "questions": qs, "cache_salt": salt});
+            let t0 = Instant::now();
+            let r = post(port, "/v1/systemone", &req);
+            cold.push(t0.elapsed().as_secs_f64());
+            let input = r["usage"]["input_tokens"].as_u64().unwrap();
+            tokens.0 = input - r["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+            let t0 = Instant::now();
+            let r = post(port, "/v1/systemone", &req);
+            warm.push(t0.elapsed().as_secs_f64());
+            tokens.1 = input - r["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+        }
+        rows.push((
+            format!("decision, {k} question(s), ~2,000-token state"),
+            format!(
+                "cold {:.2} s ({} tokens computed), warm {:.3} s ({} tokens computed)",
+                median(cold),
+                tokens.0,
+                median(warm),
+                tokens.1
+            ),
+        ));
+    }
+    // The router's round trip.
+    let conversation = |salt: usize| {
+        json!([
+            {"role": "system", "content": format!("You are a support agent (session {salt}).")},
+            {"role": "user", "content": format!("{state} My payouts are failing. What should I do?")}
+        ])
+    };
+    let mut via_chat = vec![];
+    let mut via_s1 = vec![];
+    for rep in 0..3 {
+        let msgs = conversation(2 * rep);
+        let t0 = Instant::now();
+        let mut route_msgs = msgs.as_array().unwrap().clone();
+        route_msgs.push(json!({"role": "user", "content": "Which team should handle this: billing or technical? Answer with one word."}));
+        let r = post(port, "/v1/chat/completions", &json!({"messages": route_msgs, "max_tokens": 5, "temperature": 0}));
+        let answer = r["choices"][0]["message"]["content"].as_str().unwrap_or("").to_lowercase();
+        let _team = if answer.contains("tech") { "technical" } else { "billing" };
+        post(port, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}));
+        via_chat.push(t0.elapsed().as_secs_f64());
+
+        let msgs = conversation(2 * rep + 1);
+        let t0 = Instant::now();
+        let r = post(
+            port,
+            "/v1/systemone",
+            &json!({"state": msgs, "questions": {"team": {"type": "choice", "instructions": "Which team should handle this?",
+                     "criteria": {"billing": null, "technical": null}}}}),
+        );
+        let _team = r["answers"]["team"]["choice"].clone();
+        post(port, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}));
+        via_s1.push(t0.elapsed().as_secs_f64());
+    }
+    let (a, b) = (median(via_chat), median(via_s1));
+    rows.push(("route as chat (max_tokens 5) + follow-up".into(), format!("{a:.2} s")));
+    rows.push(("route via /v1/systemone + follow-up".into(), format!("{b:.2} s ({:.2}x faster)", a / b)));
+    println!("\n| benchmark (default model, 2 threads, HTTP) | result |\n|---|---|");
+    for (k, v) in rows {
+        println!("| {k} | {v} |");
+    }
+}
