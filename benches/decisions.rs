@@ -20,9 +20,18 @@ impl Drop for Serve {
 
 fn start() -> Serve {
     let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let child = Command::new(env!("CARGO_BIN_EXE_serve"))
-        .args(["--model", model.to_str().unwrap(), "--served-model-name", "smollm2-135m-instruct"])
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--served-model-name",
+            "smollm2-135m-instruct",
+        ])
         .args(["--port", &port.to_string(), "--kv-cache-memory", "2GiB"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -49,7 +58,12 @@ fn state_text() -> String {
     let mut s = String::new();
     let mut i = 0;
     while s.len() < 9000 {
-        s.push_str(&format!("Entry {i}: order {} shipped from the {} warehouse, status {}. ", i * 37 % 101, ["north", "south", "east"][i % 3], ["ok", "late", "lost"][i % 3]));
+        s.push_str(&format!(
+            "Entry {i}: order {} shipped from the {} warehouse, status {}. ",
+            i * 37 % 101,
+            ["north", "south", "east"][i % 3],
+            ["ok", "late", "lost"][i % 3]
+        ));
         i += 1;
     }
     s
@@ -68,7 +82,12 @@ fn main() {
     let mut rows: Vec<(String, String)> = vec![];
     for k in [1usize, 8, 32] {
         let qs: serde_json::Map<String, Value> = (0..k)
-            .map(|i| (format!("q{i}"), json!({"type": "noul", "instructions": format!("Is entry {i} late?")})))
+            .map(|i| {
+                (
+                    format!("q{i}"),
+                    json!({"type": "noul", "instructions": format!("Is entry {i} late?")}),
+                )
+            })
             .collect();
         let mut cold = vec![];
         let mut warm = vec![];
@@ -111,10 +130,25 @@ fn main() {
         let t0 = Instant::now();
         let mut route_msgs = msgs.as_array().unwrap().clone();
         route_msgs.push(json!({"role": "user", "content": "Which team should handle this: billing or technical? Answer with one word."}));
-        let r = post(port, "/v1/chat/completions", &json!({"messages": route_msgs, "max_tokens": 5, "temperature": 0}));
-        let answer = r["choices"][0]["message"]["content"].as_str().unwrap_or("").to_lowercase();
-        let _team = if answer.contains("tech") { "technical" } else { "billing" };
-        post(port, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}));
+        let r = post(
+            port,
+            "/v1/chat/completions",
+            &json!({"messages": route_msgs, "max_tokens": 5, "temperature": 0}),
+        );
+        let answer = r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_lowercase();
+        let _team = if answer.contains("tech") {
+            "technical"
+        } else {
+            "billing"
+        };
+        post(
+            port,
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}),
+        );
         via_chat.push(t0.elapsed().as_secs_f64());
 
         let msgs = conversation(2 * rep + 1);
@@ -126,12 +160,19 @@ fn main() {
                      "criteria": {"billing": null, "technical": null}}}}),
         );
         let _team = r["answers"]["team"]["choice"].clone();
-        post(port, "/v1/chat/completions", &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}));
+        post(
+            port,
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}),
+        );
         via_s1.push(t0.elapsed().as_secs_f64());
     }
     let (a, b) = (median(via_chat), median(via_s1));
     rows.push(("route as chat (max_tokens 5) + follow-up".into(), format!("{a:.2} s")));
-    rows.push(("route via /v1/systemone + follow-up".into(), format!("{b:.2} s ({:.2}x faster)", a / b)));
+    rows.push((
+        "route via /v1/systemone + follow-up".into(),
+        format!("{b:.2} s ({:.2}x faster)", a / b),
+    ));
     println!("\n| benchmark (default model, 2 threads, HTTP) | result |\n|---|---|");
     for (k, v) in rows {
         println!("| {k} | {v} |");

@@ -100,65 +100,7 @@ impl Server {
 
     /// A raw HTTP/1.1 request; returns (status, headers (lowercased names), body).
     pub fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<RawResponse> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(300)))?;
-        let mut req = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        req.push_str("\r\n");
-        s.write_all(req.as_bytes())?;
-        s.write_all(body)?;
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        r.read_line(&mut line)?;
-        let status: u16 = line.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
-        let mut hs = vec![];
-        let mut chunked = false;
-        let mut len: Option<usize> = None;
-        loop {
-            line.clear();
-            r.read_line(&mut line)?;
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = l.split_once(':') {
-                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
-                if k == "transfer-encoding" && v.contains("chunked") {
-                    chunked = true;
-                }
-                if k == "content-length" {
-                    len = v.parse().ok();
-                }
-                hs.push((k, v));
-            }
-        }
-        let mut body = vec![];
-        if chunked {
-            loop {
-                line.clear();
-                r.read_line(&mut line)?;
-                let n = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                let mut buf = vec![0; n];
-                r.read_exact(&mut buf)?;
-                body.extend(buf);
-                line.clear();
-                r.read_line(&mut line)?;
-            }
-        } else if let Some(n) = len {
-            body.resize(n, 0);
-            r.read_exact(&mut body)?;
-        } else {
-            r.read_to_end(&mut body)?;
-        }
-        Ok((status, hs, body))
+        raw_at(self.port, method, path, headers, body)
     }
 
     /// GET returning (status, body as JSON or string).
@@ -225,6 +167,93 @@ impl Drop for Server {
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// A raw HTTP/1.1 request to a loopback port; returns (status, headers (lowercased names), body).
+pub fn raw_at(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<RawResponse> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    s.write_all(body)?;
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let status: u16 = line.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+    let mut hs = vec![];
+    let mut chunked = false;
+    let mut len: Option<usize> = None;
+    loop {
+        line.clear();
+        r.read_line(&mut line)?;
+        let l = line.trim_end();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+            if k == "transfer-encoding" && v.contains("chunked") {
+                chunked = true;
+            }
+            if k == "content-length" {
+                len = v.parse().ok();
+            }
+            hs.push((k, v));
+        }
+    }
+    let mut body = vec![];
+    if chunked {
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            let n = usize::from_str_radix(line.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let mut buf = vec![0; n];
+            r.read_exact(&mut buf)?;
+            body.extend(buf);
+            line.clear();
+            r.read_line(&mut line)?;
+        }
+    } else if let Some(n) = len {
+        body.resize(n, 0);
+        r.read_exact(&mut body)?;
+    } else {
+        r.read_to_end(&mut body)?;
+    }
+    Ok((status, hs, body))
+}
+
+/// POST a streaming request to a loopback port and return the `data:` payloads.
+pub fn stream_at(port: u16, path: &str, body: &Value) -> Vec<String> {
+    let (st, _, b) = raw_at(
+        port,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+    .expect("request");
+    assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
+    String::from_utf8(b)
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+        .collect()
 }
 
 /// JSON if it parses, else the text as a JSON string.

@@ -241,12 +241,18 @@ impl Engine {
                     },
                 };
                 if let Some(c) = cmd {
-                    self.command(c);
+                    if !self.command(c) {
+                        return;
+                    }
                 }
             }
             loop {
                 match rx.try_recv() {
-                    Ok(c) => self.command(c),
+                    Ok(c) => {
+                        if !self.command(c) {
+                            return;
+                        }
+                    }
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         if self.sched.is_idle() {
@@ -284,7 +290,8 @@ impl Engine {
         }
     }
 
-    fn command(&mut self, c: Command) {
+    /// Handles one command; false means stop the engine.
+    fn command(&mut self, c: Command) -> bool {
         match c {
             Command::Generate(id, req, tx) => self.add_generate(id, req, tx),
             Command::Decide(id, req, tx) => self.add_decide(id, req, tx),
@@ -307,7 +314,13 @@ impl Engine {
                 });
             }
             Command::InjectPanic => self.panic_next = true,
+            Command::Shutdown => {
+                info!("engine shutting down");
+                self.fail_all(EngineError::EngineDead);
+                return false;
+            }
         }
+        true
     }
 
     fn add_generate(&mut self, id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<Event>) {

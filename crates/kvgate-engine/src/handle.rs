@@ -53,6 +53,8 @@ pub(crate) enum Command {
     Stats(oneshot::Sender<EngineStats>),
     /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
     InjectPanic,
+    /// Fail everything in flight and stop the engine thread.
+    Shutdown,
 }
 
 pub(crate) struct Shared {
@@ -265,5 +267,10 @@ impl EngineHandle {
     /// Test hook: makes the engine's next step panic.
     pub fn inject_panic(&self) {
         let _ = self.tx.send(Command::InjectPanic);
+    }
+
+    /// Stops the engine thread: requests in flight fail, later submissions get `EngineDead`.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
     }
 }

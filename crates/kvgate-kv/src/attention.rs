@@ -163,7 +163,10 @@ mod avx2 {
         let t3 = _mm256_hadd_ps(acc[6], acc[7]);
         let u0 = _mm256_hadd_ps(t0, t1);
         let u1 = _mm256_hadd_ps(t2, t3);
-        let r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+        let r = _mm256_add_ps(
+            _mm256_permute2f128_ps(u0, u1, 0x20),
+            _mm256_permute2f128_ps(u0, u1, 0x31),
+        );
         let mut out = [0f32; 8];
         _mm256_storeu_ps(out.as_mut_ptr(), r);
         out
@@ -415,7 +418,10 @@ mod tests {
             let z: f64 = x.iter().map(|v| ((v - max) as f64).exp()).sum();
             for (a, b) in y.iter().zip(&x) {
                 let want = ((b - max) as f64).exp() / z;
-                assert!((*a as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-12, "{a} vs {want}");
+                assert!(
+                    (*a as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-12,
+                    "{a} vs {want}"
+                );
             }
         }
         let mut y = vec![-1000.0, 0.0];

@@ -17,8 +17,14 @@ use crate::{chat, completions, routes, systemone};
 /// Builds the application.
 pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>) -> Router {
     let limit = st.body_limit.min(usize::MAX as u64) as usize;
-    Router::new()
-        .route("/health", get(routes::health))
+    let mut r = Router::new();
+    if std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1") {
+        // For the test suite only: routes that break things on purpose.
+        r = r
+            .route("/debug/panic", post(routes::debug_panic))
+            .route("/debug/stop-engine", post(routes::debug_stop_engine));
+    }
+    r.route("/health", get(routes::health))
         .route("/ping", get(routes::health).post(routes::health))
         .route("/version", get(routes::version))
         .route("/metrics", get(routes::metrics))

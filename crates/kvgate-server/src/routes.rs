@@ -146,3 +146,14 @@ pub async fn not_found(uri: Uri) -> Response {
 pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> Response {
     ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path())).into_response()
 }
+
+/// Test hook (only routed when `KVGATE_TEST_HOOKS=1`): a handler that panics.
+pub async fn debug_panic() -> Response {
+    panic!("test hook: a handler panicked on purpose");
+}
+
+/// Test hook (only routed when `KVGATE_TEST_HOOKS=1`): stops the engine thread.
+pub async fn debug_stop_engine(State(st): State<Arc<AppState>>) -> Response {
+    st.engine.shutdown();
+    StatusCode::NO_CONTENT.into_response()
+}
