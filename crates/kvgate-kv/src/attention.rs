@@ -69,7 +69,7 @@ pub struct CpuAttention;
 #[inline]
 pub fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    if q.len() % 8 == 0 {
+    if q.len().is_multiple_of(8) {
         // SAFETY: avx2 and fma are enabled at compile time; every `ks[j]` has `q.len()` elements (the
         // caller passes head_dim-long vectors) and loads stay below `q.len()`.
         return unsafe { avx2::dot8(q, ks) };
