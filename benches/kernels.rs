@@ -99,6 +99,10 @@ fn main() {
         );
         let vectors = 16.0 * ctx as f64 * 3.0 * 2.0;
         let bytes = vectors * dtype.bytes_per_vector(64) as f64;
-        println!("| {dtype} | {ctx} | {:.2} G | {:.2} |", vectors * 64.0 / t / 1e9, bytes / t / 1e9);
+        println!(
+            "| {dtype} | {ctx} | {:.2} G | {:.2} |",
+            vectors * 64.0 / t / 1e9,
+            bytes / t / 1e9
+        );
     }
 }

@@ -574,9 +574,7 @@ impl Engine {
             _ => 1.0,
         };
         for (l, (k, v)) in amax.k.iter().zip(&amax.v).enumerate() {
-            let ks = if *k > 0.0 { k / range } else { 1.0 };
-            let vs = if *v > 0.0 { v / range } else { 1.0 };
-            self.cache.set_scales(l, ks, vs);
+            self.cache.set_scales(l, kv_scale(*k, range), kv_scale(*v, range));
         }
         info!(dtype = %self.cfg.kv_dtype, layers = amax.k.len(), "calibrated KV scales from the first prefill");
         self.calibrated = true;
@@ -767,6 +765,17 @@ impl Engine {
             }
         }
     }
+}
+
+/// The calibrated scale for an observed amax: the power of two at or above `amax / range`, times two.
+/// A power of two scales values exactly, so values in the format's normal range round exactly as with
+/// scale 1 and only the range moves (away from underflow); the factor two leaves headroom for later
+/// prompts that reach further than the first one.
+pub fn kv_scale(amax: f32, range: f32) -> f32 {
+    if !(amax > 0.0 && amax.is_finite()) {
+        return 1.0;
+    }
+    2f32.powi((amax / range).log2().ceil() as i32 + 1)
 }
 
 fn seq_prompt(s: &Scheduler, seq: SeqId, prompt_len: usize) -> Vec<u32> {

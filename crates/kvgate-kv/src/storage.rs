@@ -351,6 +351,39 @@ mod tests {
         }
     }
 
+    /// With calibrated scales (amax mapped near the format's top) the round trip stays within the
+    /// format's relative precision.
+    #[test]
+    fn scaled_round_trip() {
+        for (dtype, range, tol) in [
+            (KvDtype::Fp8E4m3, 448.0, 0.07),
+            (KvDtype::Fp8E5m2, 57344.0, 0.13),
+            (KvDtype::Nvfp4, 2688.0, 0.26),
+        ] {
+            let mut c = KvCache::new(shape(dtype), 3);
+            let amax = 17.0f32;
+            let s = 2.0 * amax / range;
+            c.set_scales(0, s, s);
+            let k: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 32.0) / 32.0 * amax).collect();
+            c.write(0, &[5], &k, &k);
+            let mut scratch = vec![0f32; 32];
+            for h in 0..2 {
+                let got = c.layer(0).vector(Which::K, 1, h, 1, &mut scratch).to_vec();
+                let want = &k[h * 32..h * 32 + 32];
+                // nvfp4's error is relative to its group's amax, fp8's to each value.
+                let gmax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (g, w) in got.iter().zip(want) {
+                    let bound = if dtype == KvDtype::Nvfp4 {
+                        tol * gmax
+                    } else {
+                        tol * w.abs() + 1e-3
+                    };
+                    assert!((g - w).abs() <= bound, "{dtype}: {g} vs {w}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn copy_block_copies_every_layer() {
         for dtype in KvDtype::ALL {

@@ -50,7 +50,50 @@ impl Tensors {
 }
 
 /// Loads the config and weights of a Hugging Face directory.
+/// Per-layer `(k_scale, v_scale)` of an FP8-KV checkpoint (vLLM's `self_attn.k_scale` /
+/// `self_attn.v_scale`, or `k_proj.output_scale` / `v_proj.output_scale`), when every layer has them.
+pub type KvScales = Vec<(f32, f32)>;
+
+fn scalar(t: Tensor) -> Result<f32> {
+    Ok(t.to_dtype(DType::F32)?
+        .flatten_all()?
+        .to_vec1::<f32>()?
+        .first()
+        .copied()
+        .unwrap_or(1.0))
+}
+
+fn kv_scales(t: &mut Tensors, layers: usize) -> Result<Option<KvScales>> {
+    let mut out = Vec::with_capacity(layers);
+    for i in 0..layers {
+        let p = format!("model.layers.{i}.self_attn");
+        let k = t
+            .opt(&format!("{p}.k_scale"))
+            .or_else(|| t.opt(&format!("{p}.k_proj.output_scale")));
+        let v = t
+            .opt(&format!("{p}.v_scale"))
+            .or_else(|| t.opt(&format!("{p}.v_proj.output_scale")));
+        match (k, v) {
+            (Some(k), Some(v)) => out.push((scalar(k)?, scalar(v)?)),
+            _ => return Ok(None),
+        }
+    }
+    Ok(Some(out))
+}
+
+/// Loads the config, weights and (if present) KV scales of a Hugging Face directory.
+pub fn load_hf_dir_with_scales(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Option<KvScales>)> {
+    let (cfg, w, raw, scales) = load_inner(dir)?;
+    Ok((cfg, w, raw, scales))
+}
+
+/// Loads the config and weights of a Hugging Face directory.
 pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value)> {
+    let (cfg, w, raw, _) = load_inner(dir)?;
+    Ok((cfg, w, raw))
+}
+
+fn load_inner(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Option<KvScales>)> {
     let raw = read_json(&dir.join("config.json"))?;
     let cfg = ModelConfig::from_hf_json(&raw)?;
     let mut shards: Vec<_> = std::fs::read_dir(dir)
@@ -76,6 +119,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Valu
         }
     }
     let mut t = Tensors(all);
+    let scales = kv_scales(&mut t, cfg.num_layers)?;
     let embed = t.take("model.embed_tokens.weight")?.to_dtype(DType::F32)?;
     let (vocab, dim) = embed.dims2()?;
     let lm_head = match t.opt("lm_head.weight") {
@@ -125,5 +169,5 @@ pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Valu
             cfg.vocab_size
         )));
     }
-    Ok((cfg, weights, raw))
+    Ok((cfg, weights, raw, scales))
 }

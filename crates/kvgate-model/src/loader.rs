@@ -9,7 +9,7 @@ use serde_json::Value;
 use crate::chat::ChatTemplate;
 use crate::error::{ModelError, Result};
 use crate::load_gguf::load_gguf;
-use crate::load_hf::load_hf_dir;
+use crate::load_hf::load_hf_dir_with_scales;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -47,6 +47,8 @@ pub struct LoadedModel {
     pub max_model_len: usize,
     /// Where it came from, for logs.
     pub source: String,
+    /// Per-layer KV-cache scales from the checkpoint, when it has them.
+    pub kv_scales: Option<Vec<(f32, f32)>>,
 }
 
 /// Loading options.
@@ -115,8 +117,10 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 
 /// Loads the model at `path` (a `.gguf` file or a Hugging Face directory).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let mut kv_scales = None;
     let (cfg, weights, tokenizer, template, bos, eos_str, mut eos, defaults) = if path.is_dir() {
-        let (cfg, weights, _raw) = load_hf_dir(path)?;
+        let (cfg, weights, _raw, scales) = load_hf_dir_with_scales(path)?;
+        kv_scales = scales;
         let tok_path = path.join("tokenizer.json");
         if !tok_path.exists() {
             return Err(ModelError::Invalid(format!("{} has no tokenizer.json", path.display())));
@@ -196,5 +200,6 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         name,
         max_model_len,
         source: path.display().to_string(),
+        kv_scales,
     })
 }

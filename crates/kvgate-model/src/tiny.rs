@@ -212,6 +212,7 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel> {
         name: "tiny-llama".into(),
         max_model_len: spec.max_len,
         source: "in-memory tiny model".into(),
+        kv_scales: None,
     })
 }
 

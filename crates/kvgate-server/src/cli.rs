@@ -208,8 +208,12 @@ async fn run(args: Args) -> Result<(), String> {
         max_queue: args.max_queue,
         prefix_caching: args.enable_prefix_caching,
         kv_dtype: dtype,
-        kv_scales: None,
-        calculate_kv_scales: args.calculate_kv_scales,
+        kv_scales: if dtype.is_scaled() {
+            loaded.kv_scales.clone()
+        } else {
+            None
+        },
+        calculate_kv_scales: args.calculate_kv_scales && !(dtype.is_scaled() && loaded.kv_scales.is_some()),
         max_model_len,
         model_name: served_names[0].clone(),
     };
@@ -224,6 +228,16 @@ async fn run(args: Args) -> Result<(), String> {
         "bytes_per_block" => shape.bytes_per_block().to_string(),
         "device" => "cpu".to_string())
     .set(1.0);
+    if dtype.is_scaled() {
+        let how = if loaded.kv_scales.is_some() {
+            "k/v scales from the checkpoint"
+        } else if args.calculate_kv_scales {
+            "k/v scales calibrated from the first prefill"
+        } else {
+            "k/v scales 1.0 (the checkpoint has none; --calculate-kv-scales calibrates them)"
+        };
+        info!("KV cache dtype {dtype}: {how}");
+    }
     let body_limit = parse_bytes(&args.max_request_body)?;
     let keys = Arc::new(Keys(args.api_key.clone()));
     let st = Arc::new(AppState {

@@ -101,7 +101,10 @@ mod avx2 {
         let lo = _mm_and_si128(raw, m);
         let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
         let nib = _mm_unpacklo_epi8(lo, hi); // element 2i = low nibble of byte i, 2i+1 = high
-        let table = _mm256_mul_ps(_mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), _mm256_set1_ps(s));
+        let table = _mm256_mul_ps(
+            _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+            _mm256_set1_ps(s),
+        );
         for half in 0..2 {
             let v = _mm256_cvtepu8_epi32(if half == 0 { nib } else { _mm_srli_si128(nib, 8) });
             let mag = _mm256_and_si256(v, _mm256_set1_epi32(7));
@@ -177,7 +180,9 @@ mod tests {
     #[test]
     fn vector_decode_equals_the_table_decode() {
         for seed in 0..64u32 {
-            let data: Vec<u8> = (0..8).map(|i| (seed.wrapping_mul(2654435761).rotate_left(i * 4) >> 3) as u8).collect();
+            let data: Vec<u8> = (0..8)
+                .map(|i| (seed.wrapping_mul(2654435761).rotate_left(i * 4) >> 3) as u8)
+                .collect();
             let mut a = [0f32; 16];
             nvfp4_decode_group(&data, (seed * 7) as u8 & 0x7E, 1.7, &mut a);
             let s = E4M3_LUT[((seed * 7) as u8 & 0x7E) as usize] / 1.7;

@@ -1,0 +1,70 @@
+//! How the KV-cache dtypes perturb the default model's next-token distribution on a prompt, with scales
+//! 1.0 and with scales calibrated from the prompt itself. `cargo run --release --example kv_stats`.
+
+use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_model::{load, Batch, LoadOptions};
+
+fn logprobs(x: &[f32]) -> Vec<f64> {
+    let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = x.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln() + m;
+    x.iter().map(|v| *v as f64 - z).collect()
+}
+
+fn main() {
+    let path = kvgate_server::default_model::ensure_default_model(false).unwrap();
+    let m = load(
+        &path,
+        &LoadOptions {
+            max_model_len: Some(4096),
+        },
+    )
+    .unwrap();
+    let c = m.model.config().clone();
+    let text = "<|im_start|>user\nHelp! My payouts have been failing for 3 days and customers are complaining. Does this convey urgency?<|im_end|>\n<|im_start|>assistant\n";
+    let ids = m.tokenizer.encode(text, false).unwrap();
+    let run = |dtype: KvDtype, scales: Option<(Vec<f32>, Vec<f32>, f32)>| {
+        let shape = CacheShape {
+            num_layers: c.num_layers,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            block_size: 16,
+            dtype,
+        };
+        let mut cache = KvCache::new(shape, ids.len().div_ceil(16));
+        if let Some((k, v, range)) = scales {
+            for l in 0..c.num_layers {
+                cache.set_scales(
+                    l,
+                    kvgate_engine::engine::kv_scale(k[l], range),
+                    kvgate_engine::engine::kv_scale(v[l], range),
+                );
+            }
+        }
+        let mut b = Batch::single_sequence(&ids, 16);
+        b.logit_rows = vec![ids.len() - 1];
+        let (lg, a) = m.model.forward_with_amax(&b, &mut cache, &CpuAttention).unwrap();
+        (logprobs(&lg), a)
+    };
+    let (base, amax) = run(KvDtype::F32, None);
+    let yes = m.tokenizer.token_to_id("Yes").unwrap() as usize;
+    for (dtype, range) in [
+        (KvDtype::BF16, 0.0),
+        (KvDtype::Fp8E4m3, 448.0),
+        (KvDtype::Fp8E5m2, 57344.0),
+        (KvDtype::Nvfp4, 2688.0),
+    ] {
+        for calibrated in [false, true] {
+            if calibrated && range == 0.0 {
+                continue;
+            }
+            let (lp, _) = run(dtype, calibrated.then(|| (amax.k.clone(), amax.v.clone(), range)));
+            let kl: f64 = base.iter().zip(&lp).map(|(p, q)| p.exp() * (p - q)).sum();
+            println!(
+                "{dtype:>9} {:>10}: KL {kl:.5}, logP(Yes) {:.4} vs {:.4}",
+                if calibrated { "calibrated" } else { "scale 1" },
+                lp[yes],
+                base[yes]
+            );
+        }
+    }
+}

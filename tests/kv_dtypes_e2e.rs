@@ -1,0 +1,78 @@
+//! The completion and decision end-to-end checks with every KV-cache dtype (with calibrated scales for
+//! the scaled ones): the configured dtype is reported, completions and streams work, decisions have the
+//! right shape, stay deterministic, and stay close to the float32 cache.
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+
+fn decision() -> Value {
+    json!({
+      "state": "Help! My payouts have been failing for 3 days and customers are complaining.",
+      "questions": {
+        "is_urgent":  {"type": "noul", "instructions": "Does this convey urgency?"},
+        "department": {"type": "choice", "instructions": "Which team should handle this?",
+                       "criteria": {"billing": "Payments, invoicing, refunds", "technical": "Bugs, outages", "sales": null}},
+        "frustration":{"type": "score", "instructions": "How frustrated is the customer?", "criteria": ["Calm", "Frustrated", "Very angry"]}
+      }
+    })
+}
+
+fn probs(r: &Value) -> Vec<f64> {
+    let a = &r["answers"];
+    let mut v = vec![a["is_urgent"]["noul"].as_f64().unwrap()];
+    for k in ["department", "frustration"] {
+        v.extend(
+            a[k]["probabilities"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|x| x.as_f64().unwrap()),
+        );
+    }
+    v
+}
+
+#[test]
+fn every_dtype_serves_completions_and_decisions() {
+    let reference = {
+        let s = Server::start(&["--kv-cache-dtype", "float32"]);
+        let (st, r) = s.post("/v1/systemone", &decision());
+        assert_eq!(st, 200);
+        probs(&r)
+    };
+    for dtype in ["bfloat16", "float16", "fp8", "fp8_e5m2", "nvfp4"] {
+        let s = Server::start(&["--kv-cache-dtype", dtype, "--calculate-kv-scales"]);
+        let canonical = if dtype == "fp8" { "fp8_e4m3" } else { dtype };
+        let (_, _, m) = s.raw("GET", "/metrics", &[], b"").unwrap();
+        assert!(
+            String::from_utf8_lossy(&m).contains(&format!("cache_dtype=\"{canonical}\"")),
+            "{dtype}"
+        );
+        assert!(
+            s.log_text().contains(&format!("dtype {canonical}")),
+            "{dtype}: startup log"
+        );
+        let (st, r) = s.post(
+            "/v1/completions",
+            &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+        );
+        assert_eq!(st, 200, "{dtype}: {r}");
+        let text = r["choices"][0]["text"].as_str().unwrap();
+        assert!(text.contains("Paris"), "{dtype}: {text:?}");
+        let ev = s.stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "stream": true}),
+        );
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{dtype}");
+        let (st, a) = s.post("/v1/systemone", &decision());
+        assert_eq!(st, 200, "{dtype}: {a}");
+        let (_, b) = s.post("/v1/systemone", &decision());
+        assert_eq!(a["answers"], b["answers"], "{dtype}: warm and cold are identical");
+        let p = probs(&a);
+        let worst = p.iter().zip(&reference).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        let limit = if dtype == "nvfp4" { 0.1 } else { 0.05 };
+        assert!(worst <= limit, "{dtype}: max |Δp| vs float32 = {worst}");
+    }
+}
