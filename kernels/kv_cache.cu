@@ -1,0 +1,295 @@
+// kvgate KV-cache kernels: quantize-on-store (reshape-and-cache) and paged-attention decode over
+// bf16, fp8 (e4m3 / e5m2) and nvfp4 blocks.
+//
+// Self-contained (no #include): NVRTC compiles this file at run time to an sm_90 CUBIN. The codecs are
+// bit-for-bit the CPU reference of crates/kvgate-kv/src/codec (round to nearest even, saturating, NaN to
+// a defined code), done in software: sm_90 has no e2m1 conversion instruction, and the software fp8 path
+// keeps the NaN sign exactly as the CPU does.
+//
+// Cache layout (one layer's K or V, identical to kvgate_kv::CacheShape): block b holds, for every
+// (kv head h, token slot o) in [h][o] order, head_dim elements; for nvfp4 first every vector's packed
+// data (head_dim / 2 bytes, element 2i in the low nibble) and then every vector's scale bytes
+// (head_dim / 16 E4M3 scales).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define KV_INF __int_as_float(0x7f800000)
+
+// ---------------------------------------------------------------- codecs
+
+__device__ __forceinline__ u8 f32_to_e4m3(float x) {
+    u32 bits = __float_as_uint(x);
+    u8 sign = (u8)((bits >> 24) & 0x80u);
+    if (x != x) return (u8)(sign | 0x7Fu);
+    float ax = fabsf(x);
+    if (ax >= 448.0f) return (u8)(sign | 0x7Eu);
+    if (ax < 0.015625f) return (u8)(sign | (u32)rintf(ax * 512.0f));
+    u32 u = __float_as_uint(ax);
+    int e = (int)(u >> 23) - 127;
+    u32 mant = u & 0x7FFFFFu;
+    u32 code = ((u32)(e + 7) << 3) | (mant >> 20);
+    u32 rem = mant & 0xFFFFFu;
+    if (rem > 0x80000u || (rem == 0x80000u && (code & 1u))) code++;
+    if (code > 0x7Eu) code = 0x7Eu;
+    return (u8)(sign | code);
+}
+
+__device__ __forceinline__ float e4m3_to_f32(u8 b) {
+    u32 exp = (b >> 3) & 0xFu, man = b & 0x7u;
+    float v;
+    if (exp == 0xFu && man == 0x7u) v = __int_as_float(0x7FC00000);
+    else if (exp == 0u) v = (float)man * 0.001953125f;
+    else v = __uint_as_float(((exp + 120u) << 23) | (man << 20));
+    return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ u8 f32_to_e5m2(float x) {
+    u32 bits = __float_as_uint(x);
+    u8 sign = (u8)((bits >> 24) & 0x80u);
+    if (x != x) return (u8)(sign | 0x7Fu);
+    float ax = fabsf(x);
+    if (ax >= 57344.0f) return (u8)(sign | 0x7Bu);
+    if (ax < 6.103515625e-5f) return (u8)(sign | (u32)rintf(ax * 65536.0f));
+    u32 u = __float_as_uint(ax);
+    int e = (int)(u >> 23) - 127;
+    u32 mant = u & 0x7FFFFFu;
+    u32 code = ((u32)(e + 15) << 2) | (mant >> 21);
+    u32 rem = mant & 0x1FFFFFu;
+    if (rem > 0x100000u || (rem == 0x100000u && (code & 1u))) code++;
+    if (code > 0x7Bu) code = 0x7Bu;
+    return (u8)(sign | code);
+}
+
+__device__ __forceinline__ float e5m2_to_f32(u8 b) {
+    u32 exp = (b >> 2) & 0x1Fu, man = b & 0x3u;
+    float v;
+    if (exp == 0x1Fu) v = man ? __int_as_float(0x7FC00000) : KV_INF;
+    else if (exp == 0u) v = (float)man * 1.52587890625e-5f;  // 2^-16
+    else v = __uint_as_float(((exp + 112u) << 23) | (man << 21));
+    return (b & 0x80u) ? -v : v;
+}
+
+__device__ __forceinline__ u8 f32_to_e2m1(float x) {
+    if (x != x) return 0;
+    u8 sign = (__float_as_uint(x) >> 31) ? 8 : 0;
+    float a = fabsf(x);
+    u8 m;
+    if (a <= 0.25f) m = 0;
+    else if (a < 0.75f) m = 1;
+    else if (a <= 1.25f) m = 2;
+    else if (a < 1.75f) m = 3;
+    else if (a <= 2.5f) m = 4;
+    else if (a < 3.5f) m = 5;
+    else if (a <= 5.0f) m = 6;
+    else m = 7;
+    return (u8)(sign | m);
+}
+
+__constant__ float E2M1_MAGNITUDE[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+__device__ __forceinline__ float e2m1_to_f32(u32 q) {
+    float v = E2M1_MAGNITUDE[q & 7u];
+    return (q & 8u) ? -v : v;
+}
+
+// bf16 as the `half` crate rounds it: NaN keeps its top bits with the quiet bit set; otherwise round
+// to nearest, ties to even.
+__device__ __forceinline__ u16 f32_to_bf16(float value) {
+    u32 x = __float_as_uint(value);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((x >> 16) | 0x0040u);
+    u32 round_bit = 0x00008000u;
+    if ((x & round_bit) != 0u && (x & (3u * round_bit - 1u)) != 0u) return (u16)((x >> 16) + 1u);
+    return (u16)(x >> 16);
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
+
+// ---------------------------------------------------------------- quantize-on-store
+
+// x: [ntok, nkv, hd] f32; slots[t] = block * bs + offset (negative: skip). One thread per element.
+extern "C" __global__ void store_bf16(const float* __restrict__ x, const i64* __restrict__ slots,
+                                      u16* __restrict__ cache, int ntok, int nkv, int hd, int bs) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 total = (u64)ntok * nkv * hd;
+    if (idx >= total) return;
+    int d = (int)(idx % hd);
+    int h = (int)((idx / hd) % nkv);
+    int t = (int)(idx / ((u64)hd * nkv));
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    cache[((block * nkv + h) * bs + off) * hd + d] = f32_to_bf16(x[idx]);
+}
+
+// fmt 0 = e4m3, 1 = e5m2; stores code(x * inv_scale).
+extern "C" __global__ void store_fp8(const float* __restrict__ x, const i64* __restrict__ slots,
+                                     u8* __restrict__ cache, float inv_scale, int fmt, int ntok, int nkv,
+                                     int hd, int bs) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 total = (u64)ntok * nkv * hd;
+    if (idx >= total) return;
+    int d = (int)(idx % hd);
+    int h = (int)((idx / hd) % nkv);
+    int t = (int)(idx / ((u64)hd * nkv));
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    float v = x[idx] * inv_scale;
+    cache[((block * nkv + h) * bs + off) * hd + d] = fmt == 0 ? f32_to_e4m3(v) : f32_to_e5m2(v);
+}
+
+// One thread per 16-element group: sf = e4m3(gs * amax / 6), q_i = e2m1(x_i * gs / f32(sf)).
+extern "C" __global__ void store_nvfp4(const float* __restrict__ x, const i64* __restrict__ slots,
+                                       u8* __restrict__ cache, float gs, int ntok, int nkv, int hd, int bs) {
+    int groups = hd / 16;
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 total = (u64)ntok * nkv * groups;
+    if (idx >= total) return;
+    int g = (int)(idx % groups);
+    int h = (int)((idx / groups) % nkv);
+    int t = (int)(idx / ((u64)groups * nkv));
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    const float* src = x + ((u64)t * nkv + h) * hd + (u64)g * 16;
+    float amax = 0.0f;
+    for (int i = 0; i < 16; i++) {
+        float a = fabsf(src[i]);
+        if (a > amax) amax = a;
+    }
+    u8 sf = f32_to_e4m3(gs * amax / 6.0f);
+    float sf_f = e4m3_to_f32(sf);
+    float mul = (sf_f == 0.0f || !isfinite(sf_f)) ? 0.0f : gs / sf_f;
+    u64 data_bytes = (u64)hd / 2, scale_bytes = (u64)hd / 16;
+    u64 base = block * (u64)nkv * bs * (data_bytes + scale_bytes);
+    u64 vec = (u64)h * bs + off;
+    u8* data = cache + base + vec * data_bytes + (u64)g * 8;
+    for (int i = 0; i < 8; i++) {
+        u8 lo = f32_to_e2m1(src[2 * i] * mul);
+        u8 hi = f32_to_e2m1(src[2 * i + 1] * mul);
+        data[i] = (u8)(lo | (hi << 4));
+    }
+    cache[base + (u64)nkv * bs * data_bytes + vec * scale_bytes + g] = sf;
+}
+
+// ---------------------------------------------------------------- paged attention (decode)
+
+#define DT_BF16 0
+#define DT_E4M3 1
+#define DT_E5M2 2
+#define DT_NVFP4 3
+#define WARPS 4
+#define MAX_PER_LANE 8
+
+// Loads the `per` consecutive elements starting at `d` of the vector (block, kvh, off), dequantized.
+template <int DT>
+__device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block, int kvh, int off, int nkv,
+                                         int hd, int bs, int d, int per, float scale, float* out) {
+    u64 vec = (u64)kvh * bs + off;
+    if (DT == DT_BF16) {
+        const u16* p = (const u16*)cache + (block * nkv * bs + vec) * hd + d;
+        for (int i = 0; i < per; i++) out[i] = bf16_to_f32(p[i]);
+    } else if (DT == DT_E4M3 || DT == DT_E5M2) {
+        const u8* p = cache + (block * nkv * bs + vec) * hd + d;
+        for (int i = 0; i < per; i++) out[i] = (DT == DT_E4M3 ? e4m3_to_f32(p[i]) : e5m2_to_f32(p[i])) * scale;
+    } else {
+        u64 data_bytes = (u64)hd / 2, scale_bytes = (u64)hd / 16;
+        u64 base = block * (u64)nkv * bs * (data_bytes + scale_bytes);
+        const u8* data = cache + base + vec * data_bytes;
+        u8 sf = cache[base + (u64)nkv * bs * data_bytes + vec * scale_bytes + d / 16];
+        float s = e4m3_to_f32(sf) / (1.0f / scale);
+        for (int i = 0; i < per; i++) {
+            int e = d + i;
+            u8 byte = data[e >> 1];
+            u32 q = (e & 1) ? (byte >> 4) : (byte & 0xFu);
+            out[i] = e2m1_to_f32(q) * s;
+        }
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// out, q: [nseq, nh, hd] f32; tables: [nseq, max_blocks]; ctx_lens: [nseq]. Grid (nh, nseq), 128 threads,
+// dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp walks every WARPS-th token with an
+// online softmax (lane l owns elements l*per .. l*per+per-1); the warps' partial results are merged.
+template <int DT>
+__device__ void paged_attention(float* __restrict__ out, const float* __restrict__ q, const u8* __restrict__ kc,
+                                const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
+                                const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
+                                float k_scale, float v_scale) {
+    extern __shared__ float smem[];
+    int head = blockIdx.x, seq = blockIdx.y;
+    int kvh = head / (nh / nkv);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float* qs = smem;
+    float* part = smem + hd;  // per warp: m, l, acc[hd]
+    const float* qrow = q + ((u64)seq * nh + head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d] * scale;
+    __syncthreads();
+    int per = hd / 32;
+    int d0 = lane * per;
+    float m = -KV_INF, l = 0.0f, acc[MAX_PER_LANE], kv[MAX_PER_LANE];
+    for (int i = 0; i < MAX_PER_LANE; i++) acc[i] = 0.0f;
+    int n = ctx_lens[seq];
+    const int* table = tables + (u64)seq * max_blocks;
+    for (int t = warp; t < n; t += WARPS) {
+        u64 block = (u64)table[t / bs];
+        int off = t % bs;
+        load_vec<DT>(kc, block, kvh, off, nkv, hd, bs, d0, per, k_scale, kv);
+        float s = 0.0f;
+        for (int i = 0; i < per; i++) s += qs[d0 + i] * kv[i];
+        s = warp_sum(s);
+        float m_new = fmaxf(m, s);
+        float c = expf(m - m_new);
+        float p = expf(s - m_new);
+        l = l * c + p;
+        load_vec<DT>(vc, block, kvh, off, nkv, hd, bs, d0, per, v_scale, kv);
+        for (int i = 0; i < per; i++) acc[i] = acc[i] * c + p * kv[i];
+        m = m_new;
+    }
+    float* mine = part + warp * (hd + 2);
+    if (lane == 0) {
+        mine[0] = m;
+        mine[1] = l;
+    }
+    for (int i = 0; i < per; i++) mine[2 + d0 + i] = acc[i];
+    __syncthreads();
+    float big = -KV_INF;
+    for (int w = 0; w < WARPS; w++) big = fmaxf(big, part[w * (hd + 2)]);
+    float total = 0.0f;
+    for (int w = 0; w < WARPS; w++) {
+        float mw = part[w * (hd + 2)];
+        if (mw != -KV_INF) total += part[w * (hd + 2) + 1] * expf(mw - big);
+    }
+    float* orow = out + ((u64)seq * nh + head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int w = 0; w < WARPS; w++) {
+            float mw = part[w * (hd + 2)];
+            if (mw != -KV_INF) o += part[w * (hd + 2) + 2 + d] * expf(mw - big);
+        }
+        orow[d] = total > 0.0f ? o / total : 0.0f;
+    }
+}
+
+#define PAGED_ATTENTION_ENTRY(name, DT)                                                                       \
+    extern "C" __global__ void name(float* __restrict__ out, const float* __restrict__ q,                    \
+                                    const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
+                                    const int* __restrict__ tables, int max_blocks,                          \
+                                    const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,       \
+                                    float scale, float k_scale, float v_scale) {                             \
+        paged_attention<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale,   \
+                            v_scale);                                                                         \
+    }
+
+PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)
+PAGED_ATTENTION_ENTRY(paged_attention_e4m3, DT_E4M3)
+PAGED_ATTENTION_ENTRY(paged_attention_e5m2, DT_E5M2)
+PAGED_ATTENTION_ENTRY(paged_attention_nvfp4, DT_NVFP4)

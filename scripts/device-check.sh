@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU check, run on a machine with an NVIDIA GPU from the repo root with device-bundle/ present
+# (scripts/build-device-bundle.sh builds it). Leaves every log in ${OUT:-device-out}; finishes in a
+# few minutes. Exit status: 0 when every check passed.
+#   1. environment: GPU, driver, where libnvrtc / libcuda come from;
+#   2. the NVRTC compile of every kernel for sm_90;
+#   3. with KVGATE_REQUIRE_GPU=1 (a missing GPU fails): CUDA codecs byte for byte against the CPU codecs,
+#      CUDA paged attention against the CPU attention, and the bandwidth report (GB/s per kernel
+#      against the measured device-to-device copy bandwidth), written to $OUT/gpu-report.md.
+set -u
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+{
+  date -u
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader || echo "nvidia-smi failed"
+  PYLIBS=$(python3 -c 'import glob,site,os;print(":".join(p for s in site.getsitepackages() for p in glob.glob(os.path.join(s,"nvidia","*","lib"))))' 2>/dev/null)
+  echo "python nvidia lib dirs: ${PYLIBS:-none}"
+} > "$OUT/env.log" 2>&1
+PYLIBS=$(python3 -c 'import glob,site,os;print(":".join(p for s in site.getsitepackages() for p in glob.glob(os.path.join(s,"nvidia","*","lib"))))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/targets/x86_64-linux/lib${PYLIBS:+:$PYLIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for l in libcuda.so.1 libnvrtc.so.13 libnvrtc-builtins.so.13.0; do
+  hit=$(for d in ${LD_LIBRARY_PATH//:/ }; do [ -e "$d/$l" ] && { echo "$d"; break; }; done)
+  printf '%-28s %s\n' "$l" "${hit:-$(ldconfig -p 2>/dev/null | awk -v l="$l" '$1==l {print $NF; exit}')}" >> "$OUT/env.log"
+done
+cat "$OUT/env.log"
+status=0
+echo "== nvrtc"
+KVGATE_REQUIRE_NVRTC=1 timeout 120 device-bundle/nvrtc-tests --test-threads=1 --nocapture > "$OUT/nvrtc.log" 2>&1 || status=1
+tail -5 "$OUT/nvrtc.log"
+echo "== gpu"
+KVGATE_REQUIRE_GPU=1 KVGATE_GPU_REPORT="$OUT/gpu-report.md" timeout 240 device-bundle/gpu-tests --test-threads=1 --nocapture \
+  > "$OUT/gpu.log" 2>&1 || status=1
+tail -40 "$OUT/gpu.log"
+[ -f "$OUT/gpu-report.md" ] && cat "$OUT/gpu-report.md"
+echo "device-check status: $status"
+exit $status
