@@ -76,9 +76,12 @@ pub fn device_count() -> Result<usize, CudaError> {
     }
 }
 
+/// A compiled source: its file name and CUBIN.
+pub type Cubin = (String, Vec<u8>);
+
 /// The CUBIN of every source for [`ARCH`], compiled once per process.
-pub fn cubins() -> Result<&'static [(String, Vec<u8>)], CudaError> {
-    static CACHE: OnceLock<Result<Vec<(String, Vec<u8>)>, CudaError>> = OnceLock::new();
+pub fn cubins() -> Result<&'static [Cubin], CudaError> {
+    static CACHE: OnceLock<Result<Vec<Cubin>, CudaError>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
             SOURCES
@@ -173,6 +176,7 @@ impl Gpu {
     /// Quantize-on-store: writes `x` (`tokens × kv_heads × head_dim` f32) into the cache layer `cache`
     /// (bytes, `kvgate_kv` layout) at `slots` (`block · block_size + offset`), with the layer's `scale`
     /// (fp8: stored `x / scale`; nvfp4: global scale `1 / scale`).
+    #[allow(clippy::too_many_arguments)]
     pub fn store(
         &self,
         dtype: KvDtype,
@@ -262,7 +266,7 @@ impl Gpu {
             KvDtype::Nvfp4 => "paged_attention_nvfp4",
             other => return Err(CudaError::Unsupported(other.name())),
         };
-        if d.head_dim % 32 != 0 || d.head_dim > 256 {
+        if !d.head_dim.is_multiple_of(32) || d.head_dim > 256 {
             return Err(CudaError::Driver(format!(
                 "head_dim {} must be a multiple of 32 up to 256",
                 d.head_dim
