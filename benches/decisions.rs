@@ -57,7 +57,7 @@ fn post(port: u16, path: &str, body: &Value) -> Value {
 fn state_text() -> String {
     let mut s = String::new();
     let mut i = 0;
-    while s.len() < 9000 {
+    while s.len() < 7100 {
         s.push_str(&format!(
             "Entry {i}: order {} shipped from the {} warehouse, status {}. ",
             i * 37 % 101,
@@ -172,6 +172,44 @@ fn main() {
     rows.push((
         "route via /v1/systemone + follow-up".into(),
         format!("{b:.2} s ({:.2}x faster)", a / b),
+    ));
+    // Eight routing questions at once over a cold state: eight concurrent chat completions (each pays
+    // the state: nothing is cached yet when they arrive together) versus one decision.
+    let questions: Vec<String> = (0..8)
+        .map(|i| format!("Is entry {i} late? Answer yes or no."))
+        .collect();
+    let msgs = conversation(100);
+    let t0 = Instant::now();
+    std::thread::scope(|sc| {
+        for q in &questions {
+            let mut m = msgs.as_array().unwrap().clone();
+            m.push(json!({"role": "user", "content": q}));
+            sc.spawn(move || {
+                post(
+                    port,
+                    "/v1/chat/completions",
+                    &json!({"messages": m, "max_tokens": 5, "temperature": 0}),
+                )
+            });
+        }
+    });
+    let chat8 = t0.elapsed().as_secs_f64();
+    let msgs = conversation(101);
+    let qs: serde_json::Map<String, Value> = questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (format!("q{i}"), json!({"type": "noul", "instructions": q})))
+        .collect();
+    let t0 = Instant::now();
+    post(port, "/v1/systemone", &json!({"state": msgs, "questions": qs}));
+    let s1_8 = t0.elapsed().as_secs_f64();
+    rows.push((
+        "8 questions, cold state: 8 concurrent chat completions (max_tokens 5)".into(),
+        format!("{chat8:.2} s"),
+    ));
+    rows.push((
+        "8 questions, cold state: one /v1/systemone".into(),
+        format!("{s1_8:.2} s ({:.2}x faster)", chat8 / s1_8),
     ));
     println!("\n| benchmark (default model, 2 threads, HTTP) | result |\n|---|---|");
     for (k, v) in rows {

@@ -28,7 +28,13 @@ fn write_gguf(dtype: GgmlDType, path: &PathBuf) {
         Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap()
     };
     let q = |t: &Tensor| QTensor::quantize(t, dtype).unwrap();
-    let norm = |n: usize| QTensor::quantize(&Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap(), GgmlDType::F32).unwrap();
+    let norm = |n: usize| {
+        QTensor::quantize(
+            &Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap(),
+            GgmlDType::F32,
+        )
+        .unwrap()
+    };
     let s = 1.7 / (HIDDEN as f32).sqrt();
     let mut tensors: Vec<(String, QTensor)> = vec![
         ("token_embd.weight".into(), q(&mat(vocab, HIDDEN, 1.0))),
@@ -44,10 +50,17 @@ fn write_gguf(dtype: GgmlDType, path: &PathBuf) {
         tensors.push((format!("{p}.attn_output.weight"), q(&mat(HIDDEN, HIDDEN, s))));
         tensors.push((format!("{p}.ffn_gate.weight"), q(&mat(INTER, HIDDEN, s))));
         tensors.push((format!("{p}.ffn_up.weight"), q(&mat(INTER, HIDDEN, s))));
-        tensors.push((format!("{p}.ffn_down.weight"), q(&mat(HIDDEN, INTER, 1.7 / (INTER as f32).sqrt()))));
+        tensors.push((
+            format!("{p}.ffn_down.weight"),
+            q(&mat(HIDDEN, INTER, 1.7 / (INTER as f32).sqrt())),
+        ));
     }
-    let tokens: Vec<Value> = (0..vocab as u32).map(|i| Value::String(tok.id_to_token(i).unwrap())).collect();
-    let types: Vec<Value> = (0..vocab as u32).map(|i| Value::I32(if i < 3 { 3 } else { 1 })).collect();
+    let tokens: Vec<Value> = (0..vocab as u32)
+        .map(|i| Value::String(tok.id_to_token(i).unwrap()))
+        .collect();
+    let types: Vec<Value> = (0..vocab as u32)
+        .map(|i| Value::I32(if i < 3 { 3 } else { 1 }))
+        .collect();
     // The tiny tokenizer's merges, recovered from its vocabulary: every multi-character token is the
     // merge of its first character (or the space marker) and the rest.
     let mut merges = vec![];
@@ -102,7 +115,9 @@ fn logits(path: &PathBuf, ids: &[u32]) -> Vec<f32> {
         dtype: KvDtype::F32,
     };
     let mut cache = KvCache::new(shape, 4);
-    m.model.forward(&Batch::single_sequence(ids, 16), &mut cache, &CpuAttention).unwrap()
+    m.model
+        .forward(&Batch::single_sequence(ids, 16), &mut cache, &CpuAttention)
+        .unwrap()
 }
 
 #[test]
@@ -115,11 +130,18 @@ fn every_gguf_format_loads_and_agrees_with_f32() {
     let m = load(&f32_path, &LoadOptions::default()).unwrap();
     let text = "yes, the answer is no <|im_end|>";
     let ids = m.tokenizer.encode(text, false).unwrap();
-    assert_eq!(ids, tiny_tokenizer().encode(text, false).unwrap(), "tokenizer built from the GGUF vocabulary");
+    assert_eq!(
+        ids,
+        tiny_tokenizer().encode(text, false).unwrap(),
+        "tokenizer built from the GGUF vocabulary"
+    );
     assert_eq!(m.tokenizer.decode(&ids, false).unwrap(), text);
     let chat = m.chat_template.as_ref().unwrap();
     let msgs = serde_json::json!([{"role": "user", "content": "hi"}]);
-    assert_eq!(chat.render(&msgs, true, None, &Default::default()).unwrap(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(
+        chat.render(&msgs, true, None, &Default::default()).unwrap(),
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
     assert!(m.eos_token_ids.contains(&2));
     let prompt = m.tokenizer.encode("the yes and no to the is", false).unwrap();
     let reference = logits(&f32_path, &prompt);
@@ -138,7 +160,12 @@ fn every_gguf_format_loads_and_agrees_with_f32() {
         let got = logits(&p, &prompt);
         assert_eq!(got.len(), reference.len());
         let scale = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = got.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
+        let worst = got
+            .iter()
+            .zip(&reference)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+            / scale;
         eprintln!("{dtype:?}: max |Δlogit| / max |logit| = {worst:.4}");
         assert!(worst < tol, "{dtype:?}: {worst}");
     }
