@@ -4,7 +4,7 @@
 //! loader, and its logits compared with the F32 file's. Also checks the tokenizer built from the GGUF
 //! vocabulary and the chat template from its metadata.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -19,7 +19,7 @@ const HIDDEN: usize = 256;
 const INTER: usize = 512;
 const LAYERS: usize = 2;
 
-fn write_gguf(dtype: GgmlDType, path: &PathBuf) {
+fn write_gguf(dtype: GgmlDType, path: &Path) {
     let tok = tiny_tokenizer();
     let vocab = tok.vocab_size();
     let mut rng = ChaCha8Rng::seed_from_u64(9);
@@ -104,7 +104,7 @@ fn write_gguf(dtype: GgmlDType, path: &PathBuf) {
     gguf_file::write(&mut f, &md_refs, &t_refs).unwrap();
 }
 
-fn logits(path: &PathBuf, ids: &[u32]) -> Vec<f32> {
+fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
     let m = load(path, &LoadOptions::default()).unwrap();
     let c = m.model.config().clone();
     let shape = CacheShape {
