@@ -28,6 +28,32 @@ static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
     std::env::var_os("KVGATE_NO_AVX512").is_none() && std::arch::is_x86_feature_detected!("avx512f")
 });
 
+/// f32 storage aligned to 64 bytes.
+struct Aligned {
+    buf: Vec<Line>,
+    len: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Aligned {
+    fn from(x: &[f32]) -> Aligned {
+        let mut buf = vec![Line([0.0; 16]); x.len().div_ceil(16)];
+        for (line, chunk) in buf.iter_mut().zip(x.chunks(16)) {
+            line.0[..chunk.len()].copy_from_slice(chunk);
+        }
+        Aligned { buf, len: x.len() }
+    }
+
+    fn as_slice(&self) -> &[f32] {
+        // SAFETY: `Line` is `repr(C)` around `[f32; 16]` (size 64, no padding), so the buffer is
+        // `16 · buf.len()` contiguous f32s, of which the first `len` were written.
+        unsafe { std::slice::from_raw_parts(self.buf.as_ptr() as *const f32, self.len) }
+    }
+}
+
 /// Packed formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QKind {
@@ -150,8 +176,13 @@ impl QMatrix {
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let (n, k) = (self.n, self.k);
         debug_assert_eq!(x.len(), rows * k);
-        let tile = 16usize;
+        // The activations are copied to a 64-byte aligned buffer: with k a multiple of 32, every
+        // vector load of the kernels is then aligned (a split cache-line load costs two).
+        let aligned = Aligned::from(x);
+        let x = aligned.as_slice();
+        let tile = TILE;
         let tiles = n.div_ceil(tile);
+        let nb = k / QK;
         let mut out = vec![0f32; rows * n];
         let parts: Vec<(usize, Vec<f32>)> = (0..tiles)
             .into_par_iter()
@@ -160,14 +191,30 @@ impl QMatrix {
                 let c1 = (c0 + tile).min(n);
                 let w = c1 - c0;
                 let mut y = vec![0f32; rows * w];
+                // Accumulators of (column, row) pairs of a row group, kept between k-chunks.
+                let mut acc = [0f32; TILE * ROWS * LANES];
                 let mut r = 0;
                 while r < rows {
                     let rr = (rows - r).min(ROWS);
+                    acc[..w * rr * LANES].fill(0.0);
+                    // When a row group's activations outgrow L1, k-chunks keep a chunk of every
+                    // activation row and of every weight row of the tile in L1 while the columns pass
+                    // over it. Each accumulator still sums its blocks in ascending order, so the
+                    // result is the same with or without chunks.
+                    let chunk = if rr * k * 4 <= 16 * 1024 { nb } else { KCHUNK };
+                    let mut b0 = 0;
+                    while b0 < nb {
+                        let b1 = (b0 + chunk).min(nb);
+                        for c in c0..c1 {
+                            let a = &mut acc[(c - c0) * rr * LANES..(c - c0 + 1) * rr * LANES];
+                            self.dot_rows(c, &x[r * k..], rr, b0, b1, a);
+                        }
+                        b0 = b1;
+                    }
                     for c in c0..c1 {
-                        let mut res = [0f32; ROWS];
-                        self.dot_rows(c, &x[r * k..], rr, &mut res);
+                        let a = &acc[(c - c0) * rr * LANES..(c - c0 + 1) * rr * LANES];
                         for i in 0..rr {
-                            y[(r + i) * w + c - c0] = res[i];
+                            y[(r + i) * w + c - c0] = reduce(&a[i * LANES..(i + 1) * LANES]);
                         }
                     }
                     r += rr;
@@ -184,59 +231,79 @@ impl QMatrix {
         out
     }
 
-    /// Dots of weight row `c` with `rr` (≤ [`ROWS`]) consecutive activation rows starting at `x`.
+    /// Adds blocks `b0..b1` of weight row `c` times `rr` (≤ [`ROWS`]) consecutive activation rows
+    /// starting at `x` into the accumulators `acc` (`ROWS × LANES` floats, row-major).
     #[inline]
-    fn dot_rows(&self, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
+    fn dot_rows(&self, c: usize, x: &[f32], rr: usize, b0: usize, b1: usize, acc: &mut [f32]) {
+        debug_assert!(acc.len() >= rr * LANES && b1 <= self.k / QK);
         #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
         {
             if *AVX512 {
                 // SAFETY: avx512f was detected at run time; bounds as argued in `avx512::dot_rows`.
-                return unsafe { avx512::dot_rows(self, c, x, rr, out) };
+                return unsafe { avx512::dot_rows(self, c, x, rr, b0, b1, acc) };
             }
             // SAFETY: the avx2 and fma target features are enabled at compile time (this cfg), so the
-            // intrinsics are available; every load below stays inside the slices as argued there.
-            unsafe { avx2::dot_rows(self, c, x, rr, out) }
+            // intrinsics are available; every access stays inside the slices as argued there.
+            unsafe { avx2::dot_rows(self, c, x, rr, b0, b1, acc) }
         }
         #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
         {
-            scalar_dot_rows(self, c, x, rr, out)
+            scalar_dot_rows(self, c, x, rr, b0, b1, acc)
         }
     }
 }
 
-/// The portable kernel (same block order; used where AVX2/FMA are not compiled in).
-#[allow(dead_code)]
-fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
-    let (k, nb) = (w.k, w.k / QK);
-    let mut acc = [[0f32; 8]; ROWS];
-    let mut q = [0f32; QK];
-    for b in 0..nb {
-        let blk = c * nb + b;
-        let (d, m) = (w.d[blk], w.m[blk]);
-        match w.kind {
-            QKind::Q4 => {
-                let qs = &w.qs[blk * 16..blk * 16 + 16];
-                for j in 0..16 {
-                    q[j] = ((qs[j] & 0xF) as f32).mul_add(d, m);
-                    q[j + 16] = ((qs[j] >> 4) as f32).mul_add(d, m);
-                }
-            }
-            QKind::Q8 => {
-                for (j, v) in w.qs[blk * 32..blk * 32 + 32].iter().enumerate() {
-                    q[j] = (*v as i8 as f32).mul_add(d, m);
-                }
+/// Accumulator lanes per (row, column): 16 (one AVX-512 register; AVX2 uses two registers' worth).
+pub const LANES: usize = 16;
+
+/// Blocks of 32 weights per k-chunk (512 activations).
+const KCHUNK: usize = 16;
+
+/// Output columns per parallel task.
+const TILE: usize = 16;
+
+/// The fixed-order sum of one accumulator: lane i + lane i+8, then pairwise.
+#[inline]
+fn reduce(a: &[f32]) -> f32 {
+    let s: [f32; 8] = std::array::from_fn(|i| a[i] + a[i + 8]);
+    ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]))
+}
+
+/// Decodes one block to `w = fma(q, d, m)` (32 values).
+#[inline]
+fn decode_block(w: &QMatrix, blk: usize, q: &mut [f32; QK]) {
+    let (d, m) = (w.d[blk], w.m[blk]);
+    match w.kind {
+        QKind::Q4 => {
+            let qs = &w.qs[blk * 16..blk * 16 + 16];
+            for j in 0..16 {
+                q[j] = ((qs[j] & 0xF) as f32).mul_add(d, m);
+                q[j + 16] = ((qs[j] >> 4) as f32).mul_add(d, m);
             }
         }
-        for r in 0..rr {
-            let xr = &x[r * k + b * QK..r * k + b * QK + QK];
-            for j in 0..QK {
-                acc[r][j % 8] = q[j].mul_add(xr[j], acc[r][j % 8]);
+        QKind::Q8 => {
+            for (j, v) in w.qs[blk * 32..blk * 32 + 32].iter().enumerate() {
+                q[j] = (*v as i8 as f32).mul_add(d, m);
             }
         }
     }
-    for r in 0..rr {
-        let a = &acc[r];
-        out[r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+}
+
+/// The portable kernel: the same block order and lane assignment as the AVX-512 kernel (element j of a
+/// block goes to lane j mod 16).
+#[allow(dead_code)]
+fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, b0: usize, b1: usize, acc: &mut [f32]) {
+    let (k, nb) = (w.k, w.k / QK);
+    let mut q = [0f32; QK];
+    for b in b0..b1 {
+        decode_block(w, c * nb + b, &mut q);
+        for r in 0..rr {
+            let xr = &x[r * k + b * QK..r * k + b * QK + QK];
+            let a = &mut acc[r * LANES..(r + 1) * LANES];
+            for j in 0..QK {
+                a[j % LANES] = q[j].mul_add(xr[j], a[j % LANES]);
+            }
+        }
     }
 }
 
@@ -244,59 +311,54 @@ fn scalar_dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; 
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{QKind, QMatrix, QK, ROWS};
+    use super::{QKind, QMatrix, LANES, QK};
 
-    #[inline(always)]
-    pub(super) unsafe fn hsum(v: __m256) -> f32 {
-        // (a0+a4, a1+a5, a2+a6, a3+a7) then pairwise, the same order as the scalar kernel.
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s3 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-        _mm_cvtss_f32(s3)
-    }
-
-    /// SAFETY (caller): avx2+fma available. Bounds: block `blk < n·nb`, so `qs[blk·16 .. +16]` /
-    /// `qs[blk·32 .. +32]` are inside `w.qs`; activation row `r < rr ≤ ROWS` reads
-    /// `x[r·k + b·32 .. +32]` with `b < nb = k/32`, inside `x` because the caller passes at least `rr`
-    /// rows of `k`.
-    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
+    /// SAFETY (caller): avx2+fma available. Bounds: block `c·nb + b < n·nb`, so the quant loads stay
+    /// inside `w.qs`; row `r < rr ≤ ROWS` reads `x[r·k + b·32 .. +32]` with `b < nb = k/32`, inside `x`
+    /// (the caller passes at least `rr` rows of `k`); `acc` holds `rr · LANES` floats.
+    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, b0: usize, b1: usize, acc: &mut [f32]) {
+        // At most four rows per pass: two accumulators per row plus the decoded block must fit in the
+        // 16 AVX2 registers. Rows are independent, so the split changes no result.
+        if rr > 4 {
+            dot_rows(w, c, x, 4, b0, b1, acc);
+            return dot_rows(w, c, &x[4 * w.k..], rr - 4, b0, b1, &mut acc[4 * LANES..]);
+        }
         match rr {
-            1 => dot_r::<1>(w, c, x, out),
-            2 => dot_r::<2>(w, c, x, out),
-            3 => dot_r::<3>(w, c, x, out),
-            4 => dot_r::<4>(w, c, x, out),
-            5 => dot_r::<5>(w, c, x, out),
-            6 => dot_r::<6>(w, c, x, out),
-            7 => dot_r::<7>(w, c, x, out),
-            _ => dot_r::<8>(w, c, x, out),
+            1 => dot_r::<1>(w, c, x, b0, b1, acc),
+            2 => dot_r::<2>(w, c, x, b0, b1, acc),
+            3 => dot_r::<3>(w, c, x, b0, b1, acc),
+            _ => dot_r::<4>(w, c, x, b0, b1, acc),
         }
     }
 
-    /// The kernel for exactly `R` rows (the accumulators stay in registers).
+    /// Exactly `R` rows (accumulators in registers for the chunk). Lanes 0–7 of a row's accumulator
+    /// take block elements 0–7 and 16–23, lanes 8–15 take 8–15 and 24–31, as in the AVX-512 kernel.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], out: &mut [f32; ROWS]) {
-        let rr = R;
+    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], b0: usize, b1: usize, acc: &mut [f32]) {
         let (k, nb) = (w.k, w.k / QK);
-        debug_assert!(x.len() >= rr * k);
-        let mut acc = [_mm256_setzero_ps(); R];
+        let ap = acc.as_mut_ptr();
+        let mut lo = [_mm256_setzero_ps(); R];
+        let mut hi = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            lo[r] = _mm256_loadu_ps(ap.add(r * LANES));
+            hi[r] = _mm256_loadu_ps(ap.add(r * LANES + 8));
+        }
         let xp = x.as_ptr();
         let mask = _mm_set1_epi8(0x0F);
-        for b in 0..nb {
+        for b in b0..b1 {
             let blk = c * nb + b;
             let d = _mm256_set1_ps(*w.d.get_unchecked(blk));
             let m = _mm256_set1_ps(*w.m.get_unchecked(blk));
             let q: [__m256; 4] = match w.kind {
                 QKind::Q4 => {
                     let raw = _mm_loadu_si128(w.qs.as_ptr().add(blk * 16) as *const __m128i);
-                    let lo = _mm_and_si128(raw, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+                    let l = _mm_and_si128(raw, mask);
+                    let h = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
                     [
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, m),
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, m),
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, m),
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(l)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(l, 8))), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h)), d, m),
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8))), d, m),
                     ]
                 }
                 QKind::Q8 => {
@@ -311,16 +373,17 @@ mod avx2 {
                     ]
                 }
             };
-            for (r, a) in acc.iter_mut().enumerate() {
+            for r in 0..R {
                 let xr = xp.add(r * k + b * QK);
-                *a = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xr), *a);
-                *a = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr.add(8)), *a);
-                *a = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr.add(16)), *a);
-                *a = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr.add(24)), *a);
+                lo[r] = _mm256_fmadd_ps(q[0], _mm256_loadu_ps(xr), lo[r]);
+                hi[r] = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(xr.add(8)), hi[r]);
+                lo[r] = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(xr.add(16)), lo[r]);
+                hi[r] = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(xr.add(24)), hi[r]);
             }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = hsum(a);
+        for r in 0..R {
+            _mm256_storeu_ps(ap.add(r * LANES), lo[r]);
+            _mm256_storeu_ps(ap.add(r * LANES + 8), hi[r]);
         }
     }
 }
@@ -329,73 +392,65 @@ mod avx2 {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{QKind, QMatrix, QK, ROWS};
+    use super::{QKind, QMatrix, LANES, QK, ROWS};
 
-    /// Fixed-order horizontal sum: the two 256-bit halves added, then the AVX2 order.
-    #[inline(always)]
-    unsafe fn hsum(v: __m512) -> f32 {
-        let lo = _mm512_castps512_ps256(v);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-        super::avx2::hsum(_mm256_add_ps(lo, hi))
-    }
-
-    /// SAFETY (caller): avx512f (and avx2/fma) available. Bounds as in `avx2::dot_rows`: block
-    /// `blk < n·nb` keeps the quant loads inside `w.qs`; row `r < rr ≤ ROWS` reads `x[r·k + b·32 .. +32]`
-    /// with `b < k/32`, inside `x`.
-    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, out: &mut [f32; ROWS]) {
+    /// SAFETY (caller): avx512f (and avx2/fma) available. Bounds as in `avx2::dot_rows`.
+    pub unsafe fn dot_rows(w: &QMatrix, c: usize, x: &[f32], rr: usize, b0: usize, b1: usize, acc: &mut [f32]) {
         match rr {
-            1 => dot_r::<1>(w, c, x, out),
-            2 => dot_r::<2>(w, c, x, out),
-            3 => dot_r::<3>(w, c, x, out),
-            4 => dot_r::<4>(w, c, x, out),
-            5 => dot_r::<5>(w, c, x, out),
-            6 => dot_r::<6>(w, c, x, out),
-            7 => dot_r::<7>(w, c, x, out),
-            _ => dot_r::<8>(w, c, x, out),
+            1 => dot_r::<1>(w, c, x, b0, b1, acc),
+            2 => dot_r::<2>(w, c, x, b0, b1, acc),
+            3 => dot_r::<3>(w, c, x, b0, b1, acc),
+            4 => dot_r::<4>(w, c, x, b0, b1, acc),
+            5 => dot_r::<5>(w, c, x, b0, b1, acc),
+            6 => dot_r::<6>(w, c, x, b0, b1, acc),
+            7 => dot_r::<7>(w, c, x, b0, b1, acc),
+            _ => dot_r::<{ ROWS }>(w, c, x, b0, b1, acc),
         }
     }
 
-    /// The kernel for exactly `R` rows (the accumulators stay in registers).
+    /// Exactly `R` rows; element j of a block accumulates into lane j mod 16.
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], out: &mut [f32; ROWS]) {
-        let rr = R;
+    unsafe fn dot_r<const R: usize>(w: &QMatrix, c: usize, x: &[f32], b0: usize, b1: usize, acc: &mut [f32]) {
         let (k, nb) = (w.k, w.k / QK);
-        debug_assert!(x.len() >= rr * k);
-        let mut acc = [_mm512_setzero_ps(); R];
+        let ap = acc.as_mut_ptr();
+        let mut a = [_mm512_setzero_ps(); R];
+        for (r, v) in a.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(ap.add(r * LANES));
+        }
         let xp = x.as_ptr();
         let mask = _mm_set1_epi8(0x0F);
-        for b in 0..nb {
+        for b in b0..b1 {
             let blk = c * nb + b;
             let d = _mm512_set1_ps(*w.d.get_unchecked(blk));
             let m = _mm512_set1_ps(*w.m.get_unchecked(blk));
             let (q0, q1) = match w.kind {
                 QKind::Q4 => {
                     let raw = _mm_loadu_si128(w.qs.as_ptr().add(blk * 16) as *const __m128i);
-                    let lo = _mm_and_si128(raw, mask);
-                    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+                    let l = _mm_and_si128(raw, mask);
+                    let h = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
                     (
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, m),
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(l)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(h)), d, m),
                     )
                 }
                 QKind::Q8 => {
                     let p = w.qs.as_ptr().add(blk * 32);
-                    let a = _mm_loadu_si128(p as *const __m128i);
-                    let bb = _mm_loadu_si128(p.add(16) as *const __m128i);
+                    let lo = _mm_loadu_si128(p as *const __m128i);
+                    let hi = _mm_loadu_si128(p.add(16) as *const __m128i);
                     (
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(a)), d, m),
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bb)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d, m),
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d, m),
                     )
                 }
             };
-            for (r, a) in acc.iter_mut().enumerate() {
+            for (r, v) in a.iter_mut().enumerate() {
                 let xr = xp.add(r * k + b * QK);
-                *a = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xr), *a);
-                *a = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr.add(16)), *a);
+                *v = _mm512_fmadd_ps(q0, _mm512_loadu_ps(xr), *v);
+                *v = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr.add(16)), *v);
             }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = hsum(a);
+        for (r, v) in a.iter().enumerate() {
+            _mm512_storeu_ps(ap.add(r * LANES), *v);
         }
     }
 }
@@ -454,10 +509,15 @@ mod tests {
                     "{kind}: row {r} depends on the batch"
                 );
             }
-            let mut scalar = [0f32; ROWS];
-            scalar_dot_rows(&w, 3, &x, 4, &mut scalar);
+            let mut acc = vec![0f32; ROWS * LANES];
+            scalar_dot_rows(&w, 3, &x, 4, 0, k / QK, &mut acc);
             for r in 0..4 {
-                assert!((scalar[r] - y[r * n + 3]).abs() < 1e-4, "{kind}: scalar kernel");
+                let s = reduce(&acc[r * LANES..(r + 1) * LANES]);
+                assert_eq!(
+                    s.to_bits(),
+                    y[r * n + 3].to_bits(),
+                    "{kind}: the scalar kernel gives the same bits"
+                );
             }
         }
     }
