@@ -134,20 +134,7 @@ impl Server {
 
     /// POST a streaming request and return the `data:` payloads.
     pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let (st, _, b) = self
-            .raw(
-                "POST",
-                path,
-                &[("Content-Type", "application/json")],
-                body.to_string().as_bytes(),
-            )
-            .expect("request");
-        assert_eq!(st, 200, "{}", String::from_utf8_lossy(&b));
-        String::from_utf8(b)
-            .unwrap()
-            .split("\n\n")
-            .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
-            .collect()
+        stream_at(self.port, path, body)
     }
 
     /// The engine's counters as /metrics reports them.

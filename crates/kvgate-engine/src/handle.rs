@@ -206,9 +206,17 @@ impl EngineHandle {
                 available: l.num_blocks,
             });
         }
+        self.submit(|id, tx| Command::Generate(id, req, tx))
+    }
+
+    /// Takes a queue slot, sends the command, returns the request's stream.
+    fn submit(
+        &self,
+        cmd: impl FnOnce(RequestId, tmpsc::UnboundedSender<Event>) -> Command,
+    ) -> Result<RequestStream, EngineError> {
         let id = self.enqueue()?;
         let (tx, rx) = tmpsc::unbounded_channel();
-        self.send(Command::Generate(id, req, tx))?;
+        self.send(cmd(id, tx))?;
         Ok(RequestStream {
             id,
             rx,
@@ -246,15 +254,7 @@ impl EngineHandle {
                 available: l.num_blocks,
             });
         }
-        let id = self.enqueue()?;
-        let (tx, rx) = tmpsc::unbounded_channel();
-        self.send(Command::Decide(id, req, tx))?;
-        Ok(RequestStream {
-            id,
-            rx,
-            tx: self.tx.clone(),
-            ended: false,
-        })
+        self.submit(|id, tx| Command::Decide(id, req, tx))
     }
 
     /// A snapshot of the engine's state.

@@ -7,14 +7,13 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
 use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, stop_reason, submit_all, usage_json};
+use crate::events::{collect, merged, now_secs, request_id, sse, stop_reason, submit_all, usage_json};
 use crate::params::Body;
 use crate::sampling::{self, COMMON, UNSUPPORTED};
 use crate::state::AppState;
@@ -212,7 +211,7 @@ pub async fn completions(
     let mut done = 0;
     let include_usage = c.include_usage;
     let echo = c.echo;
-    let stream = merged(tagged).flat_map(move |(pi, ev)| {
+    let stream = merged(tagged).map(move |(pi, ev)| {
         let chunk = |index: usize, text: String, lp: Value, finish: Value, stop: Value| {
             json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
@@ -257,8 +256,7 @@ pub async fn completions(
             Event::Error(e) => out.push(ApiError::from(e).body()),
             Event::PromptLogprobs(_) | Event::Decision { .. } => {}
         }
-        futures::stream::iter(out.into_iter().map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()))))
+        out
     });
-    let stream = stream.chain(futures::stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
-    Ok(Sse::new(stream).into_response())
+    Ok(sse(stream))
 }

@@ -116,6 +116,25 @@ pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
     stream::select_all(streams).boxed()
 }
 
+/// An SSE response: one `data: {json}` event per value, then `data: [DONE]`.
+pub fn sse<S>(chunks: S) -> axum::response::Response
+where
+    S: futures::Stream<Item = Vec<serde_json::Value>> + Send + 'static,
+{
+    use axum::response::sse::{Event as SseEvent, Sse};
+    use axum::response::IntoResponse;
+    let events = chunks
+        .flat_map(|values| {
+            stream::iter(
+                values
+                    .into_iter()
+                    .map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()))),
+            )
+        })
+        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+    Sse::new(events).into_response()
+}
+
 /// `usage` in the OpenAI shape (with `prompt_tokens_details.cached_tokens` always present).
 pub fn usage_json(u: &Usage) -> serde_json::Value {
     serde_json::json!({
