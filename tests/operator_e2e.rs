@@ -314,3 +314,20 @@ fn configs_load_and_readme_flags_match_help() {
         "README's flag reference is `serve --help` verbatim; regenerate it"
     );
 }
+
+#[test]
+fn missing_pip_is_a_clear_error_naming_model() {
+    let cache = std::env::temp_dir().join(format!("kvgate-nopip-{}", std::process::id()));
+    std::fs::create_dir_all(&cache).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_serve"))
+        .args(["--port", "0"])
+        .env_clear()
+        .env("XDG_CACHE_HOME", &cache)
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no pip found") && err.contains("--model"), "{err}");
+}
