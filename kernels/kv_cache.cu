@@ -182,8 +182,8 @@ extern "C" __global__ void store_nvfp4(const float* __restrict__ x, const i64* _
 #define DT_E4M3 1
 #define DT_E5M2 2
 #define DT_NVFP4 3
-#define WARPS 4
-#define MAX_PER_LANE 8
+#define WARPS 8
+#define UNROLL 4
 
 // Loads the `per` consecutive elements starting at `d` of the vector (block, kvh, off), dequantized.
 template <int DT>
@@ -200,10 +200,12 @@ __device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block
         u64 data_bytes = (u64)hd / 2, scale_bytes = (u64)hd / 16;
         u64 base = block * (u64)nkv * bs * (data_bytes + scale_bytes);
         const u8* data = cache + base + vec * data_bytes;
-        u8 sf = cache[base + (u64)nkv * bs * data_bytes + vec * scale_bytes + d / 16];
-        float s = e4m3_to_f32(sf) / (1.0f / scale);
+        const u8* scales = cache + base + (u64)nkv * bs * data_bytes + vec * scale_bytes;
+        float s = 0.0f;
         for (int i = 0; i < per; i++) {
             int e = d + i;
+            // A lane's elements may straddle two 16-element groups (head_dim / 32 not a power of two).
+            if (i == 0 || (e & 15) == 0) s = e4m3_to_f32(scales[e >> 4]) / (1.0f / scale);
             u8 byte = data[e >> 1];
             u32 q = (e & 1) ? (byte >> 4) : (byte & 0xFu);
             out[i] = e2m1_to_f32(q) * s;
@@ -216,10 +218,11 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// out, q: [nseq, nh, hd] f32; tables: [nseq, max_blocks]; ctx_lens: [nseq]. Grid (nh, nseq), 128 threads,
-// dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp walks every WARPS-th token with an
-// online softmax (lane l owns elements l*per .. l*per+per-1); the warps' partial results are merged.
-template <int DT>
+// out, q: [nseq, nh, hd] f32; tables: [nseq, max_blocks]; ctx_lens: [nseq]. Grid (nh, nseq), WARPS * 32
+// threads, dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp takes UNROLL consecutive
+// tokens at a time (their K and V loads in flight together) with an online softmax; lane l owns elements
+// l*per .. l*per+per-1; the warps' partial results are merged at the end.
+template <int DT, int PER>
 __device__ void paged_attention(float* __restrict__ out, const float* __restrict__ q, const u8* __restrict__ kc,
                                 const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
                                 const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
@@ -233,25 +236,54 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     const float* qrow = q + ((u64)seq * nh + head) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d] * scale;
     __syncthreads();
-    int per = hd / 32;
+    const int per = PER;  // hd / 32, a compile-time constant so the per-lane arrays stay in registers
     int d0 = lane * per;
-    float m = -KV_INF, l = 0.0f, acc[MAX_PER_LANE], kv[MAX_PER_LANE];
-    for (int i = 0; i < MAX_PER_LANE; i++) acc[i] = 0.0f;
+    float qv[PER];
+#pragma unroll
+    for (int i = 0; i < per; i++) qv[i] = qs[d0 + i];
+    float m = -KV_INF, l = 0.0f, acc[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[i] = 0.0f;
     int n = ctx_lens[seq];
     const int* table = tables + (u64)seq * max_blocks;
-    for (int t = warp; t < n; t += WARPS) {
-        u64 block = (u64)table[t / bs];
-        int off = t % bs;
-        load_vec<DT>(kc, block, kvh, off, nkv, hd, bs, d0, per, k_scale, kv);
-        float s = 0.0f;
-        for (int i = 0; i < per; i++) s += qs[d0 + i] * kv[i];
-        s = warp_sum(s);
-        float m_new = fmaxf(m, s);
+    float buf[UNROLL][PER];
+    for (int t0 = warp * UNROLL; t0 < n; t0 += WARPS * UNROLL) {
+        float s[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int t = t0 + u;
+            if (t < n) load_vec<DT>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, k_scale, buf[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            float d = 0.0f;
+            for (int i = 0; i < per; i++) d += qv[i] * buf[u][i];
+            s[u] = warp_sum(d);
+        }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            if (t0 + u < n) m_new = fmaxf(m_new, s[u]);
         float c = expf(m - m_new);
-        float p = expf(s - m_new);
-        l = l * c + p;
-        load_vec<DT>(vc, block, kvh, off, nkv, hd, bs, d0, per, v_scale, kv);
-        for (int i = 0; i < per; i++) acc[i] = acc[i] * c + p * kv[i];
+        float p[UNROLL];
+        l *= c;
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            p[u] = (t0 + u < n) ? expf(s[u] - m_new) : 0.0f;
+            l += p[u];
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            int t = t0 + u;
+            if (t < n) load_vec<DT>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, v_scale, buf[u]);
+        }
+        for (int i = 0; i < per; i++) {
+            float a = acc[i] * c;
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++)
+                if (t0 + u < n) a += p[u] * buf[u][i];
+            acc[i] = a;
+        }
         m = m_new;
     }
     float* mine = part + warp * (hd + 2);
@@ -279,14 +311,41 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     }
 }
 
+#define PA_CASE(P)                                                                                            \
+    case P:                                                                                                   \
+        paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale, \
+                               v_scale);                                                                      \
+        break;
+
+// head_dim is a multiple of 32 up to 256 (checked by the host): one instantiation per head_dim / 32.
+template <int DT>
+__device__ void paged_attention_dispatch(float* __restrict__ out, const float* __restrict__ q,
+                                         const u8* __restrict__ kc, const u8* __restrict__ vc,
+                                         const int* __restrict__ tables, int max_blocks,
+                                         const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,
+                                         float scale, float k_scale, float v_scale) {
+    switch (hd / 32) {
+        PA_CASE(1)
+        PA_CASE(2)
+        PA_CASE(3)
+        PA_CASE(4)
+        PA_CASE(5)
+        PA_CASE(6)
+        PA_CASE(7)
+        PA_CASE(8)
+        default:
+            break;
+    }
+}
+
 #define PAGED_ATTENTION_ENTRY(name, DT)                                                                       \
     extern "C" __global__ void name(float* __restrict__ out, const float* __restrict__ q,                    \
                                     const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
                                     const int* __restrict__ tables, int max_blocks,                          \
                                     const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,       \
                                     float scale, float k_scale, float v_scale) {                             \
-        paged_attention<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale,   \
-                            v_scale);                                                                         \
+        paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale,  \
+                                     k_scale, v_scale);                                                       \
     }
 
 PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)

@@ -280,10 +280,12 @@ impl Gpu {
             d.head_dim as i32,
             d.block_size as i32,
         );
+        // Must match WARPS in kernels/kv_cache.cu.
+        const WARPS: usize = 8;
         let cfg = LaunchConfig {
             grid_dim: (d.num_heads as u32, seqs as u32, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: ((d.head_dim + 4 * (d.head_dim + 2)) * 4) as u32,
+            block_dim: ((WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: ((d.head_dim + WARPS * (d.head_dim + 2)) * 4) as u32,
         };
         let mut b = self.stream.launch_builder(&f);
         b.arg(out)
