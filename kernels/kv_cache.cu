@@ -253,6 +253,8 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
             if (t < n) load_vec<DT>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, k_scale, buf[u]);
+            else
+                for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
@@ -276,6 +278,8 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
             if (t < n) load_vec<DT>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, v_scale, buf[u]);
+            else
+                for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
         for (int i = 0; i < per; i++) {
             float a = acc[i] * c;
