@@ -231,7 +231,7 @@ impl AttentionBackend for CpuAttention {
         let bs = cache.shape().block_size;
         // One task per (row, kv head): the group's query heads are contiguous in `out`.
         out.par_chunks_mut(group * hd).enumerate().for_each_init(
-            || (vec![0f32; 8 * hd], vec![0f32; hd], Vec::<f32>::new()),
+            || (vec![0f32; bs * hd], vec![0f32; hd], Vec::<f32>::new()),
             |(scratch, zeros, scores), (task, o)| {
                 let (r, kvh) = (task / p.num_kv_heads, task % p.num_kv_heads);
                 let row = rows[r];
@@ -245,38 +245,53 @@ impl AttentionBackend for CpuAttention {
                 let qs = &q[r * row_len + kvh * group * hd..r * row_len + (kvh + 1) * group * hd];
                 scores.clear();
                 scores.resize(group * n, 0.0);
-                // Keys eight at a time; a short last group is padded with zero keys, so every score is
-                // computed by the same arithmetic wherever it falls.
-                let mut i = 0;
-                while i < n {
-                    let cnt = (n - i).min(8);
-                    let mut ks: [&[f32]; 8] = [zeros.as_slice(); 8];
-                    for (j, buf) in scratch.chunks_mut(hd).take(cnt).enumerate() {
-                        let t = start + i + j;
-                        ks[j] = lc.vector(Which::K, table[t / bs] as usize, kvh, t % bs, buf);
-                    }
-                    for g in 0..group {
-                        let s8 = dot8(&qs[g * hd..(g + 1) * hd], &ks);
-                        for j in 0..cnt {
-                            let mut s = s8[j] * p.scale;
-                            if let Some(cap) = p.softcap {
-                                s = cap * (s / cap).tanh();
-                            }
-                            scores[g * n + i + j] = s;
+                // Block by block (one call per block, not per token), keys eight at a time; a short
+                // group is padded with zero keys, so every score is computed by the same arithmetic
+                // wherever it falls.
+                let mut t = start;
+                while t <= pos {
+                    let (blk, first) = (t / bs, t % bs);
+                    let last = (pos - blk * bs).min(bs - 1);
+                    let keys = lc.block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, scratch);
+                    let mut j0 = first;
+                    while j0 <= last {
+                        let cnt = (last + 1 - j0).min(8);
+                        let mut ks: [&[f32]; 8] = [zeros.as_slice(); 8];
+                        for (j, k) in ks.iter_mut().enumerate().take(cnt) {
+                            *k = &keys[(j0 + j) * hd..(j0 + j + 1) * hd];
                         }
+                        let i = blk * bs + j0 - start;
+                        for g in 0..group {
+                            let s8 = dot8(&qs[g * hd..(g + 1) * hd], &ks);
+                            for (j, &v) in s8.iter().enumerate().take(cnt) {
+                                let mut s = v * p.scale;
+                                if let Some(cap) = p.softcap {
+                                    s = cap * (s / cap).tanh();
+                                }
+                                scores[g * n + i + j] = s;
+                            }
+                        }
+                        j0 += cnt;
                     }
-                    i += cnt;
+                    t = blk * bs + last + 1;
                 }
-                let scratch = &mut scratch[..hd];
                 for g in 0..group {
                     softmax_inplace(&mut scores[g * n..(g + 1) * n]);
                 }
                 o.fill(0.0);
-                for (i, t) in (start..=pos).enumerate() {
-                    let v = lc.vector(Which::V, table[t / bs] as usize, kvh, t % bs, scratch);
-                    for g in 0..group {
-                        axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + i], v);
+                let mut t = start;
+                while t <= pos {
+                    let (blk, first) = (t / bs, t % bs);
+                    let last = (pos - blk * bs).min(bs - 1);
+                    let vals = lc.block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, scratch);
+                    for j in first..=last {
+                        let v = &vals[j * hd..(j + 1) * hd];
+                        let i = blk * bs + j - start;
+                        for g in 0..group {
+                            axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + i], v);
+                        }
                     }
+                    t = blk * bs + last + 1;
                 }
             },
         );

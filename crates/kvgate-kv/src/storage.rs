@@ -159,6 +159,33 @@ impl LayerCache {
         out
     }
 
+    /// Tokens `from..to` of one (block, head), decoded: `(to − from) · head_dim` values, placed at
+    /// `[token · head_dim ..]` of the returned slice (so index by token within the block). For f32
+    /// storage this borrows the cache; otherwise the tokens are decoded into `scratch`
+    /// (`block_size · head_dim` long).
+    #[inline]
+    pub fn block_vectors<'a>(
+        &'a self,
+        which: Which,
+        block: usize,
+        head: usize,
+        from: usize,
+        to: usize,
+        scratch: &'a mut [f32],
+    ) -> &'a [f32] {
+        let s = &self.shape;
+        let hd = s.head_dim;
+        if let Buf::F32(v) = self.buf(which).0 {
+            let o = s.elem_offset(block, head, 0);
+            return &v[o..o + s.block_size * hd];
+        }
+        for t in from..to {
+            // Every non-f32 dtype decodes into the scratch it is given.
+            self.vector(which, block, head, t, &mut scratch[t * hd..(t + 1) * hd]);
+        }
+        &scratch[..s.block_size * hd]
+    }
+
     fn write_vector(&mut self, which: Which, block: usize, head: usize, token: usize, x: &[f32]) {
         let s = self.shape;
         let hd = s.head_dim;
