@@ -4,54 +4,15 @@
 //! answer) then the follow-up completion, versus `/v1/systemone` then the same follow-up.
 //! `cargo bench --bench decisions` prints a table.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+mod common;
+
+use common::{post, Serve};
 use serde_json::{json, Value};
 
-struct Serve(Child, u16);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start() -> Serve {
-    let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_serve"))
-        .args([
-            "--model",
-            model.to_str().unwrap(),
-            "--served-model-name",
-            "smollm2-135m-instruct",
-        ])
-        .args(["--port", &port.to_string(), "--kv-cache-memory", "2GiB"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Serve(child, port);
-    for _ in 0..600 {
-        if ureq::get(&format!("http://127.0.0.1:{port}/health")).call().is_ok() {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("serve did not start");
-}
-
-fn post(port: u16, path: &str, body: &Value) -> Value {
-    let mut r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
-        .send_json(body)
-        .unwrap_or_else(|e| panic!("{path}: {e}"));
-    r.body_mut().read_json::<Value>().unwrap()
+    common::start(&["--kv-cache-memory", "2GiB"])
 }
 
 fn state_text() -> String {

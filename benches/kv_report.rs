@@ -4,56 +4,24 @@
 //! decision questions against the float32 cache, and the perplexity on a fixed text (this repo's
 //! LICENSE: 1,975 tokens, capped at 2,000). `cargo bench --bench kv_report` prints a table.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
 
+use common::{post, Serve};
 use serde_json::{json, Value};
 
-struct Serve(Child, u16);
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn start(dtype: &str) -> Serve {
-    let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_serve"));
-    cmd.args(["--model", model.to_str().unwrap(), "--port", &port.to_string()])
-        .args([
-            "--kv-cache-memory",
-            "1GiB",
-            "--kv-cache-dtype",
-            dtype,
-            "--max-num-batched-tokens",
-            "512",
-        ]);
+    let mut args = vec![
+        "--kv-cache-memory",
+        "1GiB",
+        "--kv-cache-dtype",
+        dtype,
+        "--max-num-batched-tokens",
+        "512",
+    ];
     if !matches!(dtype, "float32" | "bfloat16" | "float16") {
-        cmd.arg("--calculate-kv-scales");
+        args.push("--calculate-kv-scales");
     }
-    let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-    let s = Serve(child, port);
-    for _ in 0..600 {
-        if ureq::get(&format!("http://127.0.0.1:{port}/health")).call().is_ok() {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("serve did not start");
-}
-
-fn post(port: u16, path: &str, body: &Value) -> Value {
-    let mut r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
-        .send_json(body)
-        .unwrap();
-    r.body_mut().read_json::<Value>().unwrap()
+    common::start(&args)
 }
 
 /// 10 states × 5 questions = 50 fixed decision questions (noul, choice and score mixed).

@@ -308,6 +308,25 @@ fn prefix_hits_happen() {
     assert_eq!(s.usage(g3).cached_tokens, 0);
 }
 
+/// Runs one decision to its end (each read finishes at its logits); returns the tokens computed.
+fn run_decision(s: &mut Scheduler, prompts: Vec<Vec<u32>>) -> usize {
+    let g = s.add_decision(prompts, "");
+    let mut computed = 0;
+    while s.has_group(g) {
+        let plan = s.schedule();
+        computed += plan.num_tokens();
+        for c in &plan.chunks {
+            s.advance(c);
+        }
+        for c in plan.chunks {
+            if c.logits == Logits::Last {
+                s.finish_seq(c.seq);
+            }
+        }
+    }
+    computed
+}
+
 #[test]
 fn decision_computes_the_shared_prefix_once() {
     let cfg = SchedulerConfig {
@@ -325,36 +344,10 @@ fn decision_computes_the_shared_prefix_once() {
             p
         })
         .collect();
-    let g = s.add_decision(prompts.clone(), "");
-    let mut computed = 0;
-    while s.has_group(g) {
-        let plan = s.schedule();
-        computed += plan.num_tokens();
-        for c in &plan.chunks {
-            s.advance(c);
-        }
-        for c in plan.chunks {
-            if c.logits == Logits::Last {
-                s.finish_seq(c.seq);
-            }
-        }
-    }
+    let computed = run_decision(&mut s, prompts.clone());
     assert_eq!(computed, 2000 + 8 * 3, "state once plus the suffixes");
     // warm: only the partial tail of the state and the suffixes
-    let g = s.add_decision(prompts, "");
-    let mut computed = 0;
-    while s.has_group(g) {
-        let plan = s.schedule();
-        computed += plan.num_tokens();
-        for c in &plan.chunks {
-            s.advance(c);
-        }
-        for c in plan.chunks {
-            if c.logits == Logits::Last {
-                s.finish_seq(c.seq);
-            }
-        }
-    }
+    let computed = run_decision(&mut s, prompts);
     assert_eq!(computed, (8 * 3));
     assert_eq!(s.pool().counts().used, 0);
 }

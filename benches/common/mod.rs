@@ -1,0 +1,56 @@
+//! The real `serve` for the HTTP benchmarks: started on the default model and a free loopback port,
+//! killed on drop; and a JSON POST helper.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A running `serve` and its port.
+pub struct Serve(Child, pub u16);
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `serve` with `args` after the model and port, and waits for /health.
+pub fn start(args: &[&str]) -> Serve {
+    let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_serve"))
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--served-model-name",
+            "smollm2-135m-instruct",
+        ])
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Serve(child, port);
+    for _ in 0..600 {
+        if ureq::get(&format!("http://127.0.0.1:{port}/health")).call().is_ok() {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("serve did not start");
+}
+
+/// POSTs JSON and returns the JSON reply.
+pub fn post(port: u16, path: &str, body: &Value) -> Value {
+    let mut r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
+        .send_json(body)
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+    r.body_mut().read_json::<Value>().unwrap()
+}
