@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_engine::{start, EngineConfig, EngineHandle, Event, GenerateRequest, SamplingParams};
-use kvgate_kv::{CacheShape, KvDtype};
+use kvgate_kv::KvDtype;
 use kvgate_model::{load, LoadOptions};
 
 fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
@@ -20,13 +20,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     )
     .expect("load");
     let c = m.model.config().clone();
-    let shape = CacheShape {
-        num_layers: c.num_layers,
-        num_kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        block_size: 16,
-        dtype: KvDtype::F32,
-    };
+    let shape = c.cache_shape(16, KvDtype::F32).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
         block_size: 16,

@@ -50,13 +50,7 @@ fn main() {
     }
     println!("\n| attention (16 decode rows, 9 q / 3 kv heads, head_dim 64) | context | K/V elements/s | GB/s of K/V read |\n|---|---|---|---|");
     for dtype in KvDtype::ALL {
-        let shape = CacheShape {
-            num_layers: 1,
-            num_kv_heads: 3,
-            head_dim: 64,
-            block_size: 16,
-            dtype,
-        };
+        let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap();
         let ctx = 4096;
         let mut cache = KvCache::new(shape, ctx / 16);
         let kv: Vec<f32> = (0..3 * 64).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();

@@ -1,7 +1,7 @@
 //! How the KV-cache dtypes perturb the default model's next-token distribution on a prompt, with scales
 //! 1.0 and with scales calibrated from the prompt itself. `cargo run --release --example kv_stats`.
 
-use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::{load, Batch, LoadOptions};
 
 fn logprobs(x: &[f32]) -> Vec<f64> {
@@ -23,20 +23,14 @@ fn main() {
     let text = "<|im_start|>user\nHelp! My payouts have been failing for 3 days and customers are complaining. Does this convey urgency?<|im_end|>\n<|im_start|>assistant\n";
     let ids = m.tokenizer.encode(text, false).unwrap();
     let run = |dtype: KvDtype, scales: Option<(Vec<f32>, Vec<f32>, f32)>| {
-        let shape = CacheShape {
-            num_layers: c.num_layers,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: 16,
-            dtype,
-        };
+        let shape = c.cache_shape(16, dtype).unwrap();
         let mut cache = KvCache::new(shape, ids.len().div_ceil(16));
         if let Some((k, v, range)) = scales {
             for l in 0..c.num_layers {
                 cache.set_scales(
                     l,
-                    kvgate_engine::engine::kv_scale(k[l], range),
-                    kvgate_engine::engine::kv_scale(v[l], range),
+                    kvgate_engine::kv_scale(k[l], range),
+                    kvgate_engine::kv_scale(v[l], range),
                 );
             }
         }

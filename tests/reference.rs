@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::{load, Batch, LoadOptions};
 use serde_json::Value;
 
@@ -62,19 +62,13 @@ fn default_model_matches_the_references() {
             want_ids,
             "ids of {prompt:?}"
         );
-        let shape = CacheShape {
-            num_layers: c.num_layers,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: c.head_dim,
-            block_size: 16,
-            dtype: KvDtype::F32,
-        };
+        let shape = c.cache_shape(16, KvDtype::F32).unwrap();
         let mut cache = KvCache::new(shape, want_ids.len().div_ceil(16));
         let mut b = Batch::single_sequence(&want_ids, 16);
         b.logit_rows = vec![want_ids.len() - 1];
         let logits = m.model.forward(&b, &mut cache, &CpuAttention).unwrap();
-        let lp = kvgate_engine::sampling::log_softmax(&logits);
-        let top5 = kvgate_engine::sampling::top_k_of(&lp, 5);
+        let lp = kvgate_engine::log_softmax(&logits);
+        let top5 = kvgate_engine::top_k_of(&lp, 5);
         let hf: Vec<(u32, f32)> = p["hf_top10"]
             .as_array()
             .unwrap()

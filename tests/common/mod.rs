@@ -34,6 +34,29 @@ fn free_port() -> u16 {
 /// Status, headers (lower-cased names) and body of a raw HTTP exchange.
 pub type RawResponse = (u16, Vec<(String, String)>, Vec<u8>);
 
+/// `serve` running inside the test process over the tiny in-memory model (no binary, no weights): for
+/// the HTTP surface (CORS, auth, limits, validation, error shapes).
+pub struct InProcess {
+    pub inner: kvgate_server::testing::TestServer,
+    pub port: u16,
+}
+
+impl InProcess {
+    /// `serve <args>` over the tiny model.
+    pub fn tiny(args: &[&str]) -> InProcess {
+        let inner = kvgate_server::testing::TestServer::tiny(args);
+        let port = inner.port();
+        InProcess { inner, port }
+    }
+
+    /// `serve <args>` with a scripted engine behind the HTTP ↔ engine seam.
+    pub fn with_engine(args: &[&str], engine: std::sync::Arc<dyn kvgate_server::infer::Inference>) -> InProcess {
+        let inner = kvgate_server::testing::TestServer::with_engine(args, engine);
+        let port = inner.port();
+        InProcess { inner, port }
+    }
+}
+
 /// A running `serve`, killed on drop.
 pub struct Server {
     pub child: Child,
@@ -92,61 +115,84 @@ impl Server {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
-
-    /// Base URL.
-    pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    /// A raw HTTP/1.1 request; returns (status, headers (lowercased names), body).
-    pub fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<RawResponse> {
-        raw_at(self.port, method, path, headers, body)
-    }
-
-    /// GET returning (status, body as JSON or string).
-    pub fn get(&self, path: &str) -> std::io::Result<(u16, Value)> {
-        let (st, _, body) = self.raw("GET", path, &[], b"")?;
-        Ok((st, parse(&body)))
-    }
-
-    /// POST JSON returning (status, JSON body).
-    pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (st, _, b) = self
-            .raw(
-                "POST",
-                path,
-                &[("Content-Type", "application/json")],
-                body.to_string().as_bytes(),
-            )
-            .expect("request");
-        (st, parse(&b))
-    }
-
-    /// POST JSON with extra headers; returns (status, headers, JSON body).
-    pub fn post_with(&self, path: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Vec<(String, String)>, Value) {
-        let mut h = vec![("Content-Type", "application/json")];
-        h.extend_from_slice(headers);
-        let (st, hs, b) = self
-            .raw("POST", path, &h, body.to_string().as_bytes())
-            .expect("request");
-        (st, hs, parse(&b))
-    }
-
-    /// POST a streaming request and return the `data:` payloads.
-    pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        stream_at(self.port, path, body)
-    }
-
-    /// The engine's counters as /metrics reports them.
-    pub fn metric(&self, name: &str) -> f64 {
-        let (_, _, body) = self.raw("GET", "/metrics", &[], b"").unwrap();
-        let text = String::from_utf8(body).unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(name) && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' ')))
-            .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
-            .sum()
-    }
 }
+
+/// The HTTP helpers of a server on a loopback port.
+macro_rules! http_methods {
+    ($t:ty) => {
+        impl $t {
+            /// Base URL.
+            pub fn url(&self, path: &str) -> String {
+                format!("http://127.0.0.1:{}{path}", self.port)
+            }
+
+            /// A raw HTTP/1.1 request; returns (status, headers (lowercased names), body).
+            pub fn raw(
+                &self,
+                method: &str,
+                path: &str,
+                headers: &[(&str, &str)],
+                body: &[u8],
+            ) -> std::io::Result<RawResponse> {
+                raw_at(self.port, method, path, headers, body)
+            }
+
+            /// GET returning (status, body as JSON or string).
+            pub fn get(&self, path: &str) -> std::io::Result<(u16, Value)> {
+                let (st, _, body) = self.raw("GET", path, &[], b"")?;
+                Ok((st, parse(&body)))
+            }
+
+            /// POST JSON returning (status, JSON body).
+            pub fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+                let (st, _, b) = self
+                    .raw(
+                        "POST",
+                        path,
+                        &[("Content-Type", "application/json")],
+                        body.to_string().as_bytes(),
+                    )
+                    .expect("request");
+                (st, parse(&b))
+            }
+
+            /// POST JSON with extra headers; returns (status, headers, JSON body).
+            pub fn post_with(
+                &self,
+                path: &str,
+                headers: &[(&str, &str)],
+                body: &Value,
+            ) -> (u16, Vec<(String, String)>, Value) {
+                let mut h = vec![("Content-Type", "application/json")];
+                h.extend_from_slice(headers);
+                let (st, hs, b) = self
+                    .raw("POST", path, &h, body.to_string().as_bytes())
+                    .expect("request");
+                (st, hs, parse(&b))
+            }
+
+            /// POST a streaming request and return the `data:` payloads.
+            pub fn stream(&self, path: &str, body: &Value) -> Vec<String> {
+                stream_at(self.port, path, body)
+            }
+
+            /// The engine's counters as /metrics reports them.
+            pub fn metric(&self, name: &str) -> f64 {
+                let (_, _, body) = self.raw("GET", "/metrics", &[], b"").unwrap();
+                let text = String::from_utf8(body).unwrap();
+                text.lines()
+                    .filter(|l| {
+                        l.starts_with(name) && (l[name.len()..].starts_with('{') || l[name.len()..].starts_with(' '))
+                    })
+                    .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+                    .sum()
+            }
+        }
+    };
+}
+
+http_methods!(Server);
+http_methods!(InProcess);
 
 impl Drop for Server {
     fn drop(&mut self) {

@@ -83,13 +83,7 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
     let tokens = blocks * bs;
     for dtype in DTYPES {
         for scale in [1.0f32, 0.37, 4.0] {
-            let shape = CacheShape {
-                num_layers: 1,
-                num_kv_heads: nkv,
-                head_dim: hd,
-                block_size: bs,
-                dtype,
-            };
+            let shape = CacheShape::new(1, nkv, hd, bs, dtype).unwrap();
             let x = boundary_inputs(tokens * nkv * hd, 7);
             // scattered slots: token t goes to block (t·5) mod blocks
             let slots: Vec<usize> = (0..tokens).map(|t| ((t / bs) * 5 % blocks) * bs + t % bs).collect();
@@ -126,13 +120,7 @@ fn paged_attention_matches_the_cpu() {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     // head_dim 96: a lane's elements straddle two nvfp4 groups.
     for (dtype, hd) in DTYPES.iter().flat_map(|&d| [64usize, 96, 128].map(|h| (d, h))) {
-        let shape = CacheShape {
-            num_layers: 1,
-            num_kv_heads: nkv,
-            head_dim: hd,
-            block_size: bs,
-            dtype,
-        };
+        let shape = CacheShape::new(1, nkv, hd, bs, dtype).unwrap();
         let mut cpu = KvCache::new(shape, blocks);
         cpu.set_scales(0, 0.05, 0.02);
         // five sequences with scattered, disjoint block tables
@@ -257,13 +245,7 @@ fn bandwidth_report() -> Result<(), CudaError> {
         block_size: bs,
     };
     for dtype in DTYPES {
-        let shape = CacheShape {
-            num_layers: 1,
-            num_kv_heads: nh,
-            head_dim: hd,
-            block_size: bs,
-            dtype,
-        };
+        let shape = CacheShape::new(1, nh, hd, bs, dtype).unwrap();
         let layer_bytes = blocks * shape.layer_block_bytes();
         let k = g.zeros(layer_bytes)?;
         let v = g.zeros(layer_bytes)?;

@@ -16,8 +16,29 @@
 
 use std::collections::HashMap;
 
-/// A physical block id.
-pub type BlockId = u32;
+/// A physical block id. Only the pool makes them, so every id in circulation names a block of its
+/// pool (pools never shrink); `u32::from` gives the plain integer that batches and kernels take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(u32);
+
+impl BlockId {
+    /// The block's index in the cache.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl From<BlockId> for u32 {
+    fn from(b: BlockId) -> u32 {
+        b.0
+    }
+}
+
+impl std::fmt::Display for BlockId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// Identity of a cached block as a parent: `(block id, generation)`.
 pub type BlockRef = (BlockId, u32);
@@ -37,7 +58,7 @@ pub fn default_hasher(parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> 
         }
     };
     match parent {
-        Some((b, g)) => eat(((b as u64) << 32) | g as u64),
+        Some((b, g)) => eat(((b.0 as u64) << 32) | g as u64),
         None => eat(u64::MAX),
     }
     for &t in tokens {
@@ -113,7 +134,7 @@ impl BlockPool {
             evictions: 0,
         };
         for b in 0..n as u32 {
-            p.push_tail(b);
+            p.push_tail(BlockId(b));
         }
         p
     }
@@ -130,23 +151,30 @@ impl BlockPool {
 
     /// Reference count of a block.
     pub fn ref_count(&self, b: BlockId) -> u32 {
-        self.ref_count[b as usize]
+        self.ref_count[b.index()]
+    }
+
+    /// Reference count of the block at index `i` (invariant checks).
+    #[cfg(test)]
+    pub(crate) fn ref_count_at(&self, i: usize) -> u32 {
+        self.ref_count[i]
     }
 
     /// Identity of a block as a parent, if it is cached.
     pub fn block_ref(&self, b: BlockId) -> Option<BlockRef> {
-        self.identity[b as usize]
+        self.identity[b.index()]
             .as_ref()
-            .map(|_| (b, self.generation[b as usize]))
+            .map(|_| (b, self.generation[b.index()]))
     }
 
+    #[cfg(test)]
     /// Cached blocks evicted so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
     }
 
-    fn unlink(&mut self, b: u32) {
-        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+    fn unlink(&mut self, b: BlockId) {
+        let (p, n) = (self.prev[b.index()], self.next[b.index()]);
         if p == NIL {
             self.head = n;
         } else {
@@ -157,84 +185,84 @@ impl BlockPool {
         } else {
             self.prev[n as usize] = p;
         }
-        self.prev[b as usize] = NIL;
-        self.next[b as usize] = NIL;
-        self.in_free[b as usize] = false;
+        self.prev[b.index()] = NIL;
+        self.next[b.index()] = NIL;
+        self.in_free[b.index()] = false;
         self.num_free -= 1;
     }
 
-    fn push_tail(&mut self, b: u32) {
-        self.prev[b as usize] = self.tail;
-        self.next[b as usize] = NIL;
+    fn push_tail(&mut self, b: BlockId) {
+        self.prev[b.index()] = self.tail;
+        self.next[b.index()] = NIL;
         if self.tail == NIL {
-            self.head = b;
+            self.head = b.0;
         } else {
-            self.next[self.tail as usize] = b;
+            self.next[self.tail as usize] = b.0;
         }
-        self.tail = b;
-        self.in_free[b as usize] = true;
+        self.tail = b.0;
+        self.in_free[b.index()] = true;
         self.num_free += 1;
     }
 
-    fn push_head(&mut self, b: u32) {
-        self.next[b as usize] = self.head;
-        self.prev[b as usize] = NIL;
+    fn push_head(&mut self, b: BlockId) {
+        self.next[b.index()] = self.head;
+        self.prev[b.index()] = NIL;
         if self.head == NIL {
-            self.tail = b;
+            self.tail = b.0;
         } else {
-            self.prev[self.head as usize] = b;
+            self.prev[self.head as usize] = b.0;
         }
-        self.head = b;
-        self.in_free[b as usize] = true;
+        self.head = b.0;
+        self.in_free[b.index()] = true;
         self.num_free += 1;
     }
 
     fn drop_identity(&mut self, b: BlockId) {
-        self.warmed_by_decision[b as usize] = false;
-        if let Some(id) = self.identity[b as usize].take() {
+        self.warmed_by_decision[b.index()] = false;
+        if let Some(id) = self.identity[b.index()].take() {
             if let Some(list) = self.index.get_mut(&id.hash) {
                 list.retain(|&x| x != b);
                 if list.is_empty() {
                     self.index.remove(&id.hash);
                 }
             }
-            self.generation[b as usize] = self.generation[b as usize].wrapping_add(1);
+            self.generation[b.index()] = self.generation[b.index()].wrapping_add(1);
         }
     }
 
     /// Takes the least recently freed block (evicting its cached identity, if any). `None` when no block
     /// is free.
     pub fn allocate(&mut self) -> Option<BlockId> {
-        let b = self.head;
-        if b == NIL {
+        if self.head == NIL {
             return None;
         }
+        let b = BlockId(self.head);
         self.unlink(b);
-        if self.identity[b as usize].is_some() {
+        if self.identity[b.index()].is_some() {
             self.evictions += 1;
             self.drop_identity(b);
         }
-        self.ref_count[b as usize] = 1;
+        self.ref_count[b.index()] = 1;
         Some(b)
     }
 
     /// Adds a reference (a prefix-cache hit on a free block takes it out of the free list).
     pub fn incref(&mut self, b: BlockId) {
-        if self.ref_count[b as usize] == 0 {
-            debug_assert!(self.in_free[b as usize]);
+        if self.ref_count[b.index()] == 0 {
+            debug_assert!(self.in_free[b.index()]);
             self.unlink(b);
         }
-        self.ref_count[b as usize] += 1;
+        self.ref_count[b.index()] += 1;
     }
 
     /// Drops a reference; at zero the block becomes free (cached ones at the LRU tail, others at the
     /// head so they are reused before any cached block is evicted).
     pub fn decref(&mut self, b: BlockId) {
-        let rc = &mut self.ref_count[b as usize];
+        let rc = &mut self.ref_count[b.index()];
         assert!(*rc > 0, "decref of free block {b}");
         *rc -= 1;
         if *rc == 0 {
-            if self.identity[b as usize].is_some() {
+            if self.identity[b.index()].is_some() {
                 self.push_tail(b);
             } else {
                 self.push_head(b);
@@ -246,7 +274,7 @@ impl BlockPool {
     pub fn lookup(&self, parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> Option<BlockId> {
         let h = (self.hasher)(parent, tokens, extra);
         self.index.get(&h)?.iter().copied().find(|&b| {
-            self.identity[b as usize]
+            self.identity[b.index()]
                 .as_ref()
                 .is_some_and(|id| id.parent == parent && id.tokens == tokens && id.extra == extra)
         })
@@ -255,15 +283,15 @@ impl BlockPool {
     /// Gives a used, full block its prefix-cache identity. If an equal block is already cached, nothing
     /// changes and that block is returned instead (the caller keeps using its own copy).
     pub fn register(&mut self, b: BlockId, parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> BlockId {
-        debug_assert!(self.ref_count[b as usize] > 0);
-        if self.identity[b as usize].is_some() {
+        debug_assert!(self.ref_count[b.index()] > 0);
+        if self.identity[b.index()].is_some() {
             return b;
         }
         if let Some(existing) = self.lookup(parent, tokens, extra) {
             return existing;
         }
         let hash = (self.hasher)(parent, tokens, extra);
-        self.identity[b as usize] = Some(Identity {
+        self.identity[b.index()] = Some(Identity {
             hash,
             parent,
             tokens: tokens.to_vec(),
@@ -276,23 +304,14 @@ impl BlockPool {
     /// Marks a cached block as computed by a decision (for `decision_prefix_reuse_tokens_total`); the
     /// mark goes with the block's identity.
     pub fn mark_decision_warmed(&mut self, b: BlockId) {
-        if self.identity[b as usize].is_some() {
-            self.warmed_by_decision[b as usize] = true;
+        if self.identity[b.index()].is_some() {
+            self.warmed_by_decision[b.index()] = true;
         }
     }
 
     /// Whether a cached block was computed by a decision.
     pub fn is_decision_warmed(&self, b: BlockId) -> bool {
-        self.warmed_by_decision[b as usize]
-    }
-
-    /// Drops every cached identity of free blocks (`--no-enable-prefix-caching` at run time, or a reset).
-    pub fn clear_cache(&mut self) {
-        for b in 0..self.total() as u32 {
-            if self.ref_count[b as usize] == 0 && self.identity[b as usize].is_some() {
-                self.drop_identity(b);
-            }
-        }
+        self.warmed_by_decision[b.index()]
     }
 
     /// Counts of each state.
@@ -313,6 +332,7 @@ impl BlockPool {
         c
     }
 
+    #[cfg(test)]
     /// Checks every internal invariant (tests call it after each operation): the free list holds
     /// exactly the blocks with `ref_count = 0`, once each, and the index holds exactly the blocks with
     /// identities.
@@ -341,7 +361,7 @@ impl BlockPool {
         assert_eq!(indexed, with_id);
         for (h, list) in &self.index {
             for &b in list {
-                assert_eq!(self.identity[b as usize].as_ref().map(|i| i.hash), Some(*h));
+                assert_eq!(self.identity[b.index()].as_ref().map(|i| i.hash), Some(*h));
             }
         }
     }

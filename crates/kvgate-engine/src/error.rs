@@ -2,6 +2,9 @@
 
 use thiserror::Error;
 
+use crate::backend::BackendError;
+use crate::registry::SchedError;
+
 /// Everything the engine reports to its callers.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum EngineError {
@@ -51,9 +54,21 @@ pub enum EngineError {
     /// The engine thread is gone.
     #[error("the engine is not running")]
     EngineDead,
-    /// A failure inside the engine (the request cannot complete).
-    #[error("internal engine error: {0}")]
-    Internal(String),
+    /// The engine's configuration does not match its backend (start-up).
+    #[error("engine configuration: {0}")]
+    Config(String),
+    /// The engine thread could not be started.
+    #[error("cannot start the engine thread: {0}")]
+    Spawn(String),
+    /// The backend failed a step (the requests in it fail).
+    #[error("engine step failed: {0}")]
+    Backend(#[from] BackendError),
+    /// The scheduler's bookkeeping failed a step (the requests in it fail).
+    #[error("engine step failed: {0}")]
+    Scheduler(#[from] SchedError),
+    /// A step panicked (the requests in flight fail; the engine resets and keeps serving).
+    #[error("internal engine error: engine panic: {0}")]
+    Panic(String),
 }
 
 impl EngineError {

@@ -7,7 +7,9 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
+use crate::decision::DecisionLayout;
 use crate::error::EngineError;
+use crate::kv_manager::{blocks_for_choices, blocks_for_reads};
 use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
 
 /// Limits the handle enforces at submission.
@@ -23,6 +25,36 @@ pub struct Limits {
     pub block_size: usize,
     /// Vocabulary size (token ids must be below it).
     pub vocab_size: usize,
+}
+
+impl Limits {
+    /// The one context rule: a sequence holds at most `max_model_len` tokens (prompt and output).
+    pub fn fits(&self, tokens: usize) -> bool {
+        tokens <= self.max_model_len
+    }
+
+    /// Output tokens a completion of `prompt_tokens` may still generate (at least one, or the prompt is
+    /// too long).
+    pub fn room_after(&self, prompt_tokens: usize) -> Result<usize, EngineError> {
+        if !self.fits(prompt_tokens + 1) {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(self.max_model_len - prompt_tokens)
+    }
+
+    /// Checks a decision read's prompt (a read computes its prompt and nothing more).
+    pub fn check_read(&self, prompt_tokens: usize) -> Result<(), EngineError> {
+        if !self.fits(prompt_tokens) {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A snapshot of the engine's state, for tests and `/metrics`.
@@ -42,7 +74,7 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Requests with live state in the engine.
     pub active_requests: usize,
-    /// Pinned (keep_alive) prefixes.
+    /// Blocks pinned by keep_alive.
     pub pins: usize,
 }
 
@@ -85,11 +117,22 @@ impl std::fmt::Debug for EngineHandle {
 pub struct RequestStream {
     id: RequestId,
     rx: tmpsc::UnboundedReceiver<Event>,
-    tx: mpsc::Sender<Command>,
+    tx: Option<mpsc::Sender<Command>>,
     ended: bool,
 }
 
 impl RequestStream {
+    /// A stream fed by `rx` and attached to no engine (for engines other than this crate's, such as the
+    /// scripted fakes of HTTP tests): dropping it only closes the channel.
+    pub fn detached(id: RequestId, rx: tmpsc::UnboundedReceiver<Event>) -> RequestStream {
+        RequestStream {
+            id,
+            rx,
+            tx: None,
+            ended: false,
+        }
+    }
+
     /// The request id.
     pub fn id(&self) -> RequestId {
         self.id
@@ -116,8 +159,8 @@ impl RequestStream {
 
 impl Drop for RequestStream {
     fn drop(&mut self) {
-        if !self.ended {
-            let _ = self.tx.send(Command::Abort(self.id));
+        if let (false, Some(tx)) = (self.ended, &self.tx) {
+            let _ = tx.send(Command::Abort(self.id));
         }
     }
 }
@@ -153,12 +196,6 @@ impl EngineHandle {
                 vocab: l.vocab_size,
             });
         }
-        if prompt.len() > l.max_model_len {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens: prompt.len(),
-                max_model_len: l.max_model_len,
-            });
-        }
         Ok(())
     }
 
@@ -188,18 +225,15 @@ impl EngineHandle {
         let l = self.shared.limits;
         self.check_tokens(&req.prompt)?;
         let p = &req.params;
-        if req.prompt.len() + p.max_tokens > l.max_model_len {
+        l.room_after(req.prompt.len())?;
+        if !l.fits(req.prompt.len() + p.max_tokens) {
             return Err(EngineError::TooManyTokens {
                 prompt_tokens: req.prompt.len(),
                 max_tokens: p.max_tokens,
                 max_model_len: l.max_model_len,
             });
         }
-        let n = p.n.max(1);
-        let last_len = req.prompt.len() + p.max_tokens;
-        // The prompt's blocks are shared by every choice; each choice needs its own tail.
-        let needed =
-            req.prompt.len() / l.block_size + n * (last_len.div_ceil(l.block_size) - req.prompt.len() / l.block_size);
+        let needed = blocks_for_choices(l.block_size, req.prompt.len(), p.n, req.prompt.len() + p.max_tokens);
         if needed > l.num_blocks {
             return Err(EngineError::DoesNotFit {
                 needed,
@@ -220,7 +254,7 @@ impl EngineHandle {
         Ok(RequestStream {
             id,
             rx,
-            tx: self.tx.clone(),
+            tx: Some(self.tx.clone()),
             ended: false,
         })
     }
@@ -233,21 +267,16 @@ impl EngineHandle {
         }
         for r in &req.reads {
             self.check_tokens(&r.prompt)?;
+            l.check_read(r.prompt.len())?;
         }
-        // The shared prefix is stored once; each read adds its own tail (plus a copied partial block).
-        let first = &req.reads[0].prompt;
-        let shared = req
-            .reads
-            .iter()
-            .map(|r| first.iter().zip(&r.prompt).take_while(|(a, b)| a == b).count())
-            .min()
-            .unwrap_or(0);
-        let needed = shared / l.block_size
-            + req
-                .reads
-                .iter()
-                .map(|r| r.prompt.len().div_ceil(l.block_size) - shared / l.block_size + 1)
-                .sum::<usize>();
+        let prompts: Vec<&[u32]> = req.reads.iter().map(|r| r.prompt.as_slice()).collect();
+        let layout = DecisionLayout::of(&prompts);
+        let lens = prompts.iter().map(|p| p.len());
+        let needed = if layout.forks {
+            blocks_for_reads(l.block_size, layout.shared, lens)
+        } else {
+            lens.map(|n| n.div_ceil(l.block_size)).sum()
+        };
         if needed > l.num_blocks {
             return Err(EngineError::DoesNotFit {
                 needed,

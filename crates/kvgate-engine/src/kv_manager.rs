@@ -8,7 +8,7 @@ use crate::block_pool::{BlockId, BlockPool, BlockRef};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeqBlocks {
     /// Logical → physical block ids.
-    pub blocks: Vec<BlockId>,
+    pub(crate) blocks: Vec<BlockId>,
     /// Leading blocks already registered (or found) in the prefix cache.
     registered: usize,
     /// Identity of the last registered block (the parent of the next one).
@@ -16,10 +16,28 @@ pub struct SeqBlocks {
 }
 
 impl SeqBlocks {
+    #[cfg(test)]
     /// True when the table holds no block.
     pub fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }
+}
+
+/// Blocks a completion needs at most: the prompt's full blocks are shared by every choice, and each of
+/// the `n` choices needs its own tail up to `total_len` tokens (prompt + output).
+pub fn blocks_for_choices(block_size: usize, prompt_len: usize, n: usize, total_len: usize) -> usize {
+    let shared = prompt_len / block_size;
+    shared + n.max(1) * (total_len.div_ceil(block_size) - shared)
+}
+
+/// Blocks a forked decision needs at most: the shared prefix's full blocks once, then per read its own
+/// blocks past them plus one for the copy-on-write of the shared partial block.
+pub fn blocks_for_reads(block_size: usize, shared: usize, read_lens: impl IntoIterator<Item = usize>) -> usize {
+    let full = shared / block_size;
+    full + read_lens
+        .into_iter()
+        .map(|len| len.div_ceil(block_size) - full + 1)
+        .sum::<usize>()
 }
 
 /// A block copy the cache must perform before the step runs (copy-on-write).
@@ -65,11 +83,6 @@ impl KvManager {
         &self.pool
     }
 
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// Prefix-cache counters.
     pub fn stats(&self) -> PrefixStats {
         self.stats
@@ -79,11 +92,6 @@ impl KvManager {
     pub fn record(&mut self, queries: u64, hits: u64) {
         self.stats.queries += queries;
         self.stats.hits += hits;
-    }
-
-    /// Whether prefix caching is on.
-    pub fn prefix_caching(&self) -> bool {
-        self.prefix_caching
     }
 
     /// Finds the longest run of cached full blocks of `tokens` (at most `max_blocks`), takes a reference

@@ -1,25 +1,43 @@
-//! kvgate's engine: one thread that owns the scheduler, the block pool and prefix cache, the sequences,
-//! the sampler and the decision reads, and runs the model one flat batch per step. The world talks to it
-//! through an [`EngineHandle`] and per-request channels; it knows nothing of HTTP.
+//! kvgate's engine: one thread that owns the backend (KV storage + forward pass), the scheduler with
+//! the block pool and prefix cache, the sequences, the output processor and the decision reads, and
+//! runs one flat batch per step. The world talks to it through an [`EngineHandle`] and per-request
+//! channels; it knows nothing of HTTP.
+//!
+//! The rooms: [`engine`](crate::start) (the loop), `scheduler` (what runs next) over `registry`
+//! (sequences and groups under typed ids), `decision` (decision layouts, keep-alive pins), `kv_manager`
+//! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), [`Backend`]
+//! (storage + forward; [`CpuBackend`] today), `output` (sampling, stop strings, logprobs,
+//! detokenization, decision answers), [`metrics`].
 
-pub mod block_pool;
-pub mod engine;
-pub mod error;
-pub mod handle;
-pub mod kv_manager;
+mod backend;
+mod batch;
+mod block_pool;
+mod calibration;
+mod decision;
+mod engine;
+mod error;
+mod handle;
+mod kv_manager;
 pub mod metrics;
-pub mod request;
-pub mod sampling;
-pub mod scheduler;
-pub mod text;
+mod output;
+mod registry;
+mod request;
+mod sampling;
+mod scheduler;
+mod text;
 
 #[cfg(test)]
 mod scheduler_fuzz;
 
-pub use engine::{start, EngineConfig};
+pub use backend::{Backend, BackendError, CpuBackend};
+pub use block_pool::{BlockId, PoolCounts};
+pub use calibration::kv_scale;
+pub use engine::{start, start_with_backend, EngineConfig};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
+pub use kv_manager::BlockCopy;
+pub use registry::SchedError;
 pub use request::{
     DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage,
 };
-pub use sampling::{SamplingParams, TokenLogprob};
+pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};

@@ -1,6 +1,10 @@
-//! Names of the engine's Prometheus series (vLLM's names under the `kvgate:` prefix; every series has a
-//! `model_name` label). The engine records through the `metrics` facade; the server installs the
-//! exporter.
+//! The engine's Prometheus series: their names (vLLM's names under the `kvgate:` prefix; every series
+//! has a `model_name` label) and the [`Recorder`] through which the engine records them (the `metrics`
+//! facade; the server installs the exporter).
+
+use std::time::Instant;
+
+use crate::scheduler::Scheduler;
 
 /// Gauge: running requests.
 pub const RUNNING: &str = "kvgate:num_requests_running";
@@ -43,3 +47,81 @@ pub const CACHE_CONFIG: &str = "kvgate:cache_config_info";
 
 /// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
+
+/// Records the engine's series under one `model_name` label.
+pub(crate) struct Recorder {
+    label: [(&'static str, String); 1],
+    last_prefix: (u64, u64),
+    last_preemptions: u64,
+}
+
+impl Recorder {
+    pub(crate) fn new(model_name: &str) -> Recorder {
+        Recorder {
+            label: [("model_name", model_name.to_string())],
+            last_prefix: (0, 0),
+            last_preemptions: 0,
+        }
+    }
+
+    /// Gauges from the scheduler's state; counters by what changed since the last call.
+    pub(crate) fn update(&mut self, sched: &Scheduler) {
+        let l = &self.label;
+        let c = sched.pool().counts();
+        metrics::gauge!(RUNNING, l).set(sched.num_running_groups() as f64);
+        metrics::gauge!(WAITING, l).set(sched.num_waiting() as f64);
+        metrics::gauge!(KV_USAGE, l).set(c.used as f64 / c.total.max(1) as f64);
+        metrics::gauge!(KV_CACHED_FREE, l).set(c.cached_free as f64);
+        let p = sched.prefix_stats();
+        metrics::counter!(PREFIX_QUERIES, l).increment(p.queries - self.last_prefix.0.min(p.queries));
+        metrics::counter!(PREFIX_HITS, l).increment(p.hits - self.last_prefix.1.min(p.hits));
+        self.last_prefix = (p.queries, p.hits);
+        let pre = sched.preemptions();
+        metrics::counter!(PREEMPTIONS, l).increment(pre - self.last_preemptions.min(pre));
+        self.last_preemptions = pre;
+    }
+
+    /// A request was admitted (queue time; prompt tokens of a completion found in decision-warmed blocks).
+    pub(crate) fn admitted(&self, arrival: Instant, now: Instant, decision_warmed_tokens: usize) {
+        if decision_warmed_tokens > 0 {
+            metrics::counter!(DECISION_PREFIX_REUSE, &self.label).increment(decision_warmed_tokens as u64);
+        }
+        metrics::histogram!(QUEUE_TIME, &self.label).record((now - arrival).as_secs_f64());
+    }
+
+    /// A decision was submitted.
+    pub(crate) fn decision_request(&self) {
+        metrics::counter!(DECISION_REQUESTS, &self.label).increment(1);
+    }
+
+    /// A token step of a completion: TTFT for the first, inter-token latency after.
+    pub(crate) fn token_timing(&self, arrival: Instant, last: Option<Instant>, now: Instant) {
+        match last {
+            None => metrics::histogram!(TTFT, &self.label).record((now - arrival).as_secs_f64()),
+            Some(t) => metrics::histogram!(ITL, &self.label).record((now - t).as_secs_f64()),
+        }
+    }
+
+    /// One generated token.
+    pub(crate) fn generated_token(&self) {
+        metrics::counter!(GENERATION_TOKENS, &self.label).increment(1);
+    }
+
+    /// A completion finished.
+    pub(crate) fn request_done(&self, arrival: Instant, prompt_tokens: usize) {
+        metrics::histogram!(E2E, &self.label).record(arrival.elapsed().as_secs_f64());
+        metrics::counter!(PROMPT_TOKENS, &self.label).increment(prompt_tokens as u64);
+    }
+
+    /// A decision finished.
+    pub(crate) fn decision_done(&self, arrival: Instant, prompt_tokens: usize) {
+        metrics::histogram!(DECISION_LATENCY, &self.label).record(arrival.elapsed().as_secs_f64());
+        self.request_done(arrival, prompt_tokens);
+    }
+
+    /// A request ended, for `request_success_total{finished_reason}`.
+    pub(crate) fn request_ended(&self, reason: &str) {
+        metrics::counter!(REQUEST_SUCCESS, "model_name" => self.label[0].1.clone(), "finished_reason" => reason.to_string())
+            .increment(1);
+    }
+}

@@ -1,5 +1,5 @@
 //! The continuous-batching scheduler: which sequences run in the next step and how many tokens each
-//! gets. Pure bookkeeping over integer ids (no tensors), so it is unit-tested and fuzzed on its own.
+//! gets. Pure bookkeeping over typed ids (no tensors), so it is unit-tested and fuzzed on its own.
 //!
 //! Per step, within the token budget (`max_num_batched_tokens`) and `max_num_seqs`:
 //! 1. decode tokens of running sequences (oldest group first);
@@ -11,19 +11,20 @@
 //! released, its sequences put back to waiting with their tokens so far) and the step is retried; a group
 //! that cannot fit even alone is reported as failed instead of looping.
 //!
-//! Groups are the unit of admission and preemption: a completion (one sequence, forked into `n` once its
-//! prompt is computed) or a decision (a shared-prefix sequence, forked into one sequence per question
-//! once the prefix is computed; all questions are then scheduled together).
+//! The [`Plan`] of a step carries everything the step needs (each chunk's tokens, positions, cache
+//! slots and block table), so nothing outside reaches into a sequence. Sequences and groups live in the
+//! [`Registry`]; decision layouts and keep-alive pins in [`crate::decision`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 
 use crate::block_pool::{BlockId, BlockPool};
-use crate::kv_manager::{BlockCopy, KvManager, PrefixStats, SeqBlocks};
+use crate::decision::{DecisionState, Pins};
+use crate::kv_manager::{BlockCopy, KvManager, PrefixStats};
+#[cfg(test)]
+use crate::registry::Seq;
+use crate::registry::{GroupId, GroupKind, Registry, SchedError, SeqId};
 
-/// A sequence id.
-pub type SeqId = u64;
-/// A group (request) id.
-pub type GroupId = u64;
+type Result<T> = std::result::Result<T, SchedError>;
 
 /// Which rows of a chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,17 +37,39 @@ pub enum Logits {
     All,
 }
 
-/// One sequence's share of a step: tokens `start..start + len` of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One sequence's share of a step: tokens `start..start + len` of it, with everything needed to run
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Chunk {
     /// The sequence.
     pub seq: SeqId,
+    /// Its group.
+    pub group: GroupId,
     /// First token position.
     pub start: usize,
     /// Number of tokens.
     pub len: usize,
     /// Which logits are wanted.
     pub logits: Logits,
+    /// For a decision's read: its index.
+    pub read: Option<usize>,
+    /// Whether the chunk ends at the sequence's last known token (its last row predicts the next one).
+    pub at_end: bool,
+    /// The tokens `start..start + len`.
+    pub tokens: Vec<u32>,
+    /// The cache slot (`block · block_size + offset`) of each token.
+    pub slots: Vec<usize>,
+    /// The sequence's block table (covers `start + len` tokens).
+    pub table: Vec<BlockId>,
+}
+
+/// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).
+#[derive(Debug, Clone, Copy)]
+struct Planned {
+    seq: SeqId,
+    start: usize,
+    len: usize,
+    logits: Logits,
 }
 
 /// The outcome of one scheduling pass.
@@ -58,11 +81,13 @@ pub struct Plan {
     pub copies: Vec<BlockCopy>,
     /// Groups preempted during this pass (by recompute).
     pub preempted: Vec<GroupId>,
-    /// Groups that cannot fit in the pool even alone (the engine fails them).
-    pub failed: Vec<GroupId>,
+    /// Groups that cannot fit in the pool even alone (the engine fails them), with the blocks they
+    /// needed for their next chunk.
+    pub failed: Vec<(GroupId, usize)>,
 }
 
 impl Plan {
+    #[cfg(test)]
     /// Tokens scheduled.
     pub fn num_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.len).sum()
@@ -82,53 +107,12 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
 }
 
-/// A sequence.
-#[derive(Debug, Clone)]
-pub struct Seq {
-    /// Owning group.
-    pub group: GroupId,
-    /// All known tokens: prompt, then generated ones.
-    pub tokens: Vec<u32>,
-    /// Tokens whose K/V are in the cache.
-    pub computed: usize,
-    /// Its block table.
-    pub blocks: SeqBlocks,
-    /// Logits for every prompt row (prompt logprobs; disables prefix matching).
-    pub all_logits: bool,
-    /// Whether it produces logits at all (a decision's shared prefix does not).
-    pub wants_logits: bool,
-    /// For a decision's question sequence: the index of its read.
-    pub read: Option<usize>,
-    matched: bool,
-}
-
-#[derive(Debug, Clone)]
-enum Kind {
-    Generate,
-    Decide {
-        prompts: Vec<Vec<u32>>,
-        shared: usize,
-        forked: bool,
-    },
-}
-
-#[derive(Debug, Clone)]
-struct Group {
-    order: u64,
-    salt: String,
-    seqs: Vec<SeqId>,
-    kind: Kind,
-    running: bool,
-    admitted_once: bool,
-    cached_tokens: usize,
-    decision_warmed_tokens: usize,
-    computed_tokens: usize,
-}
-
 /// Work in progress of one scheduling pass.
 struct StepState {
-    plan: Plan,
+    chunks: Vec<Planned>,
     copies: Vec<(SeqId, BlockCopy)>,
+    preempted: Vec<GroupId>,
+    failed: Vec<(GroupId, usize)>,
     budget: usize,
     planned: HashSet<SeqId>,
 }
@@ -144,29 +128,16 @@ pub struct GroupUsage {
     pub decision_warmed_tokens: usize,
 }
 
-/// The scheduler and everything it owns: the block tables, the pool, the queues.
+/// The scheduler and everything it owns: the sequences, the block tables, the pool, the queues, the pins.
 #[derive(Debug, Clone)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: KvManager,
-    seqs: HashMap<SeqId, Seq>,
-    groups: HashMap<GroupId, Group>,
+    reg: Registry,
     waiting: VecDeque<GroupId>,
     running: Vec<GroupId>,
-    pins: Vec<(u64, Vec<BlockId>)>,
-    next_id: u64,
-    next_order: u64,
+    pins: Pins,
     preemptions: u64,
-}
-
-/// Length of the longest common prefix of all prompts.
-fn common_prefix(prompts: &[Vec<u32>]) -> usize {
-    let first = &prompts[0];
-    let mut n = first.len();
-    for p in &prompts[1..] {
-        n = n.min(first.iter().zip(p).take_while(|(a, b)| a == b).count());
-    }
-    n
 }
 
 impl Scheduler {
@@ -180,13 +151,10 @@ impl Scheduler {
         Scheduler {
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
-            seqs: HashMap::new(),
-            groups: HashMap::new(),
+            reg: Registry::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            pins: Vec::new(),
-            next_id: 1,
-            next_order: 0,
+            pins: Pins::default(),
             preemptions: 0,
         }
     }
@@ -211,25 +179,27 @@ impl Scheduler {
         self.preemptions
     }
 
-    /// A sequence.
-    pub fn seq(&self, id: SeqId) -> Option<&Seq> {
-        self.seqs.get(&id)
+    /// A sequence (tests).
+    #[cfg(test)]
+    pub(crate) fn seq(&self, id: SeqId) -> Result<&Seq> {
+        self.reg.seq(id)
     }
 
-    /// Live sequences of a group.
+    /// Live sequences of a group (empty for an unknown group).
     pub fn group_seqs(&self, g: GroupId) -> &[SeqId] {
-        self.groups.get(&g).map(|g| g.seqs.as_slice()).unwrap_or(&[])
+        self.reg.group(g).map(|g| g.seqs.as_slice()).unwrap_or(&[])
     }
 
+    #[cfg(test)]
     /// Whether a group exists.
     pub fn has_group(&self, g: GroupId) -> bool {
-        self.groups.contains_key(&g)
+        self.reg.has_group(g)
     }
 
     /// Usage of a group.
     pub fn usage(&self, g: GroupId) -> GroupUsage {
-        self.groups
-            .get(&g)
+        self.reg
+            .group(g)
             .map(|g| GroupUsage {
                 cached_tokens: g.cached_tokens,
                 computed_tokens: g.computed_tokens,
@@ -250,7 +220,7 @@ impl Scheduler {
 
     /// Sequences running.
     pub fn num_running_seqs(&self) -> usize {
-        self.running.iter().map(|g| self.groups[g].seqs.len()).sum()
+        self.running.iter().map(|&g| self.group_seqs(g).len()).sum()
     }
 
     /// Whether nothing is waiting or running.
@@ -260,214 +230,152 @@ impl Scheduler {
 
     /// Whether a group is admitted (running).
     pub fn is_running(&self, g: GroupId) -> bool {
-        self.groups.get(&g).is_some_and(|g| g.running)
-    }
-
-    /// Blocks a sequence of `tokens` tokens needs.
-    pub fn blocks_for(&self, tokens: usize) -> usize {
-        tokens.div_ceil(self.cfg.block_size)
-    }
-
-    fn new_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-
-    fn new_seq(&mut self, group: GroupId, tokens: Vec<u32>, all_logits: bool, wants_logits: bool) -> SeqId {
-        let id = self.new_id();
-        self.seqs.insert(
-            id,
-            Seq {
-                group,
-                tokens,
-                computed: 0,
-                blocks: SeqBlocks::default(),
-                all_logits,
-                wants_logits,
-                read: None,
-                matched: false,
-            },
-        );
-        id
-    }
-
-    fn enqueue(&mut self, kind: Kind, salt: String) -> GroupId {
-        let id = self.new_id();
-        self.next_order += 1;
-        self.groups.insert(
-            id,
-            Group {
-                order: self.next_order,
-                salt,
-                seqs: vec![],
-                kind,
-                running: false,
-                admitted_once: false,
-                cached_tokens: 0,
-                decision_warmed_tokens: 0,
-                computed_tokens: 0,
-            },
-        );
-        self.waiting.push_back(id);
-        id
+        self.reg.group(g).is_ok_and(|g| g.running)
     }
 
     /// Queues a completion: one sequence over `prompt` (forked later with [`Scheduler::fork`]).
     pub fn add_generate(&mut self, prompt: Vec<u32>, salt: &str, all_logits: bool) -> (GroupId, SeqId) {
-        let g = self.enqueue(Kind::Generate, salt.to_string());
-        let s = self.new_seq(g, prompt, all_logits, true);
-        self.groups.get_mut(&g).expect("just added").seqs.push(s);
+        let g = self.reg.add_group(GroupKind::Generate, salt.to_string());
+        let s = self.reg.add_seq(g, prompt, all_logits, true);
+        if let Ok(grp) = self.reg.group_mut(g) {
+            grp.seqs.push(s);
+        }
+        self.waiting.push_back(g);
         (g, s)
     }
 
-    /// Queues a decision: one read per prompt. Their longest common prefix is computed once by a prefix
-    /// sequence, then one sequence per prompt is forked from it. Returns the group; the question
-    /// sequences exist once [`Scheduler::question_seqs`] returns them.
+    /// Queues a decision: one read per prompt (each non-empty), laid out by
+    /// [`crate::decision::DecisionLayout`]: a shared prefix computed once and forked per read, or plain
+    /// sequences.
     pub fn add_decision(&mut self, prompts: Vec<Vec<u32>>, salt: &str) -> GroupId {
-        assert!(!prompts.is_empty() && prompts.iter().all(|p| !p.is_empty()));
-        let min_len = prompts.iter().map(Vec::len).min().unwrap_or(1);
-        let shared = if prompts.len() == 1 {
-            0
-        } else {
-            common_prefix(&prompts).min(min_len - 1)
-        };
-        let g = self.enqueue(
-            Kind::Decide {
-                prompts: prompts.clone(),
-                shared,
-                forked: false,
-            },
-            salt.to_string(),
-        );
-        self.init_decision(g);
+        let g = self
+            .reg
+            .add_group(GroupKind::Decide(DecisionState::new(prompts)), salt.to_string());
+        // The group was just added, so this cannot fail.
+        let _ = self.init_decision(g);
+        self.waiting.push_back(g);
         g
     }
 
-    fn init_decision(&mut self, g: GroupId) {
-        let (prompts, shared) = match &self.groups[&g].kind {
-            Kind::Decide { prompts, shared, .. } => (prompts.clone(), *shared),
-            Kind::Generate => unreachable!(),
-        };
-        let seqs = if shared == 0 {
-            // A single read (or nothing shared): the reads are plain sequences.
-            let ids: Vec<SeqId> = prompts
-                .into_iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    let id = self.new_seq(g, p, false, true);
-                    self.seqs.get_mut(&id).expect("just added").read = Some(i);
-                    id
-                })
-                .collect();
-            if let Some(Kind::Decide { forked, .. }) = self.groups.get_mut(&g).map(|g| &mut g.kind) {
-                *forked = true;
-            }
-            ids
-        } else {
-            vec![self.new_seq(g, prompts[0][..shared].to_vec(), false, false)]
-        };
-        self.groups.get_mut(&g).expect("exists").seqs = seqs;
+    fn decision(&self, g: GroupId) -> Result<&DecisionState> {
+        match &self.reg.group(g)?.kind {
+            GroupKind::Decide(d) => Ok(d),
+            GroupKind::Generate => Err(SchedError::NotADecision(g)),
+        }
     }
 
-    /// The question sequences of a decision, in prompt order, once forked.
-    pub fn question_seqs(&self, g: GroupId) -> Option<&[SeqId]> {
-        let grp = self.groups.get(&g)?;
-        match grp.kind {
-            Kind::Decide { forked: true, .. } => Some(&grp.seqs),
-            _ => None,
+    fn decision_mut(&mut self, g: GroupId) -> Result<&mut DecisionState> {
+        match &mut self.reg.group_mut(g)?.kind {
+            GroupKind::Decide(d) => Ok(d),
+            GroupKind::Generate => Err(SchedError::NotADecision(g)),
         }
+    }
+
+    /// (Re)creates a decision's sequences: the shared-prefix sequence, or one plain sequence per read.
+    fn init_decision(&mut self, g: GroupId) -> Result<()> {
+        let d = self.decision(g)?;
+        let (prompts, layout) = (d.prompts.clone(), d.layout);
+        let seqs = if layout.forks {
+            vec![self.reg.add_seq(g, prompts[0][..layout.shared].to_vec(), false, false)]
+        } else {
+            let mut ids = Vec::with_capacity(prompts.len());
+            for (i, p) in prompts.into_iter().enumerate() {
+                let id = self.reg.add_seq(g, p, false, true);
+                self.reg.seq_mut(id)?.read = Some(i);
+                ids.push(id);
+            }
+            ids
+        };
+        self.decision_mut(g)?.forked = !layout.forks;
+        self.reg.group_mut(g)?.seqs = seqs;
+        Ok(())
     }
 
     /// Forks `n` new sequences off `seq`, sharing its blocks (copy-on-write on their first write).
-    pub fn fork(&mut self, seq: SeqId, n: usize) -> Vec<SeqId> {
-        let (g, tokens, computed, blocks, all_logits) = {
-            let s = &self.seqs[&seq];
-            (s.group, s.tokens.clone(), s.computed, s.blocks.clone(), s.all_logits)
-        };
+    pub fn fork(&mut self, seq: SeqId, n: usize) -> Result<Vec<SeqId>> {
+        let s = self.reg.seq(seq)?;
+        let (g, tokens, computed, blocks, all_logits) =
+            (s.group, s.tokens.clone(), s.computed, s.blocks.clone(), s.all_logits);
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
-            let id = self.new_seq(g, tokens.clone(), all_logits, true);
+            let id = self.reg.add_seq(g, tokens.clone(), all_logits, true);
             let sb = self.kv.fork(&blocks);
-            let s = self.seqs.get_mut(&id).expect("just added");
+            let s = self.reg.seq_mut(id)?;
             s.blocks = sb;
             s.computed = computed;
             s.matched = true;
-            self.groups.get_mut(&g).expect("exists").seqs.push(id);
+            self.reg.group_mut(g)?.seqs.push(id);
             out.push(id);
         }
-        out
+        Ok(out)
     }
 
     /// Appends a sampled token to a sequence.
-    pub fn append_token(&mut self, seq: SeqId, tok: u32) {
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            s.tokens.push(tok);
-        }
+    pub fn append_token(&mut self, seq: SeqId, tok: u32) -> Result<()> {
+        self.reg.seq_mut(seq)?.tokens.push(tok);
+        Ok(())
     }
 
     /// Records that a chunk ran: its tokens are now in the cache; full blocks join the prefix cache.
-    pub fn advance(&mut self, c: &Chunk) {
-        let Some(s) = self.seqs.get_mut(&c.seq) else { return };
+    pub fn advance(&mut self, c: &Chunk) -> Result<()> {
+        let s = self.reg.seq_mut(c.seq)?;
         debug_assert_eq!(s.computed, c.start);
         s.computed = c.start + c.len;
         let g = s.group;
-        let grp = self.groups.get_mut(&g).expect("seq without group");
+        let grp = self.reg.group_mut(g)?;
         grp.computed_tokens += c.len;
         let salt = grp.salt.clone();
-        let decision = matches!(grp.kind, Kind::Decide { .. });
-        let s = self.seqs.get_mut(&c.seq).expect("exists");
+        let decision = matches!(grp.kind, GroupKind::Decide(_));
+        let s = self.reg.seq_mut(c.seq)?;
         self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
+        Ok(())
     }
 
     /// Ends one sequence, releasing its blocks. The group ends with its last sequence.
-    pub fn finish_seq(&mut self, seq: SeqId) {
-        let Some(mut s) = self.seqs.remove(&seq) else { return };
+    pub fn finish_seq(&mut self, seq: SeqId) -> Result<()> {
+        let mut s = self.reg.remove_seq(seq)?;
         self.kv.release(&mut s.blocks);
-        let g = s.group;
-        let empty = {
-            let grp = self.groups.get_mut(&g).expect("seq without group");
-            grp.seqs.retain(|&x| x != seq);
-            grp.seqs.is_empty()
-        };
-        if empty {
-            self.remove_group(g);
+        let grp = self.reg.group_mut(s.group)?;
+        grp.seqs.retain(|&x| x != seq);
+        if grp.seqs.is_empty() {
+            self.remove_group(s.group);
         }
+        Ok(())
     }
 
-    /// Ends a group and all its sequences, wherever it is (waiting or running).
+    /// Ends a group and all its sequences, wherever it is (waiting or running); an unknown group (one
+    /// that already ended) is a no-op.
     pub fn finish_group(&mut self, g: GroupId) {
-        if let Some(grp) = self.groups.get(&g) {
-            for s in grp.seqs.clone() {
-                if let Some(mut seq) = self.seqs.remove(&s) {
-                    self.kv.release(&mut seq.blocks);
-                }
+        for s in self.group_seqs(g).to_vec() {
+            if let Ok(mut seq) = self.reg.remove_seq(s) {
+                self.kv.release(&mut seq.blocks);
             }
-            self.remove_group(g);
         }
+        self.remove_group(g);
     }
 
     fn remove_group(&mut self, g: GroupId) {
-        self.groups.remove(&g);
+        self.reg.remove_group(g);
         self.waiting.retain(|&x| x != g);
         self.running.retain(|&x| x != g);
     }
 
-    /// Pins the first `tokens / block_size` full blocks of a sequence until `until` (a caller-defined
-    /// clock value); see [`Scheduler::expire_pins`].
-    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> usize {
-        let Some(s) = self.seqs.get(&seq) else { return 0 };
-        let n = (tokens / self.cfg.block_size).min(s.computed / self.cfg.block_size);
-        let blocks = s.blocks.blocks[..n].to_vec();
+    /// Pins the full blocks among the first `tokens` tokens of a sequence (those computed) until `until`
+    /// (a caller-defined clock value); returns how many blocks. See [`Scheduler::expire_pins`].
+    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> Result<usize> {
+        let s = self.reg.seq(seq)?;
+        let n = tokens.min(s.computed) / self.cfg.block_size;
+        let blocks = s.blocks.blocks[..n.min(s.blocks.blocks.len())].to_vec();
         self.kv.pin(&blocks);
-        self.pins.push((until, blocks));
-        n
+        let n = blocks.len();
+        self.pins.add(until, blocks);
+        Ok(n)
     }
 
     /// Releases pins whose time is `≤ now`; returns how many were released.
     pub fn expire_pins(&mut self, now: u64) -> usize {
-        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins).into_iter().partition(|(t, _)| *t <= now);
-        self.pins = keep;
-        for (_, b) in &done {
+        let done = self.pins.take_expired(now);
+        for b in &done {
             self.kv.unpin(b);
         }
         done.len()
@@ -480,213 +388,252 @@ impl Scheduler {
 
     /// Earliest pin expiry, if any.
     pub fn next_pin_expiry(&self) -> Option<u64> {
-        self.pins.iter().map(|(t, _)| *t).min()
+        self.pins.next_expiry()
     }
 
-    /// Preempts a running group by recompute: releases every block, resets its sequences (a forked decision
-    /// goes back to its prefix), and puts it back into the waiting queue by arrival order.
-    fn preempt(&mut self, g: GroupId, st: &mut StepState) {
+    /// Blocks held by pins.
+    pub fn pinned_blocks(&self) -> usize {
+        self.pins.blocks().count()
+    }
+
+    /// Preempts a running group by recompute: releases every block, resets its sequences (a forked
+    /// decision goes back to its prefix), and puts it back into the waiting queue by arrival order.
+    fn preempt(&mut self, g: GroupId, st: &mut StepState) -> Result<()> {
         self.preemptions += 1;
         self.drop_chunks(g, st);
-        let seqs = self.groups[&g].seqs.clone();
-        for s in &seqs {
-            let seq = self.seqs.get_mut(s).expect("exists");
+        let seqs = self.group_seqs(g).to_vec();
+        for &s in &seqs {
+            let seq = self.reg.seq_mut(s)?;
             self.kv.release(&mut seq.blocks);
             seq.computed = 0;
             seq.matched = false;
         }
-        let is_forked_decision =
-            matches!(self.groups[&g].kind, Kind::Decide { forked: true, shared, .. } if shared > 0);
-        if is_forked_decision {
-            for s in &seqs {
-                self.seqs.remove(s);
+        let forked_decision = self.decision(g).is_ok_and(|d| d.forked && d.layout.forks);
+        if forked_decision {
+            for &s in &seqs {
+                self.reg.remove_seq(s)?;
             }
-            if let Some(Kind::Decide { forked, .. }) = self.groups.get_mut(&g).map(|g| &mut g.kind) {
-                *forked = false;
-            }
-            self.init_decision(g);
+            self.init_decision(g)?;
         }
-        let order = self.groups[&g].order;
-        self.groups.get_mut(&g).expect("exists").running = false;
+        let grp = self.reg.group_mut(g)?;
+        grp.running = false;
+        let order = grp.order;
         self.running.retain(|&x| x != g);
         let pos = self
             .waiting
             .iter()
-            .position(|w| self.groups[w].order > order)
+            .position(|&w| self.reg.group(w).is_ok_and(|w| w.order > order))
             .unwrap_or(self.waiting.len());
         self.waiting.insert(pos, g);
-        st.plan.preempted.push(g);
+        st.preempted.push(g);
+        Ok(())
     }
 
     /// Prefix-matches a sequence that has no blocks yet (first admission or after preemption).
-    fn match_seq(&mut self, sid: SeqId) -> usize {
-        let (g, all_logits, wants_logits, len) = {
-            let s = &self.seqs[&sid];
-            if s.matched {
-                return 0;
-            }
-            (s.group, s.all_logits, s.wants_logits, s.tokens.len())
-        };
-        let salt = self.groups[&g].salt.clone();
+    fn match_seq(&mut self, sid: SeqId) -> Result<usize> {
+        let s = self.reg.seq(sid)?;
+        if s.matched {
+            return Ok(0);
+        }
+        let salt = self.reg.group(s.group)?.salt.clone();
         // The last token is recomputed so there are logits to read; a decision prefix has no logits and
         // may match every full block.
-        let max_blocks = if all_logits {
+        let max_blocks = if s.all_logits {
             0
-        } else if wants_logits {
-            (len - 1) / self.cfg.block_size
+        } else if s.wants_logits {
+            (s.tokens.len() - 1) / self.cfg.block_size
         } else {
-            len / self.cfg.block_size
+            s.tokens.len() / self.cfg.block_size
         };
-        let tokens = self.seqs[&sid].tokens.clone();
-        let sb = self.kv.match_prefix(&tokens, max_blocks, &salt, false);
+        let sb = self.kv.match_prefix(&s.tokens, max_blocks, &salt, false);
         let hit = sb.blocks.len() * self.cfg.block_size;
-        let s = self.seqs.get_mut(&sid).expect("exists");
+        let s = self.reg.seq_mut(sid)?;
         s.blocks = sb;
         s.computed = hit;
         s.matched = true;
-        hit
+        Ok(hit)
     }
 
-    fn unmatch_seq(&mut self, sid: SeqId) {
-        let s = self.seqs.get_mut(&sid).expect("exists");
+    fn unmatch_seq(&mut self, sid: SeqId) -> Result<()> {
+        let s = self.reg.seq_mut(sid)?;
         self.kv.release(&mut s.blocks);
         s.computed = 0;
         s.matched = false;
+        Ok(())
     }
 
-    fn try_reserve(&mut self, sid: SeqId, len: usize, copies: &mut Vec<(SeqId, BlockCopy)>) -> bool {
-        let s = self.seqs.get_mut(&sid).expect("exists");
+    /// Grows a sequence's table for its next `len` tokens; `Ok(false)` (nothing changed) when the pool
+    /// has too few free blocks.
+    fn try_reserve(&mut self, sid: SeqId, len: usize, copies: &mut Vec<(SeqId, BlockCopy)>) -> Result<bool> {
+        let s = self.reg.seq_mut(sid)?;
         let mut c = vec![];
         let ok = self.kv.reserve(&mut s.blocks, s.computed, s.computed + len, &mut c);
         copies.extend(c.into_iter().map(|c| (sid, c)));
-        ok
+        Ok(ok)
     }
 
-    fn chunk_for(&self, sid: SeqId, len: usize) -> Chunk {
-        let s = &self.seqs[&sid];
+    /// Blocks a sequence's next `len` tokens need beyond what it holds.
+    fn blocks_needed(&self, sid: SeqId, len: usize) -> Result<usize> {
+        let s = self.reg.seq(sid)?;
+        Ok(self.kv.blocks_needed(&s.blocks, s.computed, s.computed + len))
+    }
+
+    fn plan_chunk(&self, sid: SeqId, len: usize) -> Result<Planned> {
+        let s = self.reg.seq(sid)?;
         let end = s.computed + len;
-        let logits = if !s.wants_logits || end < s.tokens.len() {
-            if s.all_logits {
-                Logits::All
-            } else {
-                Logits::None
-            }
-        } else if s.all_logits {
+        let logits = if s.all_logits {
             Logits::All
+        } else if !s.wants_logits || end < s.tokens.len() {
+            Logits::None
         } else {
             Logits::Last
         };
-        Chunk {
+        Ok(Planned {
             seq: sid,
             start: s.computed,
             len,
             logits,
-        }
+        })
     }
 
-    /// Forks every running decision whose shared prefix is computed into its question sequences.
-    fn fork_ready_decisions(&mut self) {
+    /// Turns a planned chunk into a self-contained [`Chunk`].
+    fn fill(&self, p: Planned) -> Result<Chunk> {
+        let s = self.reg.seq(p.seq)?;
+        let bs = self.cfg.block_size;
+        let end = p.start + p.len;
+        let slots = (p.start..end)
+            .map(|pos| {
+                s.blocks
+                    .blocks
+                    .get(pos / bs)
+                    .map(|b| b.index() * bs + pos % bs)
+                    .ok_or(SchedError::NoBlock { seq: p.seq, pos })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        Ok(Chunk {
+            seq: p.seq,
+            group: s.group,
+            start: p.start,
+            len: p.len,
+            logits: p.logits,
+            read: s.read,
+            at_end: end == s.tokens.len(),
+            tokens: s.tokens[p.start..end].to_vec(),
+            slots,
+            table: s.blocks.blocks.clone(),
+        })
+    }
+
+    /// Forks every running decision whose shared prefix is computed into its read sequences.
+    fn fork_ready_decisions(&mut self) -> Result<()> {
         for g in self.running.clone() {
-            let (prompts, shared) = match &self.groups[&g].kind {
-                Kind::Decide {
-                    prompts,
-                    shared,
-                    forked: false,
-                } => (prompts.clone(), *shared),
-                _ => continue,
+            let Ok(d) = self.decision(g) else { continue };
+            if d.forked {
+                continue;
+            }
+            let (prompts, shared) = (d.prompts.clone(), d.layout.shared);
+            let Some(&prefix) = self.group_seqs(g).first() else {
+                continue;
             };
-            let prefix = self.groups[&g].seqs[0];
-            if self.seqs[&prefix].computed < shared {
+            if self.reg.seq(prefix)?.computed < shared {
                 continue;
             }
             let mut ids = Vec::with_capacity(prompts.len());
             for (i, p) in prompts.into_iter().enumerate() {
-                let id = self.new_seq(g, p, false, true);
-                let sb = self.kv.fork(&self.seqs[&prefix].blocks);
-                let s = self.seqs.get_mut(&id).expect("just added");
+                let id = self.reg.add_seq(g, p, false, true);
+                let sb = self.kv.fork(&self.reg.seq(prefix)?.blocks);
+                let s = self.reg.seq_mut(id)?;
                 s.read = Some(i);
                 s.blocks = sb;
                 s.computed = shared;
                 s.matched = true;
                 ids.push(id);
             }
-            let mut pre = self.seqs.remove(&prefix).expect("exists");
+            let mut pre = self.reg.remove_seq(prefix)?;
             self.kv.release(&mut pre.blocks);
-            let grp = self.groups.get_mut(&g).expect("exists");
-            grp.seqs = ids;
-            if let Kind::Decide { forked, .. } = &mut grp.kind {
-                *forked = true;
-            }
+            self.reg.group_mut(g)?.seqs = ids;
+            self.decision_mut(g)?.forked = true;
         }
+        Ok(())
     }
 
     /// Plans the next step.
-    pub fn schedule(&mut self) -> Plan {
+    pub fn schedule(&mut self) -> Result<Plan> {
         let mut st = StepState {
-            plan: Plan::default(),
+            chunks: vec![],
             copies: vec![],
+            preempted: vec![],
+            failed: vec![],
             budget: self.cfg.max_num_batched_tokens,
             planned: HashSet::new(),
         };
-        self.fork_ready_decisions();
+        self.fork_ready_decisions()?;
         // 1 and 2: running groups, decode tokens first, then prefill chunks.
-        self.schedule_running(&mut st, true);
-        self.schedule_running(&mut st, false);
+        self.schedule_running(&mut st, true)?;
+        self.schedule_running(&mut st, false)?;
         // 3: admit waiting groups in FIFO order; decisions whose prefix is fully cached fork at once and
         // their questions join this step.
-        if self.admit_waiting(&mut st) {
-            self.fork_ready_decisions();
-            self.schedule_running(&mut st, true);
-            self.schedule_running(&mut st, false);
+        if self.admit_waiting(&mut st)? {
+            self.fork_ready_decisions()?;
+            self.schedule_running(&mut st, true)?;
+            self.schedule_running(&mut st, false)?;
         }
-        st.plan.copies = st.copies.into_iter().map(|(_, c)| c).collect();
-        st.plan
+        let chunks = st.chunks.iter().map(|&p| self.fill(p)).collect::<Result<Vec<_>>>()?;
+        Ok(Plan {
+            chunks,
+            copies: st.copies.into_iter().map(|(_, c)| c).collect(),
+            preempted: st.preempted,
+            failed: st.failed,
+        })
     }
 
-    fn schedule_running(&mut self, st: &mut StepState, decode_phase: bool) {
+    fn schedule_running(&mut self, st: &mut StepState, decode_phase: bool) -> Result<()> {
         let mut i = 0;
         while i < self.running.len() {
             let g = self.running[i];
             let mut group_gone = false;
-            for sid in self.groups[&g].seqs.clone() {
+            for sid in self.group_seqs(g).to_vec() {
                 if st.budget == 0 {
-                    return;
+                    return Ok(());
                 }
                 if st.planned.contains(&sid) {
                     continue;
                 }
-                let s = &self.seqs[&sid];
+                let s = self.reg.seq(sid)?;
                 let remaining = s.tokens.len() - s.computed;
                 let is_decode = remaining == 1 && s.matched;
                 if remaining == 0 || is_decode != decode_phase {
                     continue;
                 }
-                self.match_seq(sid);
-                let s = &self.seqs[&sid];
+                self.match_seq(sid)?;
+                let s = self.reg.seq(sid)?;
                 let len = (s.tokens.len() - s.computed).min(st.budget);
                 if len == 0 {
                     continue;
                 }
                 loop {
-                    if self.try_reserve(sid, len, &mut st.copies) {
-                        st.plan.chunks.push(self.chunk_for(sid, len));
+                    if self.try_reserve(sid, len, &mut st.copies)? {
+                        st.chunks.push(self.plan_chunk(sid, len)?);
                         st.planned.insert(sid);
                         st.budget -= len;
                         break;
                     }
                     let victim = self.running.iter().rev().copied().find(|&v| v != g);
+                    let newer =
+                        |v: GroupId| -> Result<bool> { Ok(self.reg.group(v)?.order > self.reg.group(g)?.order) };
                     match victim {
-                        Some(v) if self.groups[&v].order > self.groups[&g].order => self.preempt(v, st),
+                        Some(v) if newer(v)? => self.preempt(v, st)?,
                         Some(_) => {
                             // This group is the newest that could give way: it yields itself.
-                            self.preempt(g, st);
+                            self.preempt(g, st)?;
                             group_gone = true;
                             break;
                         }
                         None => {
                             // Alone and still too big: it can never run.
+                            let needed = self.blocks_needed(sid, len)?;
                             self.drop_chunks(g, st);
-                            st.plan.failed.push(g);
+                            st.failed.push((g, needed));
                             self.finish_group(g);
                             group_gone = true;
                             break;
@@ -702,48 +649,53 @@ impl Scheduler {
             }
             // Otherwise g left `running` at index i and the next group is there now.
         }
+        Ok(())
     }
 
     /// Admits waiting groups; returns whether any was admitted.
-    fn admit_waiting(&mut self, st: &mut StepState) -> bool {
+    fn admit_waiting(&mut self, st: &mut StepState) -> Result<bool> {
         let mut admitted = false;
         while st.budget > 0 {
             let Some(&g) = self.waiting.front() else { break };
-            let n_seqs = self.groups[&g].seqs.len();
-            if self.num_running_seqs() + n_seqs > self.cfg.max_num_seqs && !self.running.is_empty() {
+            let seqs = self.group_seqs(g);
+            if self.num_running_seqs() + seqs.len() > self.cfg.max_num_seqs && !self.running.is_empty() {
                 break;
             }
-            let first = self.groups[&g].seqs[0];
-            let hit = self.match_seq(first);
-            let s = &self.seqs[&first];
+            let Some(&first) = seqs.first() else {
+                return Err(SchedError::UnknownGroup(g));
+            };
+            let hit = self.match_seq(first)?;
+            let s = self.reg.seq(first)?;
             let len = (s.tokens.len() - s.computed).min(st.budget);
-            if len > 0 && !self.try_reserve(first, len, &mut st.copies) {
-                self.unmatch_seq(first);
-                if self.running.is_empty() && st.plan.chunks.is_empty() {
+            if len > 0 && !self.try_reserve(first, len, &mut st.copies)? {
+                let needed = self.blocks_needed(first, len)?;
+                self.unmatch_seq(first)?;
+                if self.running.is_empty() && st.chunks.is_empty() {
                     // Nothing else holds blocks, and it still does not fit.
                     self.waiting.pop_front();
-                    st.plan.failed.push(g);
+                    st.failed.push((g, needed));
                     self.finish_group(g);
                     continue;
                 }
                 break;
             }
             if len > 0 {
-                st.plan.chunks.push(self.chunk_for(first, len));
+                st.chunks.push(self.plan_chunk(first, len)?);
                 st.planned.insert(first);
                 st.budget -= len;
             }
             self.waiting.pop_front();
-            let order = self.groups[&g].order;
+            let order = self.reg.group(g)?.order;
             let pos = self
                 .running
                 .iter()
-                .position(|r| self.groups[r].order > order)
+                .position(|&r| self.reg.group(r).is_ok_and(|r| r.order > order))
                 .unwrap_or(self.running.len());
             self.running.insert(pos, g);
             admitted = true;
-            let tokens = self.seqs[&first].tokens.len();
-            let warmed = self.seqs[&first]
+            let s = self.reg.seq(first)?;
+            let tokens = s.tokens.len();
+            let warmed = s
                 .blocks
                 .blocks
                 .iter()
@@ -751,21 +703,21 @@ impl Scheduler {
                 .filter(|&&b| self.kv.pool().is_decision_warmed(b))
                 .count()
                 * self.cfg.block_size;
-            let grp = self.groups.get_mut(&g).expect("exists");
+            let grp = self.reg.group_mut(g)?;
             grp.running = true;
             if !grp.admitted_once {
                 grp.admitted_once = true;
                 grp.cached_tokens = hit;
                 grp.decision_warmed_tokens = warmed;
-                self.kv_record(tokens as u64, hit as u64);
+                self.kv.record(tokens as u64, hit as u64);
             }
         }
-        admitted
+        Ok(admitted)
     }
 
     fn drop_chunks(&mut self, g: GroupId, st: &mut StepState) {
-        let set: HashSet<SeqId> = self.groups[&g].seqs.iter().copied().collect();
-        st.plan.chunks.retain(|c| {
+        let set: HashSet<SeqId> = self.group_seqs(g).iter().copied().collect();
+        st.chunks.retain(|c| {
             if set.contains(&c.seq) {
                 st.budget += c.len;
                 false
@@ -777,40 +729,35 @@ impl Scheduler {
         st.planned.retain(|s| !set.contains(s));
     }
 
-    fn kv_record(&mut self, queries: u64, hits: u64) {
-        self.kv.record(queries, hits);
-    }
-
     /// Checks that every block's reference count equals the number of tables (and pins) holding it, that
     /// no sequence holds a block twice, and the pool's own invariants.
-    pub fn check_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
         self.kv.pool().check_invariants();
         let mut refs = vec![0u32; self.kv.pool().total()];
-        for s in self.seqs.values() {
+        for s in self.reg.seqs() {
             let mut seen = HashSet::new();
             for &b in &s.blocks.blocks {
                 assert!(seen.insert(b), "block {b} twice in one table");
-                refs[b as usize] += 1;
+                refs[b.index()] += 1;
             }
             assert!(s.computed <= s.tokens.len());
             assert!(s.blocks.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
         }
-        for (_, blocks) in &self.pins {
-            for &b in blocks {
-                refs[b as usize] += 1;
-            }
+        for b in self.pins.blocks() {
+            refs[b.index()] += 1;
         }
         for (b, &r) in refs.iter().enumerate() {
-            assert_eq!(self.kv.pool().ref_count(b as BlockId), r, "ref count of block {b}");
+            assert_eq!(self.kv.pool().ref_count_at(b), r, "ref count of block {b}");
         }
         for g in &self.running {
-            assert!(self.groups[g].running);
+            assert!(self.reg.group(*g).unwrap().running);
         }
         for g in &self.waiting {
-            assert!(!self.groups[g].running);
+            assert!(!self.reg.group(*g).unwrap().running);
         }
-        assert_eq!(self.running.len() + self.waiting.len(), self.groups.len());
-        let orders: Vec<u64> = self.running.iter().map(|g| self.groups[g].order).collect();
+        assert_eq!(self.running.len() + self.waiting.len(), self.reg.num_groups());
+        let orders: Vec<u64> = self.running.iter().map(|g| self.reg.group(*g).unwrap().order).collect();
         assert!(orders.windows(2).all(|w| w[0] < w[1]), "running not in arrival order");
     }
 }

@@ -13,7 +13,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::block_pool::{BlockPool, BlockRef};
-use crate::scheduler::{GroupId, Logits, Scheduler, SchedulerConfig, SeqId};
+use crate::registry::{GroupId, SeqId};
+use crate::scheduler::{Logits, Scheduler, SchedulerConfig};
 
 fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
     let mut h: u64 = 1469598103934665603;
@@ -122,28 +123,36 @@ impl Sim {
 
     fn step(&mut self) {
         let budget = self.s.config().max_num_batched_tokens;
-        let plan = self.s.schedule();
+        let plan = self.s.schedule().unwrap();
         assert!(plan.num_tokens() <= budget, "budget exceeded");
         let mut seen = std::collections::HashSet::new();
         for c in &plan.chunks {
             assert!(c.len > 0);
             assert!(seen.insert(c.seq), "a sequence twice in one step");
         }
-        for g in &plan.failed {
+        for (g, _) in &plan.failed {
             self.kind.remove(g);
         }
         // copies first, then every chunk checks its past and writes its tokens
         let snapshot = self.cache.clone();
         for cp in &plan.copies {
             for o in 0..self.bs {
-                self.cache[cp.dst as usize * self.bs + o] = snapshot[cp.src as usize * self.bs + o];
+                self.cache[cp.dst.index() * self.bs + o] = snapshot[cp.src.index() * self.bs + o];
             }
         }
         for c in &plan.chunks {
             let seq = self.s.seq(c.seq).expect("scheduled seq exists");
+            assert_eq!(c.group, seq.group);
+            assert_eq!(c.table, seq.blocks.blocks, "the plan carries the table");
+            assert_eq!(
+                c.tokens,
+                seq.tokens[c.start..c.start + c.len],
+                "the plan carries the tokens"
+            );
+            assert_eq!(c.at_end, c.start + c.len == seq.tokens.len());
             let salt = &self.kind[&seq.group].3;
             for p in 0..c.start {
-                let slot = seq.blocks.blocks[p / self.bs] as usize * self.bs + p % self.bs;
+                let slot = c.table[p / self.bs].index() * self.bs + p % self.bs;
                 assert_eq!(
                     self.cache[slot],
                     prefix_id(&seq.tokens[..=p], salt),
@@ -154,8 +163,9 @@ impl Sim {
         for c in &plan.chunks {
             let seq = self.s.seq(c.seq).expect("exists");
             let salt = self.kind[&seq.group].3.clone();
-            for p in c.start..c.start + c.len {
-                let slot = seq.blocks.blocks[p / self.bs] as usize * self.bs + p % self.bs;
+            for (i, p) in (c.start..c.start + c.len).enumerate() {
+                let slot = c.table[p / self.bs].index() * self.bs + p % self.bs;
+                assert_eq!(c.slots[i], slot, "the plan's slot of position {p}");
                 self.cache[slot] = prefix_id(&seq.tokens[..=p], &salt);
             }
             let end = c.start + c.len;
@@ -167,30 +177,30 @@ impl Sim {
             }
         }
         for c in &plan.chunks {
-            self.s.advance(c);
+            self.s.advance(c).unwrap();
         }
         for c in plan.chunks {
-            let Some(seq) = self.s.seq(c.seq) else { continue };
+            let Ok(seq) = self.s.seq(c.seq) else { continue };
             if c.logits == Logits::None || c.start + c.len != seq.tokens.len() {
                 continue;
             }
             let g = seq.group;
             let (is_dec, n, max_new, _) = self.kind[&g].clone();
             if is_dec {
-                self.s.finish_seq(c.seq);
+                self.s.finish_seq(c.seq).unwrap();
             } else {
                 let mut targets = vec![c.seq];
                 if n > 1 && !self.forked.get(&g).copied().unwrap_or(false) {
                     self.forked.insert(g, true);
-                    targets.extend(self.s.fork(c.seq, n - 1));
+                    targets.extend(self.s.fork(c.seq, n - 1).unwrap());
                 }
                 for t in targets {
                     let tok = self.rng.random_range(0..3);
-                    self.s.append_token(t, tok);
+                    self.s.append_token(t, tok).unwrap();
                     let gen = self.generated.entry(t).or_insert(0);
                     *gen += 1;
                     if *gen >= max_new {
-                        self.s.finish_seq(t);
+                        self.s.finish_seq(t).unwrap();
                     }
                 }
             }
@@ -216,7 +226,7 @@ impl Sim {
         if let Some(&g) = gs.first() {
             if let Some(&sid) = self.s.group_seqs(g).first() {
                 let t = self.clock + self.rng.random_range(1..20);
-                self.s.pin_prefix(sid, 1000, t);
+                self.s.pin_prefix(sid, 1000, t).unwrap();
             }
         }
     }
@@ -290,20 +300,20 @@ fn prefix_hits_happen() {
     let mut s = Scheduler::new(cfg, 32);
     let prompt: Vec<u32> = (0..21).collect();
     let (g1, s1) = s.add_generate(prompt.clone(), "", false);
-    let p = s.schedule();
+    let p = s.schedule().unwrap();
     for c in &p.chunks {
-        s.advance(c);
+        s.advance(c).unwrap();
     }
-    s.finish_seq(s1);
+    s.finish_seq(s1).unwrap();
     assert!(!s.has_group(g1));
     let (g2, s2) = s.add_generate(prompt.clone(), "", false);
-    let p = s.schedule();
+    let p = s.schedule().unwrap();
     assert_eq!(p.chunks[0].start, 20, "5 full blocks hit, last token recomputed");
     assert_eq!(s.usage(g2).cached_tokens, 20);
-    s.advance(&p.chunks[0]);
-    s.finish_seq(s2);
+    s.advance(&p.chunks[0]).unwrap();
+    s.finish_seq(s2).unwrap();
     let (g3, _) = s.add_generate(prompt, "other-tenant", false);
-    let p = s.schedule();
+    let p = s.schedule().unwrap();
     assert_eq!(p.chunks[0].start, 0, "a different cache_salt never hits");
     assert_eq!(s.usage(g3).cached_tokens, 0);
 }
@@ -313,14 +323,14 @@ fn run_decision(s: &mut Scheduler, prompts: Vec<Vec<u32>>) -> usize {
     let g = s.add_decision(prompts, "");
     let mut computed = 0;
     while s.has_group(g) {
-        let plan = s.schedule();
+        let plan = s.schedule().unwrap();
         computed += plan.num_tokens();
         for c in &plan.chunks {
-            s.advance(c);
+            s.advance(c).unwrap();
         }
         for c in plan.chunks {
             if c.logits == Logits::Last {
-                s.finish_seq(c.seq);
+                s.finish_seq(c.seq).unwrap();
             }
         }
     }

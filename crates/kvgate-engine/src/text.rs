@@ -40,6 +40,7 @@ impl TextState {
     }
 
     /// The text so far (including what is held back).
+    #[cfg(test)]
     pub fn full_text(&self) -> &str {
         &self.full
     }

@@ -454,7 +454,7 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
         h.inject_panic();
         let mut saw_error = false;
         while let Some(e) = s.next().await {
-            if let Event::Error(EngineError::Internal(m)) = e {
+            if let Event::Error(EngineError::Panic(m)) = e {
                 assert!(m.contains("panic"));
                 saw_error = true;
                 break;

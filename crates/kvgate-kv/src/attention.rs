@@ -49,15 +49,19 @@ pub struct AttnQuery<'a> {
     pub tables: &'a [&'a [u32]],
 }
 
-/// What an attention implementation (CPU here, CUDA in `kvgate-cuda`) provides to the model.
+/// What an attention implementation provides to the model's layers: store a step's K/V into its cache
+/// and attend over it. The cache is the implementation's own type (host blocks here, device memory for
+/// a GPU implementation); rows, slots and block tables are plain integers, so the layer code that calls
+/// this is the same for every device.
 pub trait AttentionBackend: Send + Sync {
+    /// The cache storage this implementation reads and writes.
+    type Cache;
+
     /// Stores the step's new K and V rows (`slots.len() × kv_heads × head_dim`) for `layer`.
-    fn write_kv(&self, cache: &mut KvCache, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
-        cache.write(layer, slots, k, v);
-    }
+    fn write_kv(&self, cache: &mut Self::Cache, layer: usize, slots: &[usize], k: &[f32], v: &[f32]);
 
     /// Computes attention for every query row; `out` has the shape of `query.q`.
-    fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]);
+    fn attend(&self, cache: &Self::Cache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]);
 }
 
 /// The CPU implementation, parallel over (row, KV head) pairs with rayon.
@@ -220,6 +224,12 @@ fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 }
 
 impl AttentionBackend for CpuAttention {
+    type Cache = KvCache;
+
+    fn write_kv(&self, cache: &mut KvCache, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
+        cache.write(layer, slots, k, v);
+    }
+
     fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
         let (q, rows, tables) = (query.q, query.rows, query.tables);
         let hd = p.head_dim;
@@ -334,13 +344,7 @@ mod tests {
     }
 
     fn setup(dtype: KvDtype, window: Option<usize>) -> (CacheShape, AttnParams) {
-        let shape = CacheShape {
-            num_layers: 1,
-            num_kv_heads: 2,
-            head_dim: 32,
-            block_size: 4,
-            dtype,
-        };
+        let shape = CacheShape::new(1, 2, 32, 4, dtype).unwrap();
         let p = AttnParams {
             num_heads: 6,
             num_kv_heads: 2,

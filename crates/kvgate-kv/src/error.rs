@@ -16,6 +16,9 @@ pub enum KvError {
         /// Why.
         reason: String,
     },
+    /// A cache dimension of zero.
+    #[error("KV-cache {0} must be at least 1")]
+    ZeroSize(&'static str),
     /// Not a single block fits in the memory given.
     #[error("KV-cache memory of {bytes} bytes holds no block; one block needs {block_bytes} bytes")]
     TooSmall {

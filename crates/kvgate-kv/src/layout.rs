@@ -9,22 +9,84 @@
 use crate::dtype::KvDtype;
 use crate::error::KvError;
 
-/// Everything needed to size and address the cache.
+/// Everything needed to size and address the cache. Built only by [`CacheShape::new`], which checks
+/// that the dtype can store the shape, so every `CacheShape` in the process is a valid one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheShape {
-    /// Transformer layers (each has its own K and V).
-    pub num_layers: usize,
-    /// KV heads per layer.
-    pub num_kv_heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Storage format.
-    pub dtype: KvDtype,
+    pub(crate) num_layers: usize,
+    pub(crate) num_kv_heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) block_size: usize,
+    pub(crate) dtype: KvDtype,
 }
 
 impl CacheShape {
+    /// The shape of a cache of `num_layers` layers × `num_kv_heads` heads × `head_dim` elements, in
+    /// blocks of `block_size` tokens stored as `dtype`. Refuses zero sizes and shapes the dtype cannot
+    /// store (nvfp4 needs head_dim % 16 == 0 and block_size % 4 == 0).
+    pub fn new(
+        num_layers: usize,
+        num_kv_heads: usize,
+        head_dim: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Result<CacheShape, KvError> {
+        for (what, v) in [
+            ("num_layers", num_layers),
+            ("num_kv_heads", num_kv_heads),
+            ("head_dim", head_dim),
+            ("block_size", block_size),
+        ] {
+            if v == 0 {
+                return Err(KvError::ZeroSize(what));
+            }
+        }
+        dtype.check(head_dim, block_size)?;
+        Ok(CacheShape {
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            block_size,
+            dtype,
+        })
+    }
+
+    /// The same shape stored as another dtype.
+    pub fn with_dtype(&self, dtype: KvDtype) -> Result<CacheShape, KvError> {
+        CacheShape::new(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            self.block_size,
+            dtype,
+        )
+    }
+
+    /// Transformer layers (each has its own K and V).
+    pub fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    /// KV heads per layer.
+    pub fn num_kv_heads(&self) -> usize {
+        self.num_kv_heads
+    }
+
+    /// Elements per head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Storage format.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
     /// Bytes of one block of one layer's K (or V).
     pub fn layer_block_bytes(&self) -> usize {
         self.num_kv_heads * self.block_size * self.dtype.bytes_per_vector(self.head_dim)
@@ -78,13 +140,17 @@ mod tests {
     use super::*;
 
     fn shape(dtype: KvDtype) -> CacheShape {
-        CacheShape {
-            num_layers: 30,
-            num_kv_heads: 3,
-            head_dim: 64,
-            block_size: 16,
-            dtype,
-        }
+        CacheShape::new(30, 3, 64, 16, dtype).unwrap()
+    }
+
+    #[test]
+    fn new_refuses_what_cannot_be_stored() {
+        assert_eq!(
+            CacheShape::new(1, 1, 64, 0, KvDtype::F32),
+            Err(KvError::ZeroSize("block_size"))
+        );
+        assert!(CacheShape::new(1, 1, 40, 16, KvDtype::Nvfp4).is_err());
+        assert!(CacheShape::new(1, 1, 40, 16, KvDtype::F32).is_ok());
     }
 
     #[test]

@@ -335,13 +335,7 @@ mod tests {
     use super::*;
 
     fn shape(dtype: KvDtype) -> CacheShape {
-        CacheShape {
-            num_layers: 2,
-            num_kv_heads: 2,
-            head_dim: 32,
-            block_size: 4,
-            dtype,
-        }
+        CacheShape::new(2, 2, 32, 4, dtype).unwrap()
     }
 
     #[test]

@@ -283,6 +283,16 @@ impl ModelConfig {
         })
     }
 
+    /// The shape of this model's KV cache in blocks of `block_size` tokens stored as `dtype` (refused
+    /// when the dtype cannot store it).
+    pub fn cache_shape(
+        &self,
+        block_size: usize,
+        dtype: kvgate_kv::KvDtype,
+    ) -> std::result::Result<kvgate_kv::CacheShape, kvgate_kv::KvError> {
+        kvgate_kv::CacheShape::new(self.num_layers, self.num_kv_heads, self.head_dim, block_size, dtype)
+    }
+
     /// Query rows per KV head.
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads

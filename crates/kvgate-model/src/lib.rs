@@ -17,6 +17,7 @@ pub mod loader;
 pub mod model;
 pub mod ops;
 pub mod qmatmul;
+#[cfg(any(test, feature = "test-utils"))]
 pub mod tiny;
 pub mod tokenizer;
 pub mod weights;

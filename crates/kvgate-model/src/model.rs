@@ -6,7 +6,7 @@
 //! logits are bitwise the same whatever else is in the batch and whether its prefix was computed in
 //! this step, an earlier chunk, or found in the prefix cache.
 
-use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, KvCache};
+use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
@@ -161,28 +161,29 @@ impl Model {
         self.rope.max_pos()
     }
 
-    /// Runs the batch: writes every row's K/V into `cache`, returns `logit_rows.len() × vocab` logits.
-    pub fn forward(&self, b: &Batch, cache: &mut KvCache, attn: &dyn AttentionBackend) -> Result<Vec<f32>> {
+    /// Runs the batch: writes every row's K/V into `cache` (through `attn`, whose cache it is), returns
+    /// `logit_rows.len() × vocab` logits.
+    pub fn forward<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
         self.forward_inner(b, cache, attn, None)
     }
 
     /// Like [`Model::forward`], also reporting the per-layer amax of K and V (calibration).
-    pub fn forward_with_amax(
+    pub fn forward_with_amax<A: AttentionBackend>(
         &self,
         b: &Batch,
-        cache: &mut KvCache,
-        attn: &dyn AttentionBackend,
+        cache: &mut A::Cache,
+        attn: &A,
     ) -> Result<(Vec<f32>, KvAmax)> {
         let mut a = KvAmax::default();
         let logits = self.forward_inner(b, cache, attn, Some(&mut a))?;
         Ok((logits, a))
     }
 
-    fn forward_inner(
+    fn forward_inner<A: AttentionBackend>(
         &self,
         b: &Batch,
-        cache: &mut KvCache,
-        attn: &dyn AttentionBackend,
+        cache: &mut A::Cache,
+        attn: &A,
         mut amax_out: Option<&mut KvAmax>,
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::tiny::{tiny_tokenizer, CHATML};
 use kvgate_model::{load, Batch, LoadOptions};
 use rand::{Rng, SeedableRng};
@@ -107,13 +107,7 @@ fn write_gguf(dtype: GgmlDType, path: &Path) {
 fn logits(path: &Path, ids: &[u32]) -> Vec<f32> {
     let m = load(path, &LoadOptions::default()).unwrap();
     let c = m.model.config().clone();
-    let shape = CacheShape {
-        num_layers: c.num_layers,
-        num_kv_heads: c.num_kv_heads,
-        head_dim: c.head_dim,
-        block_size: 16,
-        dtype: KvDtype::F32,
-    };
+    let shape = c.cache_shape(16, KvDtype::F32).unwrap();
     let mut cache = KvCache::new(shape, 4);
     m.model
         .forward(&Batch::single_sequence(ids, 16), &mut cache, &CpuAttention)

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::load_hf::load_hf_dir;
 use kvgate_model::{Batch, Model};
 
@@ -26,13 +26,7 @@ fn check(arch: &str) {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let shape = CacheShape {
-            num_layers: cfg.num_layers,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            block_size: 4,
-            dtype: KvDtype::F32,
-        };
+        let shape = cfg.cache_shape(4, KvDtype::F32).unwrap();
         let mut cache = KvCache::new(shape, 16);
         let logits = model
             .forward(&Batch::single_sequence(&ids, 4), &mut cache, &CpuAttention)

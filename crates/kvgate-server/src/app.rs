@@ -14,11 +14,11 @@ use crate::middleware::{auth, cors, log, panic_response, CorsPolicy, Keys};
 use crate::state::AppState;
 use crate::{chat, completions, routes, systemone};
 
-/// Builds the application.
-pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>) -> Router {
-    let limit = st.body_limit.min(usize::MAX as u64) as usize;
+/// Builds the application; `test_hooks` adds the routes that break things on purpose.
+pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_hooks: bool) -> Router {
+    let limit = st.args.max_request_body.bytes().min(usize::MAX as u64) as usize;
     let mut r = Router::new();
-    if std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1") {
+    if test_hooks {
         // For the test suite only: routes that break things on purpose.
         r = r
             .route("/debug/panic", post(routes::debug_panic))

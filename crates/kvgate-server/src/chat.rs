@@ -230,16 +230,10 @@ pub async fn chat_completions(
         (Some(a), _) => Some(a),
         (None, b) => b,
     };
-    let mut c = sampling::read(&b, &st.defaults, st.vocab_size, mt)?;
-    if ids.len() >= st.max_model_len {
-        return Err(kvgate_engine::EngineError::PromptTooLong {
-            prompt_tokens: ids.len(),
-            max_model_len: st.max_model_len,
-        }
-        .into());
-    }
+    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, mt)?;
+    let room = st.engine.limits().room_after(ids.len())?;
     if !c.max_tokens_given {
-        c.params.max_tokens = st.max_model_len - ids.len();
+        c.params.max_tokens = room;
     }
     let want_lp = b.bool("logprobs")?.unwrap_or(false);
     let top = b.int_in("top_logprobs", 0, 20)?;

@@ -1,23 +1,86 @@
-//! The `serve` binary: configuration, logging, the default model, model load, KV-cache sizing, the
-//! engine, metrics, the router, and graceful shutdown (SIGTERM/SIGINT: stop accepting, let in-flight
-//! requests finish within `--shutdown-timeout`, exit 0).
+//! The `serve` binary: configuration, logging, the default model, model load, then [`build`] (KV-cache
+//! sizing, the engine, the shared state, the router — the same code the in-process HTTP tests run over
+//! the tiny model), then listening and graceful shutdown (SIGTERM/SIGINT: stop accepting, let in-flight
+//! requests finish within `--shutdown-timeout`, exit 0). Every start-up failure is a [`StartError`]
+//! that names the flag and the value at fault.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvgate_engine::{metrics as m, EngineConfig};
-use kvgate_kv::{CacheShape, KvDtype};
-use kvgate_model::{load, LoadOptions};
+use axum::Router;
+use kvgate_engine::{metrics as m, EngineConfig, EngineError};
+use kvgate_kv::{CacheShape, KvError};
+use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, parse_bytes, Args, ConfigError};
+use crate::config::{self, Args, ConfigError, Device, KvCacheDtype, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::AppState;
 use crate::systemone::labels::LabelTable;
 use crate::{app, default_model};
+
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A device without a backend.
+    #[error("--device {0}: this build has no CUDA backend yet (the CUDA kernels in kvgate-cuda are not wired to a backend); use --device cpu")]
+    DeviceUnsupported(Device),
+    /// The default model could not be fetched.
+    #[error("{0}")]
+    DefaultModel(String),
+    /// `--model` names nothing.
+    #[error("--model {0}: no such file or directory")]
+    ModelMissing(String),
+    /// The model failed to load.
+    #[error("--model {path}: cannot load: {msg}")]
+    Load {
+        /// The model path.
+        path: String,
+        /// Why.
+        msg: String,
+    },
+    /// `--max-model-len` above the model's context.
+    #[error("--max-model-len {value} exceeds the model's context length of {max} tokens")]
+    MaxModelLen {
+        /// Given.
+        value: usize,
+        /// The model's.
+        max: usize,
+    },
+    /// The cache dtype cannot store this model.
+    #[error("--kv-cache-dtype {dtype}: {err}")]
+    KvDtype {
+        /// Given.
+        dtype: KvCacheDtype,
+        /// Why.
+        err: KvError,
+    },
+    /// The cache memory holds no block.
+    #[error("--kv-cache-memory {bytes}: {err}")]
+    KvMemory {
+        /// Bytes offered.
+        bytes: u64,
+        /// Why.
+        err: KvError,
+    },
+    /// The engine did not start.
+    #[error("cannot start the engine: {0}")]
+    Engine(#[from] EngineError),
+    /// The address cannot be bound.
+    #[error("--host/--port {addr}: cannot listen: {msg}")]
+    Listen {
+        /// host:port.
+        addr: String,
+        /// Why.
+        msg: String,
+    },
+    /// The async runtime or the server itself failed.
+    #[error("server: {0}")]
+    Server(String),
+}
 
 fn init_logging(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
@@ -25,10 +88,13 @@ fn init_logging(args: &Args) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if args.log_format == "json" {
-        let _ = builder.json().flatten_event(true).try_init();
-    } else {
-        let _ = builder.try_init();
+    match args.log_format {
+        LogFormat::Json => {
+            let _ = builder.json().flatten_event(true).try_init();
+        }
+        LogFormat::Text => {
+            let _ = builder.try_init();
+        }
     }
 }
 
@@ -118,67 +184,63 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    if args.device != "cpu" {
-        return Err(format!(
-            "--device {}: this build runs on the CPU only (CUDA kernels are in kvgate-cuda behind the `cuda` feature; the model itself does not run on CUDA yet)",
-            args.device
-        ));
-    }
-    let policy = Arc::new(CorsPolicy {
-        origins: args.allowed_origins.clone(),
-        methods: args.allowed_methods.clone(),
-        headers: args.allowed_headers.clone(),
-        credentials: args.allow_credentials,
-    });
-    let is_default = args.model.is_none();
-    let path: PathBuf = match &args.model {
-        Some(p) => PathBuf::from(p),
-        None => tokio::task::spawn_blocking(|| default_model::ensure_default_model(false))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?,
-    };
-    if !path.exists() {
-        return Err(format!("--model {}: no such file or directory", path.display()));
-    }
-    let opts = LoadOptions {
-        max_model_len: args.max_model_len,
-    };
-    let p2 = path.clone();
-    let loaded = tokio::task::spawn_blocking(move || load(&p2, &opts))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot load {}: {e}", path.display()))?;
+/// What [`build`] made: the router to serve and the facts the start-up log reports.
+pub struct Built {
+    /// The application.
+    pub router: Router,
+    /// The shared state behind it.
+    pub state: Arc<AppState>,
+    /// The CORS policy.
+    pub policy: Arc<CorsPolicy>,
+    /// The API keys.
+    pub keys: Arc<Keys>,
+    /// The KV cache's shape.
+    pub shape: CacheShape,
+    /// Blocks in the cache.
+    pub num_blocks: usize,
+    /// Bytes of KV cache.
+    pub kv_bytes: u64,
+}
+
+/// How [`build`] is run beyond the settings.
+#[derive(Default)]
+pub struct BuildOptions {
+    /// The model is the default one (it is served under the default name).
+    pub is_default: bool,
+    /// The Prometheus exporter, when installed.
+    pub metrics: Option<PrometheusHandle>,
+    /// Route the test hooks (`/debug/panic`, `/debug/stop-engine`).
+    pub test_hooks: bool,
+}
+
+/// Sizes the KV cache, starts the engine on `loaded`, and builds the shared state and the router from
+/// the settings (everything `serve` does between loading a model and listening).
+pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Built, StartError> {
+    let is_default = opts.is_default;
     let mc = loaded.model.config().clone();
     if let Some(l) = args.max_model_len {
         if l > mc.max_position_embeddings {
-            return Err(format!(
-                "--max-model-len {l} exceeds the model's context length of {} tokens",
-                mc.max_position_embeddings
-            ));
+            return Err(StartError::MaxModelLen {
+                value: l,
+                max: mc.max_position_embeddings,
+            });
         }
     }
-    let dtype = KvDtype::parse(&args.kv_cache_dtype)
-        .map_err(|e| e.to_string())?
-        .unwrap_or(KvDtype::F32);
-    dtype.check(mc.head_dim, args.block_size).map_err(|e| e.to_string())?;
-    let shape = CacheShape {
-        num_layers: mc.num_layers,
-        num_kv_heads: mc.num_kv_heads,
-        head_dim: mc.head_dim,
-        block_size: args.block_size,
-        dtype,
-    };
-    let (num_blocks, memory) = match (args.num_kv_blocks, &args.kv_cache_memory) {
+    let dtype = args.kv_cache_dtype.resolve();
+    let shape = mc
+        .cache_shape(args.block_size, dtype)
+        .map_err(|err| StartError::KvDtype {
+            dtype: args.kv_cache_dtype,
+            err,
+        })?;
+    let (num_blocks, kv_bytes) = match (args.num_kv_blocks, args.kv_cache_memory) {
         (Some(n), _) => (n, n as u64 * shape.bytes_per_block() as u64),
-        (None, Some(mem)) => {
-            let bytes = parse_bytes(mem)?;
-            (shape.blocks_for_bytes(bytes).map_err(|e| e.to_string())?, bytes)
-        }
-        (None, None) => {
-            let bytes = default_kv_memory();
-            (shape.blocks_for_bytes(bytes).map_err(|e| e.to_string())?, bytes)
+        (None, mem) => {
+            let bytes = mem.map_or_else(default_kv_memory, |b| b.bytes());
+            let n = shape
+                .blocks_for_bytes(bytes)
+                .map_err(|err| StartError::KvMemory { bytes, err })?;
+            (n, bytes)
         }
     };
     let max_model_len = loaded.max_model_len.min(num_blocks * args.block_size);
@@ -196,10 +258,9 @@ async fn run(args: Args) -> Result<(), String> {
     } else {
         vec![loaded.name.clone()]
     };
-    let metrics = install_metrics();
     let labels = LabelTable::new(&loaded.tokenizer);
     let tokenizer = Arc::new(loaded.tokenizer);
-    let chat = loaded.chat_template.map(Arc::new);
+    let scaled = dtype.is_scaled();
     let ecfg = EngineConfig {
         block_size: args.block_size,
         num_blocks,
@@ -208,17 +269,12 @@ async fn run(args: Args) -> Result<(), String> {
         max_queue: args.max_queue,
         prefix_caching: args.enable_prefix_caching,
         kv_dtype: dtype,
-        kv_scales: if dtype.is_scaled() {
-            loaded.kv_scales.clone()
-        } else {
-            None
-        },
-        calculate_kv_scales: args.calculate_kv_scales && !(dtype.is_scaled() && loaded.kv_scales.is_some()),
+        kv_scales: if scaled { loaded.kv_scales.clone() } else { None },
+        calculate_kv_scales: args.calculate_kv_scales && !(scaled && loaded.kv_scales.is_some()),
         max_model_len,
         model_name: served_names[0].clone(),
     };
-    let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids.clone(), ecfg)
-        .map_err(|e| e.to_string())?;
+    let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
         "model_name" => served_names[0].clone(),
         "block_size" => args.block_size.to_string(),
@@ -226,9 +282,9 @@ async fn run(args: Args) -> Result<(), String> {
         "cache_dtype" => dtype.name().to_string(),
         "enable_prefix_caching" => args.enable_prefix_caching.to_string(),
         "bytes_per_block" => shape.bytes_per_block().to_string(),
-        "device" => "cpu".to_string())
+        "device" => args.device.to_string())
     .set(1.0);
-    if dtype.is_scaled() {
+    if scaled {
         let how = if loaded.kv_scales.is_some() {
             "k/v scales from the checkpoint"
         } else if args.calculate_kv_scales {
@@ -238,23 +294,78 @@ async fn run(args: Args) -> Result<(), String> {
         };
         info!("KV cache dtype {dtype}: {how}");
     }
-    let body_limit = parse_bytes(&args.max_request_body)?;
-    let keys = Arc::new(Keys(args.api_key.clone()));
-    let st = Arc::new(AppState {
-        engine,
+    let state = AppState {
+        engine: Arc::new(engine),
         tokenizer,
-        chat,
-        served_names: served_names.clone(),
-        max_model_len,
-        vocab_size: mc.vocab_size,
-        defaults: loaded.defaults.clone(),
-        metrics: metrics.clone(),
-        args: Arc::new(args.clone()),
-        body_limit,
+        chat: loaded.chat_template.map(Arc::new),
+        served_names,
+        defaults: loaded.defaults,
+        metrics: opts.metrics,
+        args: Arc::new(args),
         labels,
         created: crate::events::now_secs(),
+    };
+    let (router, state, policy, keys) = assemble(state, opts.test_hooks);
+    Ok(Built {
+        router,
+        state,
+        policy,
+        keys,
+        shape,
+        num_blocks,
+        kv_bytes,
+    })
+}
+
+/// The router over a state, with the CORS policy and keys its settings name.
+pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Arc<CorsPolicy>, Arc<Keys>) {
+    let args = &state.args;
+    let policy = Arc::new(CorsPolicy {
+        origins: args.allowed_origins.clone(),
+        methods: args.allowed_methods.clone(),
+        headers: args.allowed_headers.clone(),
+        credentials: args.allow_credentials,
     });
-    if let Some(h) = metrics {
+    let keys = Arc::new(Keys(args.api_key.clone()));
+    let state = Arc::new(state);
+    let router = app::router(state.clone(), policy.clone(), keys.clone(), test_hooks);
+    (router, state, policy, keys)
+}
+
+async fn run(args: Args) -> Result<(), StartError> {
+    if let Device::Cuda(_) = args.device {
+        return Err(StartError::DeviceUnsupported(args.device));
+    }
+    let is_default = args.model.is_none();
+    let path: PathBuf = match &args.model {
+        Some(p) => PathBuf::from(p),
+        None => tokio::task::spawn_blocking(|| default_model::ensure_default_model(false))
+            .await
+            .map_err(|e| StartError::DefaultModel(e.to_string()))?
+            .map_err(|e| StartError::DefaultModel(e.to_string()))?,
+    };
+    if !path.exists() {
+        return Err(StartError::ModelMissing(path.display().to_string()));
+    }
+    let opts = LoadOptions {
+        max_model_len: args.max_model_len,
+    };
+    let p2 = path.clone();
+    let load_error = |msg: String| StartError::Load {
+        path: path.display().to_string(),
+        msg,
+    };
+    let loaded = tokio::task::spawn_blocking(move || load(&p2, &opts))
+        .await
+        .map_err(|e| load_error(e.to_string()))?
+        .map_err(|e| load_error(e.to_string()))?;
+    let (source, arch, layers) = (
+        loaded.source.clone(),
+        loaded.model.config().arch,
+        loaded.model.config().num_layers,
+    );
+    let metrics = install_metrics();
+    if let Some(h) = metrics.clone() {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(5)).await;
@@ -262,43 +373,58 @@ async fn run(args: Args) -> Result<(), String> {
             }
         });
     }
-    let app = app::router(st, policy.clone(), keys.clone());
-    let addr = format!("{}:{}", args.host, args.port);
+    let (host, port, block_size, shutdown_timeout) =
+        (args.host.clone(), args.port, args.block_size, args.shutdown_timeout);
+    let opts = BuildOptions {
+        is_default,
+        metrics,
+        test_hooks: std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1"),
+    };
+    let built = build(args, loaded, opts)?;
+    let addr = format!("{host}:{port}");
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
-        .map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(|e| StartError::Listen {
+            addr: addr.clone(),
+            msg: e.to_string(),
+        })?;
+    let local = listener.local_addr().map_err(|e| StartError::Listen {
+        addr: addr.clone(),
+        msg: e.to_string(),
+    })?;
+    let max_model_len = built.state.engine.limits().max_model_len;
     info!(
-        model = %served_names[0],
-        source = %loaded.source,
-        arch = ?mc.arch,
-        layers = mc.num_layers,
+        model = %built.state.model_name(),
+        source = %source,
+        arch = ?arch,
+        layers,
         max_model_len,
         "model loaded"
     );
     info!(
-        "KV cache: {num_blocks} blocks x {} tokens = {} tokens, dtype {dtype}, {} bytes/block, {:.1} MiB",
-        args.block_size,
-        num_blocks * args.block_size,
-        shape.bytes_per_block(),
-        memory as f64 / (1 << 20) as f64
+        "KV cache: {} blocks x {block_size} tokens = {} tokens, dtype {}, {} bytes/block, {:.1} MiB",
+        built.num_blocks,
+        built.num_blocks * block_size,
+        built.shape.dtype(),
+        built.shape.bytes_per_block(),
+        built.kv_bytes as f64 / (1 << 20) as f64
     );
-    info!("{}", policy.describe());
+    info!("{}", built.policy.describe());
     info!(
         "auth: {}",
-        if keys.0.is_empty() {
+        if built.keys.0.is_empty() {
             "no API key (every route is open)".to_string()
         } else {
             format!(
                 "{} API key(s); open routes: /health /ping /version /metrics",
-                keys.0.len()
+                built.keys.0.len()
             )
         }
     );
     info!("kvgate {} listening on http://{local}", env!("CARGO_PKG_VERSION"));
-    let timeout = Duration::from_secs(args.shutdown_timeout);
+    let timeout = Duration::from_secs(shutdown_timeout);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = axum::serve(listener, built.router).with_graceful_shutdown(async move {
         shutdown_signal().await;
         info!(
             "shutdown requested: no new connections; finishing in-flight requests (up to {}s)",
@@ -314,7 +440,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
     };
     tokio::select! {
-        r = server => r.map_err(|e| e.to_string())?,
+        r = server => r.map_err(|e| StartError::Server(e.to_string()))?,
         _ = deadline => warn!("shutdown timeout reached with requests still in flight; exiting"),
     }
     info!("kvgate stopped");

@@ -40,14 +40,14 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
             .iter()
             .map(|x| {
                 x.as_u64()
-                    .filter(|&t| (t as usize) < st.vocab_size)
+                    .filter(|&t| (t as usize) < st.engine.limits().vocab_size)
                     .map(|t| t as u32)
                     .ok_or_else(|| {
                         ApiError::param(
                             "prompt",
                             format!(
                                 "'prompt' contains token id {x}, outside the vocabulary (size {})",
-                                st.vocab_size
+                                st.engine.limits().vocab_size
                             ),
                         )
                     })
@@ -137,7 +137,7 @@ pub async fn completions(
     b.only(&allowed, UNSUPPORTED)?;
     let model = st.check_model(b.str("model")?)?;
     let max_tokens = b.int_in("max_tokens", 1, i64::MAX)?.unwrap_or(16);
-    let mut c = sampling::read(&b, &st.defaults, st.vocab_size, Some(max_tokens))?;
+    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, Some(max_tokens))?;
     let logprobs = b.int_in("logprobs", 0, 20)?.map(|x| x as usize);
     c.params.logprobs = logprobs;
     if c.echo && logprobs.is_some() {

@@ -7,7 +7,159 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use kvgate_kv::KvDtype;
 use serde::{Deserialize, Serialize};
+
+/// Implements `FromStr`-backed serde (as a string) and `Display` for a setting type, so clap, the
+/// environment and the TOML file all parse it with the same code.
+macro_rules! string_setting {
+    ($t:ty) => {
+        impl TryFrom<String> for $t {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                s.parse()
+            }
+        }
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.to_string()
+            }
+        }
+    };
+}
+
+/// `--kv-cache-dtype`: `auto` (the model's choice) or a fixed dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum KvCacheDtype {
+    /// float32 on the CPU.
+    Auto,
+    /// This dtype.
+    Fixed(KvDtype),
+}
+
+impl KvCacheDtype {
+    /// The dtype the cache is stored in.
+    pub fn resolve(self) -> KvDtype {
+        match self {
+            KvCacheDtype::Auto => KvDtype::F32,
+            KvCacheDtype::Fixed(d) => d,
+        }
+    }
+}
+
+impl std::str::FromStr for KvCacheDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match KvDtype::parse(s).map_err(|e| e.to_string())? {
+            None => Ok(KvCacheDtype::Auto),
+            Some(d) => Ok(KvCacheDtype::Fixed(d)),
+        }
+    }
+}
+
+impl std::fmt::Display for KvCacheDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvCacheDtype::Auto => f.write_str("auto"),
+            KvCacheDtype::Fixed(d) => f.write_str(d.name()),
+        }
+    }
+}
+string_setting!(KvCacheDtype);
+
+/// `--device`: where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Device {
+    /// The CPU backend.
+    Cpu,
+    /// CUDA device N.
+    Cuda(u32),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim().to_ascii_lowercase();
+        if t == "cpu" {
+            return Ok(Device::Cpu);
+        }
+        if let Some(n) = t.strip_prefix("cuda:") {
+            if let Ok(n) = n.parse() {
+                return Ok(Device::Cuda(n));
+            }
+        }
+        Err(format!("{s:?} is not a device: expected cpu or cuda:N"))
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+string_setting!(Device);
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("{s:?} is not a log format: expected text or json")),
+        }
+    }
+}
+
+impl std::fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+string_setting!(LogFormat);
+
+/// A size in bytes, written "2GiB", "512MiB", "1.5GB" or "1024".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ByteSize(u64);
+
+impl ByteSize {
+    /// The size.
+    pub fn bytes(self) -> u64 {
+        self.0
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_bytes(s).map(ByteSize)
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+string_setting!(ByteSize);
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
@@ -69,7 +221,7 @@ pub struct Args {
 
     /// KV-cache dtype: auto, float32, bfloat16, float16, fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
     #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
-    pub kv_cache_dtype: String,
+    pub kv_cache_dtype: KvCacheDtype,
 
     /// Calibrate fp8/nvfp4 k/v scales from the first prefill instead of using 1.0 when the checkpoint has none
     #[arg(long, env = "KVGATE_CALCULATE_KV_SCALES", default_value_t = false)]
@@ -77,7 +229,7 @@ pub struct Args {
 
     /// Bytes for the KV cache ("2GiB", "512MiB", or a number) [default: a quarter of available memory, at most 4GiB]
     #[arg(long, env = "KVGATE_KV_CACHE_MEMORY")]
-    pub kv_cache_memory: Option<String>,
+    pub kv_cache_memory: Option<ByteSize>,
 
     /// Number of KV blocks (instead of --kv-cache-memory)
     #[arg(long, env = "KVGATE_NUM_KV_BLOCKS")]
@@ -110,11 +262,11 @@ pub struct Args {
 
     /// Device: cpu, or cuda:N (builds with the `cuda` feature)
     #[arg(long, env = "KVGATE_DEVICE", default_value = "cpu")]
-    pub device: String,
+    pub device: Device,
 
     /// Largest request body; larger ones get 413
     #[arg(long, env = "KVGATE_MAX_REQUEST_BODY", default_value = "32MiB")]
-    pub max_request_body: String,
+    pub max_request_body: ByteSize,
 
     /// Questions per /v1/systemone request
     #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 64)]
@@ -122,7 +274,7 @@ pub struct Args {
 
     /// Log format: text or json
     #[arg(long, env = "KVGATE_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    pub log_format: LogFormat,
 
     /// Log request bodies (never logged otherwise; keys are never logged)
     #[arg(long, env = "KVGATE_LOG_REQUESTS", default_value_t = false)]
@@ -246,7 +398,7 @@ fn json_list(values: &[String], flag: &'static str) -> Result<Vec<String>, Confi
 }
 
 /// Parses "2GiB", "512MiB", "1.5GB", "1024" into bytes.
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -311,26 +463,6 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     if a.systemone_max_questions == 0 {
         return bad("systemone-max-questions", "must be at least 1".into());
     }
-    kvgate_kv::KvDtype::parse(&a.kv_cache_dtype).map_err(|e| ConfigError::Invalid {
-        flag: "kv-cache-dtype",
-        msg: e.to_string(),
-    })?;
-    if let Some(m) = &a.kv_cache_memory {
-        parse_bytes(m).map_err(|msg| ConfigError::Invalid {
-            flag: "kv-cache-memory",
-            msg,
-        })?;
-    }
-    parse_bytes(&a.max_request_body).map_err(|msg| ConfigError::Invalid {
-        flag: "max-request-body",
-        msg,
-    })?;
-    if !matches!(a.log_format.as_str(), "text" | "json") {
-        return bad("log-format", format!("must be text or json, got {:?}", a.log_format));
-    }
-    if a.device != "cpu" && !a.device.starts_with("cuda:") {
-        return bad("device", format!("must be cpu or cuda:N, got {:?}", a.device));
-    }
     for k in &a.api_key {
         if k.trim().is_empty() {
             return bad("api-key", "an API key cannot be empty".into());
@@ -356,7 +488,9 @@ mod tests {
             (256, 2048, 1024)
         );
         assert_eq!(a.shutdown_timeout, 30);
-        assert_eq!(parse_bytes(&a.max_request_body).unwrap(), 32 << 20);
+        assert_eq!(a.max_request_body.bytes(), 32 << 20);
+        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Auto);
+        assert_eq!((a.device, a.log_format), (Device::Cpu, LogFormat::Text));
     }
 
     #[test]
@@ -383,6 +517,49 @@ mod tests {
                 .unwrap()
                 .enable_prefix_caching
         );
+    }
+
+    #[test]
+    fn typed_settings_parse_once_and_name_the_flag() {
+        let a = load([
+            "serve",
+            "--kv-cache-dtype",
+            "fp8",
+            "--device",
+            "cuda:1",
+            "--log-format",
+            "json",
+            "--kv-cache-memory",
+            "512MiB",
+        ])
+        .unwrap();
+        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Fp8E4m3));
+        assert_eq!(a.device, Device::Cuda(1));
+        assert_eq!(a.log_format, LogFormat::Json);
+        assert_eq!(a.kv_cache_memory.map(ByteSize::bytes), Some(512 << 20));
+        for (flag, value) in [
+            ("--kv-cache-dtype", "int3"),
+            ("--device", "tpu"),
+            ("--device", "cuda:x"),
+            ("--log-format", "xml"),
+            ("--max-request-body", "2 parsecs"),
+        ] {
+            let e = load(["serve", flag, value]).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains(value), "{e}");
+        }
+        // the config file goes through the same types
+        let dir = std::env::temp_dir().join(format!("kvgate-cfg-typed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "kv-cache-dtype = \"nvfp4\"\nmax-request-body = \"1KiB\"\n").unwrap();
+        let a = load(["serve", "--config", f.to_str().unwrap()]).unwrap();
+        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Nvfp4));
+        assert_eq!(a.max_request_body.bytes(), 1024);
+        std::fs::write(&f, "device = \"gpu\"\n").unwrap();
+        let e = load(["serve", "--config", f.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpu"), "{e}");
     }
 
     #[test]

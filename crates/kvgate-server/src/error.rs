@@ -153,7 +153,11 @@ impl From<EngineError> for ApiError {
                 retry_after: 1,
             },
             EngineError::EngineDead => ApiError::Unavailable(e.to_string()),
-            EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+            EngineError::Config(_)
+            | EngineError::Spawn(_)
+            | EngineError::Backend(_)
+            | EngineError::Scheduler(_)
+            | EngineError::Panic(_) => ApiError::Internal(e.to_string()),
         }
     }
 }

@@ -12,9 +12,12 @@ pub mod config;
 pub mod default_model;
 pub mod error;
 pub mod events;
+pub mod infer;
 pub mod middleware;
 pub mod params;
 pub mod routes;
 pub mod sampling;
 pub mod state;
 pub mod systemone;
+#[cfg(feature = "test-utils")]
+pub mod testing;

@@ -52,7 +52,7 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
                 "owned_by": "kvgate",
                 "root": st.served_names[0],
                 "parent": null,
-                "max_model_len": st.max_model_len,
+                "max_model_len": st.engine.limits().max_model_len,
             })
         })
         .collect();
@@ -107,7 +107,10 @@ pub async fn tokenize(
         }
         (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
     };
-    Ok(axum::Json(json!({"count": tokens.len(), "max_model_len": st.max_model_len, "tokens": tokens})).into_response())
+    Ok(
+        axum::Json(json!({"count": tokens.len(), "max_model_len": st.engine.limits().max_model_len, "tokens": tokens}))
+            .into_response(),
+    )
 }
 
 /// `POST /detokenize`: `{tokens}` → `{prompt}`.
@@ -124,10 +127,13 @@ pub async fn detokenize(
         return Err(ApiError::param("tokens", "'tokens' is required"));
     }
     let ids = b.ids("tokens")?;
-    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.vocab_size) {
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.engine.limits().vocab_size) {
         return Err(ApiError::param(
             "tokens",
-            format!("token id {bad} is outside the vocabulary (size {})", st.vocab_size),
+            format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                st.engine.limits().vocab_size
+            ),
         ));
     }
     let text = st

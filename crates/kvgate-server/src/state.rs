@@ -4,38 +4,32 @@
 use std::sync::Arc;
 
 use axum::http::{header, HeaderMap};
-use kvgate_engine::EngineHandle;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Map, Value};
 
 use crate::config::Args;
 use crate::error::ApiError;
+use crate::infer::Inference;
 use crate::params::Body;
 use crate::systemone::labels::LabelTable;
 
 /// Shared by all handlers.
 pub struct AppState {
-    /// The engine.
-    pub engine: EngineHandle,
+    /// The engine, behind the HTTP ↔ engine seam.
+    pub engine: Arc<dyn Inference>,
     /// The tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// The chat template, if the model has one.
     pub chat: Option<Arc<ChatTemplate>>,
     /// Names the API answers to; the first is reported.
     pub served_names: Vec<String>,
-    /// Context length.
-    pub max_model_len: usize,
-    /// Vocabulary size.
-    pub vocab_size: usize,
     /// Sampling defaults.
     pub defaults: GenerationDefaults,
     /// The Prometheus exporter, when installed.
     pub metrics: Option<PrometheusHandle>,
     /// Settings.
     pub args: Arc<Args>,
-    /// Request body limit in bytes.
-    pub body_limit: u64,
     /// The System One label tokens of this tokenizer.
     pub labels: LabelTable,
     /// Start time (unix seconds), used as `created` of the model.
@@ -71,7 +65,9 @@ impl AppState {
     /// Maps a body-reading failure.
     pub fn body_error(&self, e: axum::extract::rejection::BytesRejection) -> ApiError {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge { limit: self.body_limit }
+            ApiError::PayloadTooLarge {
+                limit: self.args.max_request_body.bytes(),
+            }
         } else {
             ApiError::bad(format!("cannot read the request body: {e}"))
         }

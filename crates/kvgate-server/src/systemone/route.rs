@@ -93,13 +93,13 @@ pub async fn systemone(
             .tokenizer
             .encode(&text, false)
             .map_err(|e| ApiError::param("state", e.to_string()))?;
-        if prompt.len() >= st.max_model_len {
+        if st.engine.limits().check_read(prompt.len()).is_err() {
             return Err(ApiError::param(
                 "state",
                 format!(
                     "question '{id}': the prompt is {} tokens, more than this model's maximum context length of {} tokens",
                     prompt.len(),
-                    st.max_model_len
+                    st.engine.limits().max_model_len
                 ),
             ));
         }

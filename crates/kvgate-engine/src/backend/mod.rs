@@ -1,0 +1,152 @@
+//! The backend seam: the object that owns the KV storage and runs the forward pass (the model's layers
+//! plus attention over its own cache). The engine talks to it only in device-neutral terms — a flat
+//! [`Batch`] of token ids, positions, cache slots and block tables as integers, block copies as pairs of
+//! ids — so a GPU backend implements the same trait over device memory (`kernels/kv_cache.cu` for
+//! store and paged attention) without the engine changing.
+//!
+//! Guarantees every implementation gives: block ids and slots are checked against the cache it owns
+//! (a bad id is a [`BackendError`], never an out-of-bounds access); `forward` writes every row's K/V
+//! before any row attends; a row's logits do not depend on the other rows of the batch.
+
+mod cpu;
+
+pub use cpu::CpuBackend;
+
+use kvgate_kv::CacheShape;
+use kvgate_model::{Batch, KvAmax};
+use thiserror::Error;
+
+use crate::kv_manager::BlockCopy;
+
+/// What a backend can fail with.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum BackendError {
+    /// A block id beyond the cache.
+    #[error("block {block} is outside the KV cache of {num_blocks} blocks")]
+    BlockOutOfRange {
+        /// The block.
+        block: usize,
+        /// Blocks in the cache.
+        num_blocks: usize,
+    },
+    /// A slot beyond the cache.
+    #[error("cache slot {slot} is outside the KV cache of {num_slots} slots")]
+    SlotOutOfRange {
+        /// The slot.
+        slot: usize,
+        /// Slots in the cache.
+        num_slots: usize,
+    },
+    /// A batch whose parts disagree (row counts, table indices, logit rows).
+    #[error("malformed batch: {0}")]
+    Batch(String),
+    /// The forward pass failed.
+    #[error("forward pass failed: {0}")]
+    Forward(String),
+}
+
+/// Storage plus compute for one model on one device.
+pub trait Backend: Send {
+    /// The device, for logs and metrics ("cpu", "cuda:0").
+    fn device(&self) -> String;
+
+    /// The shape of the cache it owns.
+    fn cache_shape(&self) -> CacheShape;
+
+    /// Blocks in the cache.
+    fn num_blocks(&self) -> usize;
+
+    /// Vocabulary size (the width of a logits row).
+    fn vocab_size(&self) -> usize;
+
+    /// Positions the model can run (the longest sequence).
+    fn max_positions(&self) -> usize;
+
+    /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;
+
+    /// Runs one step: writes every row's K/V into the cache at its slot, returns
+    /// `batch.logit_rows.len() × vocab` logits.
+    fn forward(&mut self, batch: &Batch) -> Result<Vec<f32>, BackendError>;
+
+    /// Runs `batch` without touching the cache (on scratch f32 storage) and reports the per-layer amax
+    /// of K and V (`--calculate-kv-scales`).
+    fn measure_kv_amax(&mut self, batch: &Batch) -> Result<KvAmax, BackendError>;
+
+    /// Sets each layer's (k_scale, v_scale) (before anything is written with them).
+    fn set_kv_scales(&mut self, scales: &[(f32, f32)]) -> Result<(), BackendError>;
+}
+
+/// Checks a batch against a cache of `num_blocks` blocks of `block_size` tokens: every table entry and
+/// slot in range, every row's table index and every logit row valid.
+pub(crate) fn check_batch(b: &Batch, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
+    let n = b.tokens.len();
+    if b.positions.len() != n || b.slots.len() != n || b.seq_of_row.len() != n {
+        return Err(BackendError::Batch(format!(
+            "{n} tokens but {} positions, {} slots, {} table indices",
+            b.positions.len(),
+            b.slots.len(),
+            b.seq_of_row.len()
+        )));
+    }
+    for t in &b.tables {
+        if let Some(&blk) = t.iter().find(|&&x| x as usize >= num_blocks) {
+            return Err(BackendError::BlockOutOfRange {
+                block: blk as usize,
+                num_blocks,
+            });
+        }
+    }
+    let num_slots = num_blocks * block_size;
+    if let Some(&slot) = b.slots.iter().find(|&&s| s >= num_slots) {
+        return Err(BackendError::SlotOutOfRange { slot, num_slots });
+    }
+    for (r, (&t, &p)) in b.seq_of_row.iter().zip(&b.positions).enumerate() {
+        let Some(table) = b.tables.get(t as usize) else {
+            return Err(BackendError::Batch(format!(
+                "row {r} names table {t} of {}",
+                b.tables.len()
+            )));
+        };
+        if (p as usize) >= table.len() * block_size {
+            return Err(BackendError::Batch(format!(
+                "row {r} at position {p} is beyond its table of {} blocks",
+                table.len()
+            )));
+        }
+    }
+    if let Some(&r) = b.logit_rows.iter().find(|&&r| r >= n) {
+        return Err(BackendError::Batch(format!("logit row {r} of {n} rows")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_batch_refuses_out_of_range_ids() {
+        let ok = Batch::single_sequence(&[1, 2, 3, 4, 5], 4);
+        assert_eq!(check_batch(&ok, 2, 4), Ok(()));
+        assert_eq!(
+            check_batch(&ok, 1, 4),
+            Err(BackendError::BlockOutOfRange {
+                block: 1,
+                num_blocks: 1
+            })
+        );
+        let mut bad = ok.clone();
+        bad.slots[4] = 99;
+        assert_eq!(
+            check_batch(&bad, 2, 4),
+            Err(BackendError::SlotOutOfRange { slot: 99, num_slots: 8 })
+        );
+        let mut bad = ok.clone();
+        bad.seq_of_row[0] = 3;
+        assert!(matches!(check_batch(&bad, 2, 4), Err(BackendError::Batch(_))));
+        let mut bad = ok;
+        bad.logit_rows.push(5);
+        assert!(matches!(check_batch(&bad, 2, 4), Err(BackendError::Batch(_))));
+    }
+}
