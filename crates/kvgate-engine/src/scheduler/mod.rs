@@ -1,0 +1,289 @@
+//! The continuous-batching scheduler: which sequences run in the next step and how many tokens each
+//! gets. Pure bookkeeping over typed ids (no tensors), so it is unit-tested and fuzzed on its own.
+//!
+//! Per step, within the token budget (`max_num_batched_tokens`) and `max_num_seqs`:
+//! 1. decode tokens of running sequences (oldest group first);
+//! 2. prefill chunks of running sequences (chunked prefill; decision questions' suffixes);
+//! 3. new groups from the FIFO waiting queue, after a prefix-cache lookup, as long as their first chunk's
+//!    blocks are available (admission never overcommits the pool).
+//!
+//! When a running sequence cannot grow, the newest running group is preempted by recompute (its blocks
+//! released, its sequences put back to waiting with their tokens so far) and the step is retried; a group
+//! that cannot fit even alone is reported as failed instead of looping.
+//!
+//! The [`Plan`] of a step carries everything the step needs (each chunk's tokens, positions, cache
+//! slots and block table), so nothing outside reaches into a sequence. Sequences and groups live in the
+//! [`Registry`]; decision layouts and keep-alive pins in [`crate::decision`].
+
+mod decisions;
+mod plan;
+mod step;
+
+#[cfg(test)]
+use std::collections::HashSet;
+use std::collections::VecDeque;
+
+pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
+
+use crate::block_pool::BlockPool;
+use crate::decision::Pins;
+use crate::kv_manager::{KvManager, PrefixStats};
+#[cfg(test)]
+use crate::registry::Seq;
+use crate::registry::{GroupId, GroupKind, Registry, SchedError, SeqId};
+
+type Result<T> = std::result::Result<T, SchedError>;
+
+/// The scheduler and everything it owns: the sequences, the block tables, the pool, the queues, the pins.
+#[derive(Debug, Clone)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: KvManager,
+    reg: Registry,
+    waiting: VecDeque<GroupId>,
+    running: Vec<GroupId>,
+    pins: Pins,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over a pool of `num_blocks` blocks.
+    pub fn new(cfg: SchedulerConfig, num_blocks: usize) -> Scheduler {
+        Self::with_pool(cfg, BlockPool::new(num_blocks))
+    }
+
+    /// A scheduler over a given pool (tests use pools with colliding hashes).
+    pub fn with_pool(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
+        Scheduler {
+            cfg,
+            kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
+            reg: Registry::default(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            pins: Pins::default(),
+            preemptions: 0,
+        }
+    }
+
+    /// Limits.
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &BlockPool {
+        self.kv.pool()
+    }
+
+    /// Prefix-cache counters.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.kv.stats()
+    }
+
+    /// Preemptions so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// A sequence (tests).
+    #[cfg(test)]
+    pub(crate) fn seq(&self, id: SeqId) -> Result<&Seq> {
+        self.reg.seq(id)
+    }
+
+    /// Live sequences of a group (empty for an unknown group).
+    pub fn group_seqs(&self, g: GroupId) -> &[SeqId] {
+        self.reg.group(g).map(|g| g.seqs.as_slice()).unwrap_or(&[])
+    }
+
+    #[cfg(test)]
+    /// Whether a group exists.
+    pub fn has_group(&self, g: GroupId) -> bool {
+        self.reg.has_group(g)
+    }
+
+    /// Usage of a group.
+    pub fn usage(&self, g: GroupId) -> GroupUsage {
+        self.reg
+            .group(g)
+            .map(|g| GroupUsage {
+                cached_tokens: g.cached_tokens,
+                computed_tokens: g.computed_tokens,
+                decision_warmed_tokens: g.decision_warmed_tokens,
+            })
+            .unwrap_or_default()
+    }
+
+    /// Groups waiting for admission.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Groups running.
+    pub fn num_running_groups(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Sequences running.
+    pub fn num_running_seqs(&self) -> usize {
+        self.running.iter().map(|&g| self.group_seqs(g).len()).sum()
+    }
+
+    /// Whether nothing is waiting or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Whether a group is admitted (running).
+    pub fn is_running(&self, g: GroupId) -> bool {
+        self.reg.group(g).is_ok_and(|g| g.running)
+    }
+
+    /// Queues a completion: one sequence over `prompt` (forked later with [`Scheduler::fork`]).
+    pub fn add_generate(&mut self, prompt: Vec<u32>, salt: &str, all_logits: bool) -> (GroupId, SeqId) {
+        let g = self.reg.add_group(GroupKind::Generate, salt.to_string());
+        let s = self.reg.add_seq(g, prompt, all_logits, true);
+        if let Ok(grp) = self.reg.group_mut(g) {
+            grp.seqs.push(s);
+        }
+        self.waiting.push_back(g);
+        (g, s)
+    }
+
+    /// Forks `n` new sequences off `seq`, sharing its blocks (copy-on-write on their first write).
+    pub fn fork(&mut self, seq: SeqId, n: usize) -> Result<Vec<SeqId>> {
+        let s = self.reg.seq(seq)?;
+        let (g, tokens, computed, blocks, all_logits) =
+            (s.group, s.tokens.clone(), s.computed, s.blocks.clone(), s.all_logits);
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = self.reg.add_seq(g, tokens.clone(), all_logits, true);
+            let sb = self.kv.fork(&blocks);
+            let s = self.reg.seq_mut(id)?;
+            s.blocks = sb;
+            s.computed = computed;
+            s.matched = true;
+            self.reg.group_mut(g)?.seqs.push(id);
+            out.push(id);
+        }
+        Ok(out)
+    }
+
+    /// Appends a sampled token to a sequence.
+    pub fn append_token(&mut self, seq: SeqId, tok: u32) -> Result<()> {
+        self.reg.seq_mut(seq)?.tokens.push(tok);
+        Ok(())
+    }
+
+    /// Records that a chunk ran: its tokens are now in the cache; full blocks join the prefix cache.
+    pub fn advance(&mut self, c: &Chunk) -> Result<()> {
+        let s = self.reg.seq_mut(c.seq)?;
+        debug_assert_eq!(s.computed, c.start);
+        s.computed = c.start + c.len;
+        let g = s.group;
+        let grp = self.reg.group_mut(g)?;
+        grp.computed_tokens += c.len;
+        let salt = grp.salt.clone();
+        let decision = matches!(grp.kind, GroupKind::Decide(_));
+        let s = self.reg.seq_mut(c.seq)?;
+        self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
+        Ok(())
+    }
+
+    /// Ends one sequence, releasing its blocks. The group ends with its last sequence.
+    pub fn finish_seq(&mut self, seq: SeqId) -> Result<()> {
+        let mut s = self.reg.remove_seq(seq)?;
+        self.kv.release(&mut s.blocks);
+        let grp = self.reg.group_mut(s.group)?;
+        grp.seqs.retain(|&x| x != seq);
+        if grp.seqs.is_empty() {
+            self.remove_group(s.group);
+        }
+        Ok(())
+    }
+
+    /// Ends a group and all its sequences, wherever it is (waiting or running); an unknown group (one
+    /// that already ended) is a no-op.
+    pub fn finish_group(&mut self, g: GroupId) {
+        for s in self.group_seqs(g).to_vec() {
+            if let Ok(mut seq) = self.reg.remove_seq(s) {
+                self.kv.release(&mut seq.blocks);
+            }
+        }
+        self.remove_group(g);
+    }
+
+    fn remove_group(&mut self, g: GroupId) {
+        self.reg.remove_group(g);
+        self.waiting.retain(|&x| x != g);
+        self.running.retain(|&x| x != g);
+    }
+
+    /// Pins the full blocks among the first `tokens` tokens of a sequence (those computed) until `until`
+    /// (a caller-defined clock value); returns how many blocks. See [`Scheduler::expire_pins`].
+    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> Result<usize> {
+        let s = self.reg.seq(seq)?;
+        let n = tokens.min(s.computed) / self.cfg.block_size;
+        let blocks = s.blocks.blocks[..n.min(s.blocks.blocks.len())].to_vec();
+        self.kv.pin(&blocks);
+        let n = blocks.len();
+        self.pins.add(until, blocks);
+        Ok(n)
+    }
+
+    /// Releases pins whose time is `≤ now`; returns how many were released.
+    pub fn expire_pins(&mut self, now: u64) -> usize {
+        let done = self.pins.take_expired(now);
+        for b in &done {
+            self.kv.unpin(b);
+        }
+        done.len()
+    }
+
+    /// Releases every pin.
+    pub fn clear_pins(&mut self) {
+        self.expire_pins(u64::MAX);
+    }
+
+    /// Earliest pin expiry, if any.
+    pub fn next_pin_expiry(&self) -> Option<u64> {
+        self.pins.next_expiry()
+    }
+
+    /// Blocks held by pins.
+    pub fn pinned_blocks(&self) -> usize {
+        self.pins.blocks().count()
+    }
+
+    /// Checks that every block's reference count equals the number of tables (and pins) holding it, that
+    /// no sequence holds a block twice, and the pool's own invariants.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.kv.pool().check_invariants();
+        let mut refs = vec![0u32; self.kv.pool().total()];
+        for s in self.reg.seqs() {
+            let mut seen = HashSet::new();
+            for &b in &s.blocks.blocks {
+                assert!(seen.insert(b), "block {b} twice in one table");
+                refs[b.index()] += 1;
+            }
+            assert!(s.computed <= s.tokens.len());
+            assert!(s.blocks.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
+        }
+        for b in self.pins.blocks() {
+            refs[b.index()] += 1;
+        }
+        for (b, &r) in refs.iter().enumerate() {
+            assert_eq!(self.kv.pool().ref_count_at(b), r, "ref count of block {b}");
+        }
+        for g in &self.running {
+            assert!(self.reg.group(*g).unwrap().running);
+        }
+        for g in &self.waiting {
+            assert!(!self.reg.group(*g).unwrap().running);
+        }
+        assert_eq!(self.running.len() + self.waiting.len(), self.reg.num_groups());
+        let orders: Vec<u64> = self.running.iter().map(|g| self.reg.group(*g).unwrap().order).collect();
+        assert!(orders.windows(2).all(|w| w[0] < w[1]), "running not in arrival order");
+    }
+}

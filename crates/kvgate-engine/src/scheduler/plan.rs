@@ -1,0 +1,110 @@
+//! What one scheduling pass produces: the [`Plan`] and its self-contained [`Chunk`]s, plus the
+//! scheduler's limits and per-group accounting.
+
+use std::collections::HashSet;
+
+use crate::block_pool::BlockId;
+use crate::kv_manager::BlockCopy;
+use crate::registry::{GroupId, SeqId};
+
+/// Which rows of a chunk need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// None (an intermediate prefill chunk, a decision prefix).
+    None,
+    /// The chunk's last row (the next-token distribution).
+    Last,
+    /// Every row (prompt logprobs).
+    All,
+}
+
+/// One sequence's share of a step: tokens `start..start + len` of it, with everything needed to run
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chunk {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Its group.
+    pub group: GroupId,
+    /// First token position.
+    pub start: usize,
+    /// Number of tokens.
+    pub len: usize,
+    /// Which logits are wanted.
+    pub logits: Logits,
+    /// For a decision's read: its index.
+    pub read: Option<usize>,
+    /// Whether the chunk ends at the sequence's last known token (its last row predicts the next one).
+    pub at_end: bool,
+    /// The tokens `start..start + len`.
+    pub tokens: Vec<u32>,
+    /// The cache slot (`block · block_size + offset`) of each token.
+    pub slots: Vec<usize>,
+    /// The sequence's block table (covers `start + len` tokens).
+    pub table: Vec<BlockId>,
+}
+
+/// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Planned {
+    pub(super) seq: SeqId,
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) logits: Logits,
+}
+
+/// The outcome of one scheduling pass.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// The chunks to run, decode chunks first.
+    pub chunks: Vec<Chunk>,
+    /// Block copies to perform before running (copy-on-write).
+    pub copies: Vec<BlockCopy>,
+    /// Groups preempted during this pass (by recompute).
+    pub preempted: Vec<GroupId>,
+    /// Groups that cannot fit in the pool even alone (the engine fails them), with the blocks they
+    /// needed for their next chunk.
+    pub failed: Vec<(GroupId, usize)>,
+}
+
+impl Plan {
+    #[cfg(test)]
+    /// Tokens scheduled.
+    pub fn num_tokens(&self) -> usize {
+        self.chunks.iter().map(|c| c.len).sum()
+    }
+}
+
+/// Limits of the scheduler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Tokens per step.
+    pub max_num_batched_tokens: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Prefix caching on.
+    pub prefix_caching: bool,
+}
+
+/// Work in progress of one scheduling pass.
+pub(super) struct StepState {
+    pub(super) chunks: Vec<Planned>,
+    pub(super) copies: Vec<(SeqId, BlockCopy)>,
+    pub(super) preempted: Vec<GroupId>,
+    pub(super) failed: Vec<(GroupId, usize)>,
+    pub(super) budget: usize,
+    pub(super) planned: HashSet<SeqId>,
+}
+
+/// Per-group accounting, for usage and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupUsage {
+    /// Prompt tokens found in the prefix cache on first admission.
+    pub cached_tokens: usize,
+    /// Tokens actually computed (prefill chunks and decode tokens, recomputation included).
+    pub computed_tokens: usize,
+    /// Of the cached prompt tokens, those found in blocks a decision computed.
+    pub decision_warmed_tokens: usize,
+}

@@ -1,0 +1,312 @@
+//! The scheduling pass: decode tokens, then prefill chunks of running groups, then admission of
+//! waiting ones; preemption by recompute when a sequence cannot grow; groups that can never fit are
+//! reported as failed. Ends by filling each chunk with its tokens, slots and table.
+
+use std::collections::HashSet;
+
+use super::plan::{Chunk, Logits, Plan, Planned, StepState};
+use super::{Result, Scheduler};
+use crate::kv_manager::BlockCopy;
+use crate::registry::{GroupId, SchedError, SeqId};
+
+impl Scheduler {
+    /// Preempts a running group by recompute: releases every block, resets its sequences (a forked
+    /// decision goes back to its prefix), and puts it back into the waiting queue by arrival order.
+    fn preempt(&mut self, g: GroupId, st: &mut StepState) -> Result<()> {
+        self.preemptions += 1;
+        self.drop_chunks(g, st);
+        let seqs = self.group_seqs(g).to_vec();
+        for &s in &seqs {
+            let seq = self.reg.seq_mut(s)?;
+            self.kv.release(&mut seq.blocks);
+            seq.computed = 0;
+            seq.matched = false;
+        }
+        let forked_decision = self.decision(g).is_ok_and(|d| d.forked && d.layout.forks);
+        if forked_decision {
+            for &s in &seqs {
+                self.reg.remove_seq(s)?;
+            }
+            self.init_decision(g)?;
+        }
+        let grp = self.reg.group_mut(g)?;
+        grp.running = false;
+        let order = grp.order;
+        self.running.retain(|&x| x != g);
+        let pos = self
+            .waiting
+            .iter()
+            .position(|&w| self.reg.group(w).is_ok_and(|w| w.order > order))
+            .unwrap_or(self.waiting.len());
+        self.waiting.insert(pos, g);
+        st.preempted.push(g);
+        Ok(())
+    }
+
+    /// Prefix-matches a sequence that has no blocks yet (first admission or after preemption).
+    fn match_seq(&mut self, sid: SeqId) -> Result<usize> {
+        let s = self.reg.seq(sid)?;
+        if s.matched {
+            return Ok(0);
+        }
+        let salt = self.reg.group(s.group)?.salt.clone();
+        // The last token is recomputed so there are logits to read; a decision prefix has no logits and
+        // may match every full block.
+        let max_blocks = if s.all_logits {
+            0
+        } else if s.wants_logits {
+            (s.tokens.len() - 1) / self.cfg.block_size
+        } else {
+            s.tokens.len() / self.cfg.block_size
+        };
+        let sb = self.kv.match_prefix(&s.tokens, max_blocks, &salt, false);
+        let hit = sb.blocks.len() * self.cfg.block_size;
+        let s = self.reg.seq_mut(sid)?;
+        s.blocks = sb;
+        s.computed = hit;
+        s.matched = true;
+        Ok(hit)
+    }
+
+    fn unmatch_seq(&mut self, sid: SeqId) -> Result<()> {
+        let s = self.reg.seq_mut(sid)?;
+        self.kv.release(&mut s.blocks);
+        s.computed = 0;
+        s.matched = false;
+        Ok(())
+    }
+
+    /// Grows a sequence's table for its next `len` tokens; `Ok(false)` (nothing changed) when the pool
+    /// has too few free blocks.
+    fn try_reserve(&mut self, sid: SeqId, len: usize, copies: &mut Vec<(SeqId, BlockCopy)>) -> Result<bool> {
+        let s = self.reg.seq_mut(sid)?;
+        let mut c = vec![];
+        let ok = self.kv.reserve(&mut s.blocks, s.computed, s.computed + len, &mut c);
+        copies.extend(c.into_iter().map(|c| (sid, c)));
+        Ok(ok)
+    }
+
+    /// Blocks a sequence's next `len` tokens need beyond what it holds.
+    fn blocks_needed(&self, sid: SeqId, len: usize) -> Result<usize> {
+        let s = self.reg.seq(sid)?;
+        Ok(self.kv.blocks_needed(&s.blocks, s.computed, s.computed + len))
+    }
+
+    fn plan_chunk(&self, sid: SeqId, len: usize) -> Result<Planned> {
+        let s = self.reg.seq(sid)?;
+        let end = s.computed + len;
+        let logits = if s.all_logits {
+            Logits::All
+        } else if !s.wants_logits || end < s.tokens.len() {
+            Logits::None
+        } else {
+            Logits::Last
+        };
+        Ok(Planned {
+            seq: sid,
+            start: s.computed,
+            len,
+            logits,
+        })
+    }
+
+    /// Turns a planned chunk into a self-contained [`Chunk`].
+    fn fill(&self, p: Planned) -> Result<Chunk> {
+        let s = self.reg.seq(p.seq)?;
+        let bs = self.cfg.block_size;
+        let end = p.start + p.len;
+        let slots = (p.start..end)
+            .map(|pos| {
+                s.blocks
+                    .blocks
+                    .get(pos / bs)
+                    .map(|b| b.index() * bs + pos % bs)
+                    .ok_or(SchedError::NoBlock { seq: p.seq, pos })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        Ok(Chunk {
+            seq: p.seq,
+            group: s.group,
+            start: p.start,
+            len: p.len,
+            logits: p.logits,
+            read: s.read,
+            at_end: end == s.tokens.len(),
+            tokens: s.tokens[p.start..end].to_vec(),
+            slots,
+            table: s.blocks.blocks.clone(),
+        })
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> Result<Plan> {
+        let mut st = StepState {
+            chunks: vec![],
+            copies: vec![],
+            preempted: vec![],
+            failed: vec![],
+            budget: self.cfg.max_num_batched_tokens,
+            planned: HashSet::new(),
+        };
+        self.fork_ready_decisions()?;
+        // 1 and 2: running groups, decode tokens first, then prefill chunks.
+        self.schedule_running(&mut st, true)?;
+        self.schedule_running(&mut st, false)?;
+        // 3: admit waiting groups in FIFO order; decisions whose prefix is fully cached fork at once and
+        // their questions join this step.
+        if self.admit_waiting(&mut st)? {
+            self.fork_ready_decisions()?;
+            self.schedule_running(&mut st, true)?;
+            self.schedule_running(&mut st, false)?;
+        }
+        let chunks = st.chunks.iter().map(|&p| self.fill(p)).collect::<Result<Vec<_>>>()?;
+        Ok(Plan {
+            chunks,
+            copies: st.copies.into_iter().map(|(_, c)| c).collect(),
+            preempted: st.preempted,
+            failed: st.failed,
+        })
+    }
+
+    fn schedule_running(&mut self, st: &mut StepState, decode_phase: bool) -> Result<()> {
+        let mut i = 0;
+        while i < self.running.len() {
+            let g = self.running[i];
+            let mut group_gone = false;
+            for sid in self.group_seqs(g).to_vec() {
+                if st.budget == 0 {
+                    return Ok(());
+                }
+                if st.planned.contains(&sid) {
+                    continue;
+                }
+                let s = self.reg.seq(sid)?;
+                let remaining = s.tokens.len() - s.computed;
+                let is_decode = remaining == 1 && s.matched;
+                if remaining == 0 || is_decode != decode_phase {
+                    continue;
+                }
+                self.match_seq(sid)?;
+                let s = self.reg.seq(sid)?;
+                let len = (s.tokens.len() - s.computed).min(st.budget);
+                if len == 0 {
+                    continue;
+                }
+                loop {
+                    if self.try_reserve(sid, len, &mut st.copies)? {
+                        st.chunks.push(self.plan_chunk(sid, len)?);
+                        st.planned.insert(sid);
+                        st.budget -= len;
+                        break;
+                    }
+                    let victim = self.running.iter().rev().copied().find(|&v| v != g);
+                    let newer =
+                        |v: GroupId| -> Result<bool> { Ok(self.reg.group(v)?.order > self.reg.group(g)?.order) };
+                    match victim {
+                        Some(v) if newer(v)? => self.preempt(v, st)?,
+                        Some(_) => {
+                            // This group is the newest that could give way: it yields itself.
+                            self.preempt(g, st)?;
+                            group_gone = true;
+                            break;
+                        }
+                        None => {
+                            // Alone and still too big: it can never run.
+                            let needed = self.blocks_needed(sid, len)?;
+                            self.drop_chunks(g, st);
+                            st.failed.push((g, needed));
+                            self.finish_group(g);
+                            group_gone = true;
+                            break;
+                        }
+                    }
+                }
+                if group_gone {
+                    break;
+                }
+            }
+            if !group_gone {
+                i += 1;
+            }
+            // Otherwise g left `running` at index i and the next group is there now.
+        }
+        Ok(())
+    }
+
+    /// Admits waiting groups; returns whether any was admitted.
+    fn admit_waiting(&mut self, st: &mut StepState) -> Result<bool> {
+        let mut admitted = false;
+        while st.budget > 0 {
+            let Some(&g) = self.waiting.front() else { break };
+            let seqs = self.group_seqs(g);
+            if self.num_running_seqs() + seqs.len() > self.cfg.max_num_seqs && !self.running.is_empty() {
+                break;
+            }
+            let Some(&first) = seqs.first() else {
+                return Err(SchedError::UnknownGroup(g));
+            };
+            let hit = self.match_seq(first)?;
+            let s = self.reg.seq(first)?;
+            let len = (s.tokens.len() - s.computed).min(st.budget);
+            if len > 0 && !self.try_reserve(first, len, &mut st.copies)? {
+                let needed = self.blocks_needed(first, len)?;
+                self.unmatch_seq(first)?;
+                if self.running.is_empty() && st.chunks.is_empty() {
+                    // Nothing else holds blocks, and it still does not fit.
+                    self.waiting.pop_front();
+                    st.failed.push((g, needed));
+                    self.finish_group(g);
+                    continue;
+                }
+                break;
+            }
+            if len > 0 {
+                st.chunks.push(self.plan_chunk(first, len)?);
+                st.planned.insert(first);
+                st.budget -= len;
+            }
+            self.waiting.pop_front();
+            let order = self.reg.group(g)?.order;
+            let pos = self
+                .running
+                .iter()
+                .position(|&r| self.reg.group(r).is_ok_and(|r| r.order > order))
+                .unwrap_or(self.running.len());
+            self.running.insert(pos, g);
+            admitted = true;
+            let s = self.reg.seq(first)?;
+            let tokens = s.tokens.len();
+            let warmed = s
+                .blocks
+                .blocks
+                .iter()
+                .take(hit / self.cfg.block_size)
+                .filter(|&&b| self.kv.pool().is_decision_warmed(b))
+                .count()
+                * self.cfg.block_size;
+            let grp = self.reg.group_mut(g)?;
+            grp.running = true;
+            if !grp.admitted_once {
+                grp.admitted_once = true;
+                grp.cached_tokens = hit;
+                grp.decision_warmed_tokens = warmed;
+                self.kv.record(tokens as u64, hit as u64);
+            }
+        }
+        Ok(admitted)
+    }
+
+    fn drop_chunks(&mut self, g: GroupId, st: &mut StepState) {
+        let set: HashSet<SeqId> = self.group_seqs(g).iter().copied().collect();
+        st.chunks.retain(|c| {
+            if set.contains(&c.seq) {
+                st.budget += c.len;
+                false
+            } else {
+                true
+            }
+        });
+        st.copies.retain(|(s, _)| !set.contains(s));
+        st.planned.retain(|s| !set.contains(s));
+    }
+}
