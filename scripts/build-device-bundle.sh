@@ -4,7 +4,7 @@
 # machine with an NVIDIA GPU and run by scripts/device-check.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --release -p kvgate-cuda --features cuda --no-run 2>&1 | tee /tmp/kvgate-device-build.log
+cargo test --release -p kvgate-cuda --no-run 2>&1 | tee /tmp/kvgate-device-build.log
 mkdir -p device-bundle
 for t in gpu nvrtc; do
   bin=$(grep -o "target/release/deps/${t}-[0-9a-f]*" /tmp/kvgate-device-build.log | head -1)

@@ -10,7 +10,10 @@
 //! The device layout of a cache layer is exactly `kvgate_kv::CacheShape`'s, so bytes written by
 //! [`Gpu::store`] can be compared with the CPU codecs byte for byte.
 
+mod checked;
 pub mod nvrtc;
+
+pub use checked::{BlockTables, Slots};
 
 use std::sync::{Arc, OnceLock};
 
@@ -49,6 +52,9 @@ pub enum CudaError {
     /// A driver call failed.
     #[error("CUDA driver error: {0}")]
     Driver(String),
+    /// Caller-supplied slots, tables or buffers that do not fit the cache or each other.
+    #[error("invalid kernel arguments: {0}")]
+    Invalid(String),
     /// A dtype without a GPU kernel.
     #[error("no CUDA kernel for the {0} KV cache")]
     Unsupported(&'static str),
@@ -173,20 +179,56 @@ impl Gpu {
         self.stream.alloc_zeros::<u8>(n).map_err(drv)
     }
 
-    /// Quantize-on-store: writes `x` (`tokens × kv_heads × head_dim` f32) into the cache layer `cache`
-    /// (bytes, `kvgate_kv` layout) at `slots` (`block · block_size + offset`), with the layer's `scale`
-    /// (fp8: stored `x / scale`; nvfp4: global scale `1 / scale`).
-    #[allow(clippy::too_many_arguments)]
+    /// Uploads cache slots (`block · block_size + offset`), remembering the largest for the checks.
+    pub fn upload_slots(&self, slots: &[usize]) -> Result<Slots, CudaError> {
+        let max = checked::max_slot(slots)?;
+        let host: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+        Ok(Slots {
+            dev: self.upload(&host)?,
+            len: slots.len(),
+            max,
+        })
+    }
+
+    /// Uploads block tables (`ctx_lens.len() × max_blocks` ids, row-major) and context lengths,
+    /// checking that each sequence's context fits its table and remembering the largest block in use.
+    pub fn upload_tables(
+        &self,
+        tables: &[i32],
+        max_blocks: usize,
+        ctx_lens: &[usize],
+        block_size: usize,
+    ) -> Result<BlockTables, CudaError> {
+        let max_block = checked::max_table_block(tables, max_blocks, ctx_lens, block_size)?;
+        let lens: Vec<i32> = ctx_lens.iter().map(|&l| l as i32).collect();
+        Ok(BlockTables {
+            tables: self.upload(tables)?,
+            ctx_lens: self.upload(&lens)?,
+            seqs: ctx_lens.len(),
+            max_blocks,
+            block_size,
+            max_block,
+        })
+    }
+
+    /// Quantize-on-store: writes `x` (`slots.len() × kv_heads × head_dim` f32) into the cache layer
+    /// `cache` (bytes, `kvgate_kv` layout) at `slots`, with the layer's `scale` (fp8: stored
+    /// `x / scale`; nvfp4: global scale `1 / scale`). Refused unless every slot is inside `cache` and
+    /// `x` holds every row.
     pub fn store(
         &self,
         dtype: KvDtype,
         x: &CudaSlice<f32>,
-        slots: &CudaSlice<i64>,
+        slots: &Slots,
         cache: &mut CudaSlice<u8>,
-        tokens: usize,
         d: Dims,
         scale: f32,
     ) -> Result<(), CudaError> {
+        let tokens = slots.len;
+        let blocks = checked::cache_blocks(cache.len(), dtype, d)?;
+        checked::check_below("slot", slots.max, blocks * d.block_size)?;
+        checked::check_len("x", x.len(), tokens * d.num_kv_heads * d.head_dim)?;
+        let slots = &slots.dev;
         let (nt, nkv, hd, bs) = (
             tokens as i32,
             d.num_kv_heads as i32,
@@ -198,7 +240,7 @@ impl Gpu {
             KvDtype::BF16 => {
                 let f = self.func("store_bf16")?;
                 // SAFETY: the cache is reinterpreted as u16 through its byte length; the kernel writes
-                // only inside the slots' blocks, which the caller sized.
+                // only inside the slots' blocks, checked above to be inside the cache.
                 let mut b = self.stream.launch_builder(&f);
                 b.arg(x).arg(slots).arg(cache).arg(&nt).arg(&nkv).arg(&hd).arg(&bs);
                 unsafe { b.launch(grid_for(elems, 256)) }.map_err(drv)?;
@@ -241,7 +283,8 @@ impl Gpu {
     }
 
     /// Paged-attention decode: one query row per sequence (`q`: `seqs × heads × head_dim`), attending to
-    /// the first `ctx_lens[s]` tokens through `tables` (`seqs × max_blocks` block ids).
+    /// the first `ctx_lens[s]` tokens through `tables`. Refused unless every block in use is inside
+    /// both caches and `q`/`out` hold every row.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &self,
@@ -250,15 +293,28 @@ impl Gpu {
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u8>,
         v_cache: &CudaSlice<u8>,
-        tables: &CudaSlice<i32>,
-        max_blocks: usize,
-        ctx_lens: &CudaSlice<i32>,
-        seqs: usize,
+        tables: &BlockTables,
         d: Dims,
         scale: f32,
         k_scale: f32,
         v_scale: f32,
     ) -> Result<(), CudaError> {
+        if tables.block_size != d.block_size {
+            return Err(CudaError::Invalid(format!(
+                "tables of block size {} for a cache of block size {}",
+                tables.block_size, d.block_size
+            )));
+        }
+        let blocks = checked::cache_blocks(k_cache.len(), dtype, d)?;
+        if checked::cache_blocks(v_cache.len(), dtype, d)? != blocks {
+            return Err(CudaError::Invalid("K and V caches of different sizes".into()));
+        }
+        checked::check_below("block", tables.max_block, blocks)?;
+        let (seqs, max_blocks) = (tables.seqs, tables.max_blocks);
+        let rows = seqs * d.num_heads * d.head_dim;
+        checked::check_len("q", q.len(), rows)?;
+        checked::check_len("out", out.len(), rows)?;
+        let (tables, ctx_lens) = (&tables.tables, &tables.ctx_lens);
         let name = match dtype {
             KvDtype::BF16 => "paged_attention_bf16",
             KvDtype::Fp8E4m3 => "paged_attention_e4m3",
@@ -302,7 +358,8 @@ impl Gpu {
             .arg(&scale)
             .arg(&k_scale)
             .arg(&v_scale);
-        // SAFETY: arguments match the kernel's signature; the tables index only blocks of the caches.
+        // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
+        // inside both caches, and q/out hold every row.
         unsafe { b.launch(cfg) }.map_err(drv)?;
         Ok(())
     }

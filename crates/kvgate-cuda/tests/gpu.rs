@@ -7,7 +7,7 @@
 //!   (`KVGATE_GPU_REPORT=path` also writes it to a file).
 
 use kvgate_cuda::{CudaError, Dims, Gpu};
-use kvgate_kv::storage::Which;
+use kvgate_kv::Which;
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -92,7 +92,7 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
             cpu.write(0, &slots, &x, &x);
             let want = cpu.layer(0).raw(Which::K).as_bytes().to_vec();
             let dx = g.upload(&x).unwrap();
-            let ds = g.upload(&slots.iter().map(|&s| s as i64).collect::<Vec<_>>()).unwrap();
+            let ds = g.upload_slots(&slots).unwrap();
             let mut dc = g.zeros(want.len()).unwrap();
             let dims = Dims {
                 num_kv_heads: nkv,
@@ -100,7 +100,7 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
                 head_dim: hd,
                 block_size: bs,
             };
-            g.store(dtype, &dx, &ds, &mut dc, tokens, dims, scale).unwrap();
+            g.store(dtype, &dx, &ds, &mut dc, dims, scale).unwrap();
             let got = g.download(&dc).unwrap();
             if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) {
                 panic!(
@@ -183,8 +183,7 @@ fn paged_attention_matches_the_cpu() {
         let dk = g.upload(cpu.layer(0).raw(Which::K).as_bytes()).unwrap();
         let dv = g.upload(cpu.layer(0).raw(Which::V).as_bytes()).unwrap();
         let dq = g.upload(&q).unwrap();
-        let dt = g.upload(&flat).unwrap();
-        let dl = g.upload(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>()).unwrap();
+        let dt = g.upload_tables(&flat, max_blocks, &lens, bs).unwrap();
         let mut dout = g.upload(&vec![0f32; q.len()]).unwrap();
         let dims = Dims {
             num_kv_heads: nkv,
@@ -193,22 +192,8 @@ fn paged_attention_matches_the_cpu() {
             block_size: bs,
         };
         let (ks, vs) = (cpu.layer(0).k_scale, cpu.layer(0).v_scale);
-        g.paged_attention(
-            dtype,
-            &mut dout,
-            &dq,
-            &dk,
-            &dv,
-            &dt,
-            max_blocks,
-            &dl,
-            lens.len(),
-            dims,
-            p.scale,
-            ks,
-            vs,
-        )
-        .unwrap();
+        g.paged_attention(dtype, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
+            .unwrap();
         let got = g.download(&dout).unwrap();
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         eprintln!("{dtype} head_dim {hd}: max |GPU − CPU| = {worst:.2e}");
@@ -250,26 +235,11 @@ fn bandwidth_report() -> Result<(), CudaError> {
         let k = g.zeros(layer_bytes)?;
         let v = g.zeros(layer_bytes)?;
         let tables: Vec<i32> = (0..blocks as i32).collect();
-        let dt = g.upload(&tables)?;
-        let dl = g.upload(&vec![ctx as i32; seqs])?;
+        let dt = g.upload_tables(&tables, blocks_per_seq, &vec![ctx; seqs], bs)?;
         let dq = g.upload(&vec![0.01f32; seqs * nh * hd])?;
         let mut out = g.upload(&vec![0f32; seqs * nh * hd])?;
         let ms = g.time_ms(5, || {
-            g.paged_attention(
-                dtype,
-                &mut out,
-                &dq,
-                &k,
-                &v,
-                &dt,
-                blocks_per_seq,
-                &dl,
-                seqs,
-                dims,
-                0.088,
-                1.0,
-                1.0,
-            )
+            g.paged_attention(dtype, &mut out, &dq, &k, &v, &dt, dims, 0.088, 1.0, 1.0)
         })?;
         let bytes = 2.0 * layer_bytes as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
@@ -280,9 +250,9 @@ fn bandwidth_report() -> Result<(), CudaError> {
         // Quantize-on-store of 64k tokens.
         let tokens = 65536usize;
         let x = g.upload(&vec![0.5f32; tokens * nh * hd])?;
-        let slots = g.upload(&(0..tokens as i64).collect::<Vec<_>>())?;
+        let slots = g.upload_slots(&(0..tokens).collect::<Vec<_>>())?;
         let mut cache = g.zeros(tokens.div_ceil(bs) * shape.layer_block_bytes())?;
-        let ms = g.time_ms(5, || g.store(dtype, &x, &slots, &mut cache, tokens, dims, 1.0))?;
+        let ms = g.time_ms(5, || g.store(dtype, &x, &slots, &mut cache, dims, 1.0))?;
         let bytes = (tokens * nh * hd * 4) as f64 + (tokens * nh * dtype.bytes_per_vector(hd)) as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
         report.push_str(&format!(
