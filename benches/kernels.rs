@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
-use kvgate_model::qmatmul::QMatrix;
+use kvgate_model::QMatrix;
 
 fn q4_1_data(n: usize, k: usize) -> Vec<u8> {
     let mut s = 12345u32;

@@ -266,6 +266,13 @@ mod tests {
     }
 
     #[test]
+    fn log_softmax_normalises() {
+        let l = log_softmax(&[1.0, 2.0, 3.0]);
+        let s: f32 = l.iter().map(|x| x.exp()).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
     fn greedy_is_argmax_and_penalties_apply() {
         let mut p = params();
         p.temperature = 0.0;

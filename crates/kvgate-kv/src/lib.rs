@@ -10,15 +10,15 @@
 //! - every query row is computed on its own, in a fixed order, so the result of a row does not depend on
 //!   what else is in the batch (batch-invariant reads).
 
-pub mod attention;
+mod attention;
 pub mod codec;
-pub mod dtype;
-pub mod error;
-pub mod layout;
-pub mod storage;
+mod dtype;
+mod error;
+mod layout;
+mod storage;
 
 pub use attention::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention};
-pub use dtype::KvDtype;
+pub use dtype::{KvDtype, NVFP4_GROUP};
 pub use error::KvError;
 pub use layout::CacheShape;
-pub use storage::{KvCache, LayerCache};
+pub use storage::{Buf, KvCache, LayerCache, Which};

@@ -6,25 +6,27 @@
 //! The model never allocates KV blocks: it is handed a [`Batch`] whose rows already carry their cache
 //! slots and block tables, and an [`kvgate_kv::AttentionBackend`] to read and write them.
 
-pub mod chat;
-pub mod config;
-pub mod dense;
-pub mod error;
-pub mod linear;
-pub mod load_gguf;
-pub mod load_hf;
-pub mod loader;
-pub mod model;
-pub mod ops;
-pub mod qmatmul;
+mod chat;
+mod config;
+mod dense;
+mod error;
+mod linear;
+mod load_gguf;
+mod load_hf;
+mod loader;
+mod model;
+mod ops;
+mod qmatmul;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod tiny;
-pub mod tokenizer;
-pub mod weights;
+mod tokenizer;
+mod weights;
 
 pub use chat::ChatTemplate;
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
+pub use load_hf::load_hf_dir;
 pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
 pub use model::{Batch, KvAmax, Model};
+pub use qmatmul::QMatrix;
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

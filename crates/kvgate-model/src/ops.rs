@@ -165,13 +165,6 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
     }
 }
 
-/// Log-softmax of one row, in f64 for the normaliser.
-pub fn log_softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let lse = (x.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
-    x.iter().map(|&v| v - lse).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,12 +203,5 @@ mod tests {
         let mut y = x;
         rms_norm_inplace(&mut y, &[0.0; 4], 0.0, true);
         assert_eq!(y, out);
-    }
-
-    #[test]
-    fn log_softmax_normalises() {
-        let l = log_softmax(&[1.0, 2.0, 3.0]);
-        let s: f32 = l.iter().map(|x| x.exp()).sum();
-        assert!((s - 1.0).abs() < 1e-6);
     }
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use kvgate_kv::{CpuAttention, KvCache, KvDtype};
-use kvgate_model::load_hf::load_hf_dir;
+use kvgate_model::load_hf_dir;
 use kvgate_model::{Batch, Model};
 
 fn fixture(arch: &str) -> PathBuf {

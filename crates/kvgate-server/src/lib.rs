@@ -4,20 +4,22 @@
 //! binary; and the default-model fetch. HTTP knows nothing of tensors: it talks to the engine through
 //! [`kvgate_engine::EngineHandle`].
 
-pub mod app;
-pub mod chat;
+mod app;
+mod chat;
 pub mod cli;
-pub mod completions;
+mod completions;
 pub mod config;
 pub mod default_model;
-pub mod error;
-pub mod events;
+mod error;
+mod events;
 pub mod infer;
-pub mod middleware;
-pub mod params;
-pub mod routes;
-pub mod sampling;
-pub mod state;
-pub mod systemone;
+mod middleware;
+mod params;
+mod routes;
+mod sampling;
+mod state;
+mod systemone;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+
+pub use state::AppState;
