@@ -260,7 +260,7 @@ pub struct Args {
     #[arg(long, env = "KVGATE_THREADS")]
     pub threads: Option<usize>,
 
-    /// Device: cpu, or cuda:N (builds with the `cuda` feature)
+    /// Device: cpu (cuda:N is refused until a CUDA backend exists)
     #[arg(long, env = "KVGATE_DEVICE", default_value = "cpu")]
     pub device: Device,
 
