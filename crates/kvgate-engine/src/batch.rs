@@ -42,3 +42,39 @@ pub(crate) fn build(chunks: &[Chunk]) -> Batch {
     }
     b
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::{Scheduler, SchedulerConfig};
+
+    #[test]
+    fn batch_rows_come_from_the_plan() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            prefix_caching: true,
+        };
+        let mut s = Scheduler::new(cfg, 16);
+        let (_, a) = s.add_generate((10..16).collect(), "", false);
+        let (_, b) = s.add_generate((20..23).collect(), "", true);
+        let plan = s.schedule().unwrap();
+        let batch = build(&plan.chunks);
+        assert_eq!(batch.tokens, [10, 11, 12, 13, 14, 15, 20, 21, 22]);
+        assert_eq!(batch.positions, [0, 1, 2, 3, 4, 5, 0, 1, 2]);
+        assert_eq!(batch.seq_of_row, [0, 0, 0, 0, 0, 0, 1, 1, 1]);
+        // the first sequence wants its last row, the second (prompt logprobs) every row
+        assert_eq!(batch.logit_rows, [5, 6, 7, 8]);
+        assert_eq!((plan.chunks[0].seq, plan.chunks[1].seq), (a, b));
+        for (c, table) in plan.chunks.iter().zip(&batch.tables) {
+            assert_eq!(*table, c.table.iter().map(|&x| u32::from(x)).collect::<Vec<_>>());
+        }
+        // each slot is block · block_size + offset in the row's own table
+        for r in 0..batch.len() {
+            let t = &batch.tables[batch.seq_of_row[r] as usize];
+            let p = batch.positions[r] as usize;
+            assert_eq!(batch.slots[r], t[p / 4] as usize * 4 + p % 4);
+        }
+    }
+}

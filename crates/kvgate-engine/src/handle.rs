@@ -303,3 +303,28 @@ impl EngineHandle {
         let _ = self.tx.send(Command::Shutdown);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_context_rule() {
+        let l = Limits {
+            max_model_len: 10,
+            max_queue: 1,
+            num_blocks: 4,
+            block_size: 4,
+            vocab_size: 100,
+        };
+        assert!(l.fits(10) && !l.fits(11));
+        // a completion needs room for one output token; a decision read only for its prompt
+        assert_eq!(l.room_after(9), Ok(1));
+        assert!(matches!(
+            l.room_after(10),
+            Err(EngineError::PromptTooLong { prompt_tokens: 10, .. })
+        ));
+        assert_eq!(l.check_read(10), Ok(()));
+        assert!(l.check_read(11).is_err());
+    }
+}
