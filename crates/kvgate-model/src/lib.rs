@@ -17,6 +17,7 @@ mod loader;
 mod model;
 mod ops;
 mod qmatmul;
+mod repack;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod tiny;
 mod tokenizer;

@@ -79,6 +79,13 @@ fn f16le(b: &[u8]) -> f32 {
 }
 
 impl QMatrix {
+    /// A matrix from per-block scales, offsets and packed quants (see [`crate::repack`]).
+    pub(crate) fn from_parts(kind: QKind, n: usize, k: usize, d: Vec<f32>, m: Vec<f32>, qs: Vec<u8>) -> QMatrix {
+        debug_assert_eq!(d.len(), n * k / QK);
+        debug_assert_eq!(qs.len(), d.len() * if kind == QKind::Q4 { 16 } else { 32 });
+        QMatrix { kind, n, k, d, m, qs }
+    }
+
     /// Repacks GGUF Q4_0 data (`d: f16, qs: [u8; 16]` per block).
     pub fn from_q4_0(data: &[u8], n: usize, k: usize) -> QMatrix {
         Self::repack(data, n, k, 18, QKind::Q4, |b| {

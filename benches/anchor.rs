@@ -1,0 +1,297 @@
+//! kvgate and llama.cpp side by side, in one run, on the same GGUFs and the same machine (issue 11's
+//! table): decode at 1 and 16 (or 8) streams, prefill of a ~670- and a ~2,550-token prompt, for
+//! SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M. Both servers are driven the same way over HTTP
+//! (`/v1/completions`, greedy, `ignore_eos`), each with 2 compute threads:
+//! - decode tok/s = (N₂ − N₁) / (t₂ − t₁) for one request of N₂ and one of N₁ output tokens (prefill
+//!   cancels out);
+//! - aggregate decode at k streams = k · N / wall time of k concurrent requests of N tokens;
+//! - prefill tok/s = prompt tokens / time of a request with `max_tokens: 1` (every prompt starts with a
+//!   number no other request used, so neither server's prefix cache helps).
+//!
+//! The anchor comes from `../shared/anchors/llama-cpp.sh` (`--env` prints `LLAMA_SERVER` and
+//! `ANCHOR_MODELS`); without it, kvgate's column is printed alone with a line saying why. `KVGATE_SERVE`
+//! measures another build of `serve` (before/after), `ANCHOR_CASES=qwen` one model only. Run with
+//! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
+//! cargo bench --bench anchor`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// A server process on a loopback port, killed on drop.
+struct Proc {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_healthy(p: Proc) -> Proc {
+    for _ in 0..1200 {
+        if let Ok(r) = ureq::get(&format!("http://127.0.0.1:{}/health", p.port)).call() {
+            if r.status() == 200 {
+                return p;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("server on port {} did not become healthy", p.port);
+}
+
+fn kvgate(model: &Path) -> Proc {
+    let port = free_port();
+    // KVGATE_SERVE: another build of `serve` (e.g. an older commit's) to measure instead of this one.
+    let serve = std::env::var_os("KVGATE_SERVE").unwrap_or_else(|| env!("CARGO_BIN_EXE_serve").into());
+    let child = Command::new(serve)
+        .args(["--model", model.to_str().unwrap(), "--port", &port.to_string()])
+        .args(["--threads", "2", "--kv-cache-memory", "2GiB", "--max-model-len", "4096"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    wait_healthy(Proc { child, port })
+}
+
+fn llama(server: &Path, model: &Path, slots: usize) -> Proc {
+    let port = free_port();
+    let child = Command::new(server)
+        .args([
+            "-m",
+            model.to_str().unwrap(),
+            "--port",
+            &port.to_string(),
+            "--host",
+            "127.0.0.1",
+        ])
+        .args(["-t", "2", "-tb", "2", "-np", &slots.to_string()])
+        .args(["-c", &(4096 * slots).to_string(), "--no-warmup"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("llama-server starts");
+    wait_healthy(Proc { child, port })
+}
+
+/// One completion; returns (seconds, prompt tokens, completion tokens).
+fn complete(port: u16, prompt: &str, max_tokens: usize) -> (f64, usize, usize) {
+    let body = json!({
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
+    });
+    let t0 = Instant::now();
+    let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/completions"))
+        .send_json(&body)
+        .unwrap_or_else(|e| panic!("completion on port {port}: {e}"));
+    let v: Value = r.body_mut().read_json().unwrap();
+    let dt = t0.elapsed().as_secs_f64();
+    let u = &v["usage"];
+    (
+        dt,
+        u["prompt_tokens"].as_u64().unwrap_or(0) as usize,
+        u["completion_tokens"].as_u64().unwrap_or(0) as usize,
+    )
+}
+
+/// A prompt of about `words` words that no earlier request shares a prefix with.
+fn fresh_prompt(words: usize, salt: usize) -> String {
+    let mut s = format!("{salt} ");
+    for i in 0..words {
+        s.push_str(
+            [
+                "report",
+                "the",
+                "north",
+                "warehouse",
+                "shipped",
+                "order",
+                "late",
+                "today",
+            ][(i * 7 + salt) % 8],
+        );
+        s.push(' ');
+    }
+    s
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Single-stream decode tok/s.
+fn decode_1(port: u16, salt: &mut usize) -> f64 {
+    let rates = (0..3)
+        .map(|_| {
+            *salt += 1;
+            let p = fresh_prompt(16, *salt);
+            let (t1, _, n1) = complete(port, &p, 16);
+            *salt += 1;
+            let p = fresh_prompt(16, *salt);
+            let (t2, _, n2) = complete(port, &p, 144);
+            (n2 - n1) as f64 / (t2 - t1)
+        })
+        .collect();
+    median(rates)
+}
+
+/// Aggregate tok/s of `k` concurrent streams of `n` tokens.
+fn decode_k(port: u16, k: usize, n: usize, salt: &mut usize) -> f64 {
+    let prompts: Vec<String> = (0..k)
+        .map(|i| {
+            *salt += 1;
+            fresh_prompt(16, *salt * 31 + i)
+        })
+        .collect();
+    let t0 = Instant::now();
+    let tokens: usize = std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(move || complete(port, p, n).2))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    tokens as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Prefill tok/s of a prompt of about `words` words; returns (tok/s, prompt tokens).
+fn prefill(port: u16, words: usize, salt: &mut usize) -> (f64, usize) {
+    let mut rates = vec![];
+    let mut toks = 0;
+    for _ in 0..3 {
+        *salt += 1;
+        let (t, p, _) = complete(port, &fresh_prompt(words, *salt), 1);
+        rates.push(p as f64 / t);
+        toks = p;
+    }
+    (median(rates), toks)
+}
+
+struct Row {
+    name: String,
+    ours: f64,
+    theirs: Option<f64>,
+}
+
+fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
+    // warm up (first-request costs: page faults, thread pools)
+    complete(port, "warm up", 4);
+    let mut rows = vec![
+        ("decode, 1 stream (tok/s)".to_string(), decode_1(port, salt)),
+        (
+            format!("decode, {streams} streams (aggregate tok/s)"),
+            decode_k(port, streams, 64, salt),
+        ),
+    ];
+    for words in [670, 2550] {
+        let (rate, toks) = prefill(port, words, salt);
+        rows.push((format!("prefill, ~{toks}-token prompt (tok/s)"), rate));
+    }
+    rows
+}
+
+fn cpu_flags() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = info
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("?")
+        .trim()
+        .to_string();
+    let flags = info.lines().find(|l| l.starts_with("flags")).unwrap_or("");
+    let mut f: Vec<&str> = flags
+        .split_whitespace()
+        .filter(|w| *w == "avx2" || w.starts_with("avx512"))
+        .collect();
+    f.sort();
+    f.dedup();
+    format!("{model}; {}", f.join(" "))
+}
+
+fn main() {
+    let anchor = std::env::var_os("LLAMA_SERVER")
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    let models = std::env::var_os("ANCHOR_MODELS").map(PathBuf::from);
+    println!(
+        "CPU: {} ({} cores)",
+        cpu_flags(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    if anchor.is_none() {
+        println!(
+            "llama.cpp anchor: not found (set LLAMA_SERVER from ../shared/anchors/llama-cpp.sh --env); kvgate only"
+        );
+    }
+    let default = kvgate_server::default_model::ensure_default_model(false).expect("the default model");
+    let cases: Vec<(&str, Option<PathBuf>, usize)> = vec![
+        (
+            "SmolLM2-135M Q4_1",
+            models
+                .as_ref()
+                .map(|m| m.join("smollm2-135m-instruct-q4_1.gguf"))
+                .filter(|p| p.is_file())
+                .or(Some(default)),
+            16,
+        ),
+        (
+            "Qwen2.5-Coder-0.5B Q4_K_M",
+            models
+                .as_ref()
+                .map(|m| m.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+                .filter(|p| p.is_file()),
+            8,
+        ),
+    ];
+    // ANCHOR_CASES: a comma-separated filter on the model names (e.g. "qwen").
+    let filter = std::env::var("ANCHOR_CASES").unwrap_or_default().to_lowercase();
+    for (name, path, streams) in cases {
+        if !filter.is_empty() && !filter.split(',').any(|f| name.to_lowercase().contains(f.trim())) {
+            continue;
+        }
+        let Some(path) = path else {
+            println!("\n{name}: GGUF not found under ANCHOR_MODELS; skipped");
+            continue;
+        };
+        let mut salt = 0;
+        let ours = {
+            let k = kvgate(&path);
+            measure(k.port, streams, &mut salt)
+        };
+        let theirs = anchor.as_ref().map(|a| {
+            let l = llama(a, &path, streams);
+            measure(l.port, streams, &mut salt)
+        });
+        let rows: Vec<Row> = ours
+            .into_iter()
+            .enumerate()
+            .map(|(i, (n, v))| Row {
+                name: n,
+                ours: v,
+                theirs: theirs.as_ref().map(|t| t[i].1),
+            })
+            .collect();
+        println!("\n{name} ({})\n", path.display());
+        println!("| workload | kvgate | llama.cpp | ratio |\n|---|---|---|---|");
+        for r in rows {
+            match r.theirs {
+                Some(t) => println!("| {} | {:.1} | {:.1} | {:.2}× |", r.name, r.ours, t, r.ours / t),
+                None => println!("| {} | {:.1} | — | — |", r.name, r.ours),
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Load-time repacking of more GGUF formats into the two layouts kvgate's own kernel streams
+//! ([`QMatrix`]: blocks of 32 weights with an f32 scale `d` and offset `m`, 4-bit or 8-bit quants), so
+//! that they too keep f32 activations and go through the packed kernel instead of candle's:
+//! - Q5_0 (`d·(q − 16)`) and Q5_1 (`d·q + m`), 5-bit quants → the 8-bit layout;
+//! - Q4_K (super-blocks of 256: eight sub-blocks of 32 with 6-bit scales and mins, `d·sc·q − dmin·mn`)
+//!   → the 4-bit layout, one (scale, offset) pair per sub-block;
+//! - Q5_K (the same with a fifth bit) → the 8-bit layout.
+//!
+//! Every value equals ggml's dequantization of the block up to one f32 rounding (the kernel's `fma`),
+//! which the tests check against candle's dequantization of the same bytes. Q6_K (sixteen scales per 256)
+//! has no exact form in these layouts and stays on candle's path.
+
+use crate::qmatmul::{QKind, QMatrix, QK};
+
+/// Weights per K-quant super-block.
+pub(crate) const QK_K: usize = 256;
+
+fn f16le(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// Builds a matrix from per-block (d, m) and packed quants, one call of `block` per GGUF block.
+fn build(
+    data: &[u8],
+    n: usize,
+    k: usize,
+    block_bytes: usize,
+    weights_per_block: usize,
+    kind: QKind,
+    block: impl Fn(&[u8], &mut Vec<f32>, &mut Vec<f32>, &mut Vec<u8>),
+) -> Option<QMatrix> {
+    if !k.is_multiple_of(weights_per_block) || data.len() != n * k / weights_per_block * block_bytes {
+        return None;
+    }
+    let blocks = n * k / QK;
+    let mut d = Vec::with_capacity(blocks);
+    let mut m = Vec::with_capacity(blocks);
+    let mut qs = Vec::with_capacity(blocks * if kind == QKind::Q4 { 16 } else { 32 });
+    for b in data.chunks_exact(block_bytes) {
+        block(b, &mut d, &mut m, &mut qs);
+    }
+    Some(QMatrix::from_parts(kind, n, k, d, m, qs))
+}
+
+/// The 5-bit quants of a Q5_0/Q5_1 block (`qh`: 32 high bits, `qs`: 16 bytes of low nibbles).
+fn q5_quants(qh: &[u8], qs: &[u8]) -> [u8; 32] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = [0u8; 32];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0F) | ((((h >> j) << 4) & 0x10) as u8);
+        q[j + 16] = (qs[j] >> 4) | (((h >> (j + 12)) & 0x10) as u8);
+    }
+    q
+}
+
+/// Q5_0 (`d: f16, qh: [u8; 4], qs: [u8; 16]`): `d · (q − 16)`, as signed 8-bit quants.
+pub(crate) fn q5_0(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    build(data, n, k, 22, QK, QKind::Q8, |b, d, m, qs| {
+        d.push(f16le(b));
+        m.push(0.0);
+        qs.extend(q5_quants(&b[2..6], &b[6..22]).iter().map(|&q| (q as i8 - 16) as u8));
+    })
+}
+
+/// Q5_1 (`d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]`): `d · q + m`.
+pub(crate) fn q5_1(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    build(data, n, k, 24, QK, QKind::Q8, |b, d, m, qs| {
+        d.push(f16le(b));
+        m.push(f16le(&b[2..4]));
+        qs.extend(q5_quants(&b[4..8], &b[8..24]));
+    })
+}
+
+/// Scale and min of sub-block `j` from a K-quant's 12 packed scale bytes (ggml's `get_scale_min_k4`).
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The (scale, offset) of each of the 8 sub-blocks of a Q4_K/Q5_K super-block.
+fn k_scales(b: &[u8]) -> [(f32, f32); 8] {
+    let (d, dmin) = (f16le(b), f16le(&b[2..4]));
+    let scales = &b[4..16];
+    std::array::from_fn(|j| {
+        let (sc, mn) = scale_min_k4(j, scales);
+        (d * sc as f32, -(dmin * mn as f32))
+    })
+}
+
+/// Q4_K (`d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`): sub-block `2i` is the low nibbles of
+/// `qs[32i..32i + 32]`, sub-block `2i + 1` the high nibbles.
+pub(crate) fn q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    build(data, n, k, 144, QK_K, QKind::Q4, |b, d, m, qs| {
+        let sm = k_scales(b);
+        let q = &b[16..144];
+        for (j, &(dd, mm)) in sm.iter().enumerate() {
+            let src = &q[(j / 2) * 32..(j / 2) * 32 + 32];
+            let e = |l: usize| if j % 2 == 0 { src[l] & 0x0F } else { src[l] >> 4 };
+            d.push(dd);
+            m.push(mm);
+            qs.extend((0..16).map(|l| e(l) | (e(l + 16) << 4)));
+        }
+    })
+}
+
+/// Q5_K (`d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`): as Q4_K, with the fifth bit
+/// of sub-block `j`'s element `l` in bit `j` of `qh[l]`.
+pub(crate) fn q5_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    build(data, n, k, 176, QK_K, QKind::Q8, |b, d, m, qs| {
+        let sm = k_scales(b);
+        let (qh, q) = (&b[16..48], &b[48..176]);
+        for (j, &(dd, mm)) in sm.iter().enumerate() {
+            let src = &q[(j / 2) * 32..(j / 2) * 32 + 32];
+            d.push(dd);
+            m.push(mm);
+            qs.extend((0..32).map(|l| {
+                let lo = if j % 2 == 0 { src[l] & 0x0F } else { src[l] >> 4 };
+                lo | (((qh[l] >> j) & 1) << 4)
+            }));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
+
+    /// Quantizes a random matrix with candle (ggml's reference quantizers), repacks the bytes, and
+    /// checks every repacked value against candle's dequantization of the same bytes.
+    fn check(dtype: GgmlDType, repack: fn(&[u8], usize, usize) -> Option<QMatrix>) {
+        let (n, k) = (5, 512);
+        let mut s = 12345u32;
+        let vals: Vec<f32> = (0..n * k)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1 << 24) as f32 - 0.3) * 2.0
+            })
+            .collect();
+        let t = Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, dtype).unwrap();
+        let want = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let w = repack(&q.data().unwrap(), n, k).expect("repacks");
+        let mut worst = 0f32;
+        for r in 0..n {
+            for i in 0..k {
+                let (a, b) = (w.value(r, i), want[r * k + i]);
+                worst = worst.max((a - b).abs() / (1e-3 + b.abs()));
+            }
+        }
+        assert!(worst < 1e-5, "{dtype:?}: worst relative difference {worst}");
+        // a size that is not whole blocks is refused, not misread
+        assert!(repack(&q.data().unwrap()[1..], n, k).is_none());
+    }
+
+    #[test]
+    fn q5_0_matches_ggml() {
+        check(GgmlDType::Q5_0, q5_0);
+    }
+
+    #[test]
+    fn q5_1_matches_ggml() {
+        check(GgmlDType::Q5_1, q5_1);
+    }
+
+    #[test]
+    fn q4_k_matches_ggml() {
+        check(GgmlDType::Q4K, q4_k);
+    }
+
+    #[test]
+    fn q5_k_matches_ggml() {
+        check(GgmlDType::Q5K, q5_k);
+    }
+}
