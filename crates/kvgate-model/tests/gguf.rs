@@ -145,6 +145,8 @@ fn every_gguf_format_loads_and_agrees_with_f32() {
         (GgmlDType::Q8_0, 0.015),
         (GgmlDType::Q6K, 0.05),
         (GgmlDType::Q5K, 0.08),
+        (GgmlDType::Q5_1, 0.08),
+        (GgmlDType::Q5_0, 0.08),
         (GgmlDType::Q4K, 0.15),
         (GgmlDType::Q4_1, 0.2),
         (GgmlDType::Q4_0, 0.2),
