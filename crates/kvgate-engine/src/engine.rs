@@ -19,7 +19,6 @@ use tokio::sync::mpsc as tmpsc;
 use tracing::{error, info, warn};
 
 use crate::backend::{Backend, CpuBackend};
-use crate::decision::DecisionLayout;
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
@@ -285,12 +284,12 @@ impl Engine {
 
     fn add_decide(&mut self, id: RequestId, req: DecideRequest, tx: tmpsc::UnboundedSender<Event>) {
         let prompts: Vec<Vec<u32>> = req.reads.iter().map(|r| r.prompt.clone()).collect();
-        let layout = DecisionLayout::of(&prompts);
         let g = self
             .sched
             .add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
+        let shared = self.sched.decision_layout(g).map_or(0, |l| l.shared);
         self.reqs
-            .insert(g, Active::decide(id, req.reads, layout.shared, req.keep_alive, tx));
+            .insert(g, Active::decide(id, req.reads, shared, req.keep_alive, tx));
         self.by_id.insert(id, g);
         self.rec.decision_request();
     }

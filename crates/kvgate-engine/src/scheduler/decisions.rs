@@ -3,10 +3,15 @@
 //! shared prefix is computed.
 
 use super::{Result, Scheduler};
-use crate::decision::DecisionState;
+use crate::decision::{DecisionLayout, DecisionState};
 use crate::registry::{GroupId, GroupKind, SchedError};
 
 impl Scheduler {
+    /// The layout the scheduler runs a decision group with.
+    pub fn decision_layout(&self, g: GroupId) -> Result<DecisionLayout> {
+        Ok(self.decision(g)?.layout)
+    }
+
     /// Queues a decision: one read per prompt (each non-empty), laid out by
     /// [`crate::decision::DecisionLayout`]: a shared prefix computed once and forked per read, or plain
     /// sequences.
