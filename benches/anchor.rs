@@ -203,6 +203,39 @@ fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
     rows
 }
 
+/// Copy bandwidth with two threads (each copies half of a 256 MiB buffer; read + write counted), GB/s.
+fn copy_bandwidth() -> f64 {
+    let n = 256usize << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(n / 2).zip(src.chunks(n / 2)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        });
+        best = best.max(2.0 * n as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    std::hint::black_box(&dst);
+    best
+}
+
+/// Bytes of weights kvgate reads per decoded token (every matmul weight once; the embedding is one row).
+fn weight_bytes_per_token(model: &Path) -> Option<f64> {
+    let m = kvgate_model::load(
+        model,
+        &kvgate_model::LoadOptions {
+            max_model_len: Some(4096),
+        },
+    )
+    .ok()?;
+    let c = m.model.config();
+    let w = m.model.weights();
+    Some((w.bytes() - w.embed.rows.len() * 4 + c.hidden_size * 4) as f64)
+}
+
 fn cpu_flags() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = info
@@ -287,10 +320,28 @@ fn main() {
             .collect();
         println!("\n{name} ({})\n", path.display());
         println!("| workload | kvgate | llama.cpp | ratio |\n|---|---|---|---|");
+        let decode_1 = rows.first().map(|r| (r.ours, r.theirs));
         for r in rows {
             match r.theirs {
                 Some(t) => println!("| {} | {:.1} | {:.1} | {:.2}× |", r.name, r.ours, t, r.ours / t),
                 None => println!("| {} | {:.1} | — | — |", r.name, r.ours),
+            }
+        }
+        // What bounds single-stream decode: the weights kvgate streams per token at the copy bandwidth.
+        if let (Some(bytes), Some((ours, theirs))) = (weight_bytes_per_token(&path), decode_1) {
+            let bw = copy_bandwidth();
+            let limit = bw * 1e9 / bytes;
+            let file = std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64);
+            print!(
+                "\nsingle-stream decode bound: kvgate reads {:.1} MB of weights per token (the GGUF file is {:.1} MB); \
+                 copy bandwidth {bw:.1} GB/s (2 threads) → at most {limit:.0} tok/s; kvgate reaches {:.0}%",
+                bytes / 1e6,
+                file / 1e6,
+                100.0 * ours / limit
+            );
+            match theirs {
+                Some(t) => println!(" (llama.cpp: {t:.1} tok/s reading the GGUF's own formats)"),
+                None => println!(),
             }
         }
     }
