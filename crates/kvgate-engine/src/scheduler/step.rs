@@ -7,7 +7,20 @@ use std::collections::HashSet;
 use super::plan::{Chunk, Logits, Plan, Planned, StepState};
 use super::{Result, Scheduler};
 use crate::kv_manager::BlockCopy;
-use crate::registry::{GroupId, SchedError, SeqId};
+use crate::registry::{GroupId, Registry, SchedError, SeqId};
+
+/// Where a group that arrived at `order` goes in a queue kept in arrival order (before the first newer
+/// group).
+fn arrival_slot<'a>(reg: &Registry, queue: impl IntoIterator<Item = &'a GroupId>, order: u64) -> usize {
+    let mut n = 0;
+    for &g in queue {
+        if reg.group(g).is_ok_and(|x| x.order > order) {
+            return n;
+        }
+        n += 1;
+    }
+    n
+}
 
 impl Scheduler {
     /// Preempts a running group by recompute: releases every block, resets its sequences (a forked
@@ -33,11 +46,7 @@ impl Scheduler {
         grp.running = false;
         let order = grp.order;
         self.running.retain(|&x| x != g);
-        let pos = self
-            .waiting
-            .iter()
-            .position(|&w| self.reg.group(w).is_ok_and(|w| w.order > order))
-            .unwrap_or(self.waiting.len());
+        let pos = arrival_slot(&self.reg, &self.waiting, order);
         self.waiting.insert(pos, g);
         st.preempted.push(g);
         Ok(())
@@ -267,11 +276,7 @@ impl Scheduler {
             }
             self.waiting.pop_front();
             let order = self.reg.group(g)?.order;
-            let pos = self
-                .running
-                .iter()
-                .position(|&r| self.reg.group(r).is_ok_and(|r| r.order > order))
-                .unwrap_or(self.running.len());
+            let pos = arrival_slot(&self.reg, &self.running, order);
             self.running.insert(pos, g);
             admitted = true;
             let s = self.reg.seq(first)?;
