@@ -3,8 +3,8 @@
 //
 // Self-contained (no #include): NVRTC compiles this file at run time to an sm_90 CUBIN. The codecs are
 // bit-for-bit the CPU reference of crates/kvgate-kv/src/codec (round to nearest even, saturating, NaN to
-// a defined code), done in software: sm_90 has no e2m1 conversion instruction, and the software fp8 path
-// keeps the NaN sign exactly as the CPU does.
+// one defined code whatever its sign, since the GPU's arithmetic returns the canonical positive NaN),
+// done in software: sm_90 has no e2m1 conversion instruction.
 //
 // Cache layout (one layer's K or V, identical to kvgate_kv::CacheShape): block b holds, for every
 // (kv head h, token slot o) in [h][o] order, head_dim elements; for nvfp4 first every vector's packed
@@ -24,7 +24,7 @@ typedef unsigned long long u64;
 __device__ __forceinline__ u8 f32_to_e4m3(float x) {
     u32 bits = __float_as_uint(x);
     u8 sign = (u8)((bits >> 24) & 0x80u);
-    if (x != x) return (u8)(sign | 0x7Fu);
+    if (x != x) return (u8)0x7Fu;
     float ax = fabsf(x);
     if (ax >= 448.0f) return (u8)(sign | 0x7Eu);
     if (ax < 0.015625f) return (u8)(sign | (u32)rintf(ax * 512.0f));
@@ -38,19 +38,10 @@ __device__ __forceinline__ u8 f32_to_e4m3(float x) {
     return (u8)(sign | code);
 }
 
-__device__ __forceinline__ float e4m3_to_f32(u8 b) {
-    u32 exp = (b >> 3) & 0xFu, man = b & 0x7u;
-    float v;
-    if (exp == 0xFu && man == 0x7u) v = __int_as_float(0x7FC00000);
-    else if (exp == 0u) v = (float)man * 0.001953125f;
-    else v = __uint_as_float(((exp + 120u) << 23) | (man << 20));
-    return (b & 0x80u) ? -v : v;
-}
-
 __device__ __forceinline__ u8 f32_to_e5m2(float x) {
     u32 bits = __float_as_uint(x);
     u8 sign = (u8)((bits >> 24) & 0x80u);
-    if (x != x) return (u8)(sign | 0x7Fu);
+    if (x != x) return (u8)0x7Fu;
     float ax = fabsf(x);
     if (ax >= 57344.0f) return (u8)(sign | 0x7Bu);
     if (ax < 6.103515625e-5f) return (u8)(sign | (u32)rintf(ax * 65536.0f));
@@ -62,15 +53,6 @@ __device__ __forceinline__ u8 f32_to_e5m2(float x) {
     if (rem > 0x100000u || (rem == 0x100000u && (code & 1u))) code++;
     if (code > 0x7Bu) code = 0x7Bu;
     return (u8)(sign | code);
-}
-
-__device__ __forceinline__ float e5m2_to_f32(u8 b) {
-    u32 exp = (b >> 2) & 0x1Fu, man = b & 0x3u;
-    float v;
-    if (exp == 0x1Fu) v = man ? __int_as_float(0x7FC00000) : KV_INF;
-    else if (exp == 0u) v = (float)man * 1.52587890625e-5f;  // 2^-16
-    else v = __uint_as_float(((exp + 112u) << 23) | (man << 21));
-    return (b & 0x80u) ? -v : v;
 }
 
 __device__ __forceinline__ u8 f32_to_e2m1(float x) {
@@ -89,10 +71,25 @@ __device__ __forceinline__ u8 f32_to_e2m1(float x) {
     return (u8)(sign | m);
 }
 
-__constant__ float E2M1_MAGNITUDE[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+// Decoders, branch-free for the attention loop, each exact: the code's bits are placed in an f32 and scaled
+// by a power of two (f32 subnormals are kept: NVRTC compiles without flush-to-zero).
+__device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    u32 mag = b & 0x7Fu;
+    float v = __uint_as_float(((b & 0x80u) << 24) | (mag << 20)) * __uint_as_float(0x7B800000u);  // 2^120
+    return mag == 0x7Fu ? __int_as_float(0x7FC00000) : v;
+}
 
+__device__ __forceinline__ float e5m2_to_f32(u32 b) {
+    u32 mag = b & 0x7Fu;
+    float v = __uint_as_float(((b & 0x80u) << 24) | (mag << 21)) * __uint_as_float(0x77800000u);  // 2^112
+    if (mag >= 0x7Cu) v = mag == 0x7Cu ? ((b & 0x80u) ? -KV_INF : KV_INF) : __int_as_float(0x7FC00000);
+    return v;
+}
+
+// E2M1 nibble → f32 without a table (a per-lane table index serialises constant-memory reads).
 __device__ __forceinline__ float e2m1_to_f32(u32 q) {
-    float v = E2M1_MAGNITUDE[q & 7u];
+    u32 e = (q >> 1) & 3u, m = q & 1u;
+    float v = e ? __uint_as_float(((e + 126u) << 23) | (m << 22)) : 0.5f * (float)m;
     return (q & 8u) ? -v : v;
 }
 
@@ -183,26 +180,61 @@ extern "C" __global__ void store_nvfp4(const float* __restrict__ x, const i64* _
 #define DT_E5M2 2
 #define DT_NVFP4 3
 #define WARPS 8
-#define UNROLL 4
 
-// Loads the `per` consecutive elements starting at `d` of the vector (block, kvh, off), dequantized.
-template <int DT>
+// Loads the PER consecutive elements starting at `d` of the vector (block, kvh, off), dequantized, with
+// the widest aligned loads PER allows (d is a multiple of PER).
+template <int DT, int PER>
 __device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block, int kvh, int off, int nkv,
-                                         int hd, int bs, int d, int per, float scale, float* out) {
+                                         int hd, int bs, int d, float scale, float* out) {
     u64 vec = (u64)kvh * bs + off;
     if (DT == DT_BF16) {
         const u16* p = (const u16*)cache + (block * nkv * bs + vec) * hd + d;
-        for (int i = 0; i < per; i++) out[i] = bf16_to_f32(p[i]);
+        if (PER % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < PER; i += 4) {
+                uint2 w = *(const uint2*)(p + i);
+                out[i] = __uint_as_float(w.x << 16);
+                out[i + 1] = __uint_as_float(w.x & 0xFFFF0000u);
+                out[i + 2] = __uint_as_float(w.y << 16);
+                out[i + 3] = __uint_as_float(w.y & 0xFFFF0000u);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++) out[i] = bf16_to_f32(p[i]);
+        }
     } else if (DT == DT_E4M3 || DT == DT_E5M2) {
         const u8* p = cache + (block * nkv * bs + vec) * hd + d;
-        for (int i = 0; i < per; i++) out[i] = (DT == DT_E4M3 ? e4m3_to_f32(p[i]) : e5m2_to_f32(p[i])) * scale;
+        if (PER % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < PER; i += 4) {
+                u32 w = *(const u32*)(p + i);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    u32 b = (w >> (8 * j)) & 0xFFu;
+                    out[i + j] = (DT == DT_E4M3 ? e4m3_to_f32(b) : e5m2_to_f32(b)) * scale;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++)
+                out[i] = (DT == DT_E4M3 ? e4m3_to_f32(p[i]) : e5m2_to_f32(p[i])) * scale;
+        }
     } else {
         u64 data_bytes = (u64)hd / 2, scale_bytes = (u64)hd / 16;
         u64 base = block * (u64)nkv * bs * (data_bytes + scale_bytes);
         const u8* data = cache + base + vec * data_bytes;
         const u8* scales = cache + base + (u64)nkv * bs * data_bytes + vec * scale_bytes;
+        if (PER % 4 == 0 && 16 % PER == 0) {
+            // One group's scale covers the lane's elements; PER / 2 data bytes, an aligned u16 or u32.
+            float s = e4m3_to_f32(scales[d >> 4]) / (1.0f / scale);
+            u32 w = PER == 4 ? (u32) * (const u16*)(data + (d >> 1)) : *(const u32*)(data + (d >> 1));
+#pragma unroll
+            for (int i = 0; i < PER; i++) out[i] = e2m1_to_f32((w >> (4 * i)) & 0xFu) * s;
+            return;
+        }
         float s = 0.0f;
-        for (int i = 0; i < per; i++) {
+#pragma unroll
+        for (int i = 0; i < PER; i++) {
             int e = d + i;
             // A lane's elements may straddle two 16-element groups (head_dim / 32 not a power of two).
             if (i == 0 || (e & 15) == 0) s = e4m3_to_f32(scales[e >> 4]) / (1.0f / scale);
@@ -219,7 +251,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // out, q: [nseq, nh, hd] f32; tables: [nseq, max_blocks]; ctx_lens: [nseq]. Grid (nh, nseq), WARPS * 32
-// threads, dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp takes UNROLL consecutive
+// threads, dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp takes UNROLL (4 or 8) consecutive
 // tokens at a time (their K and V loads in flight together) with an online softmax; lane l owns elements
 // l*per .. l*per+per-1; the warps' partial results are merged at the end.
 template <int DT, int PER>
@@ -246,13 +278,16 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     for (int i = 0; i < PER; i++) acc[i] = 0.0f;
     int n = ctx_lens[seq];
     const int* table = tables + (u64)seq * max_blocks;
+    // Tokens in flight per warp: 8 for the byte formats; nvfp4's dequantization needs more registers per
+    // token, and 8 measured slower there than 4 on the H200.
+    constexpr int UNROLL = DT == DT_NVFP4 ? 4 : 8;
     float buf[UNROLL][PER];
     for (int t0 = warp * UNROLL; t0 < n; t0 += WARPS * UNROLL) {
         float s[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, k_scale, buf[u]);
+            if (t < n) load_vec<DT, PER>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, k_scale, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
@@ -277,7 +312,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, per, v_scale, buf[u]);
+            if (t < n) load_vec<DT, PER>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, v_scale, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }

@@ -2,7 +2,9 @@
 //! (bias 15, max ±57344, IEEE-like infinities and NaNs) encoders and decoders.
 //!
 //! Encoding is round-to-nearest-even with saturation to the largest finite magnitude (what PTX
-//! `cvt.rn.satfinite.e4m3x2.f32` does); infinities saturate too; NaN encodes to `sign | 0x7F`. The E4M3
+//! `cvt.rn.satfinite.e4m3x2.f32` does); infinities saturate too; every NaN encodes to `0x7F`, whatever its sign
+//! bit (a GPU's arithmetic returns the canonical, positive NaN, and the hardware `cvt` drops the sign: a
+//! sign-keeping rule would make CPU and CUDA caches differ on `-NaN · scale`, as the first H200 run showed). The E4M3
 //! encoder is the reference encoder of `shared/notes/gpu-build.md` §7.3, which was checked against
 //! `ml_dtypes` on three million inputs.
 
@@ -11,11 +13,11 @@ pub const E4M3_MAX: f32 = 448.0;
 /// Largest finite E5M2 magnitude.
 pub const E5M2_MAX: f32 = 57344.0;
 
-/// f32 → E4M3, round-half-even, saturating to ±448; NaN → `sign | 0x7F`.
+/// f32 → E4M3, round-half-even, saturating to ±448; NaN (either sign) → `0x7F`.
 pub fn f32_to_e4m3(x: f32) -> u8 {
     let sign = ((x.to_bits() >> 24) & 0x80) as u8;
     if x.is_nan() {
-        return sign | 0x7F;
+        return 0x7F;
     }
     let ax = x.abs();
     if ax >= E4M3_MAX {
@@ -54,11 +56,11 @@ pub fn e4m3_to_f32(b: u8) -> f32 {
     }
 }
 
-/// f32 → E5M2, round-half-even, saturating to ±57344; NaN → `sign | 0x7F`.
+/// f32 → E5M2, round-half-even, saturating to ±57344; NaN (either sign) → `0x7F`.
 pub fn f32_to_e5m2(x: f32) -> u8 {
     let sign = ((x.to_bits() >> 24) & 0x80) as u8;
     if x.is_nan() {
-        return sign | 0x7F;
+        return 0x7F;
     }
     let ax = x.abs();
     if ax >= E5M2_MAX {
@@ -165,7 +167,8 @@ mod tests {
         assert_eq!(f32_to_e4m3(-0.0), 0x80);
         assert_eq!(f32_to_e5m2(-0.0), 0x80);
         assert_eq!(f32_to_e4m3(f32::NAN), 0x7F);
-        assert_eq!(f32_to_e4m3(-f32::NAN), 0xFF);
+        assert_eq!(f32_to_e4m3(-f32::NAN), 0x7F);
+        assert_eq!(f32_to_e5m2(-f32::NAN), 0x7F);
         assert_eq!(f32_to_e5m2(f32::NAN), 0x7F);
     }
 

@@ -2,8 +2,8 @@
 //! the same bytes: FP8 E4M3 ("fn"), FP8 E5M2, and NVFP4 (E2M1 values with an E4M3 scale per 16).
 //!
 //! All encoders round to nearest, ties to even, and saturate to the largest finite value (`satfinite`).
-//! NaN has a defined code: E4M3 `0x7F` (sign kept), E5M2 `0x7F` (sign kept), E2M1 `0` (the format has
-//! no NaN).
+//! NaN has one defined code whatever its sign: E4M3 `0x7F`, E5M2 `0x7F`, E2M1 `0` (the format has no
+//! NaN).
 
 pub mod fp8;
 pub mod nvfp4;
