@@ -1,0 +1,204 @@
+//! The panel microkernel of [`super::QMatrix::matmul`]: for a group of rows and the [`TILE_PANELS`]
+//! panels of one task, every output as the fixed sequence of f32 operations the module doc defines.
+//! Three implementations of that one sequence: AVX2 (16 registers: up to 4 rows × 2 panels of
+//! accumulators), the same code compiled with AVX-512VL (32 registers: up to 8 rows × 2 panels), chosen
+//! once at run time, and a portable scalar loop. Each lane of a vector is one output's own chain, so
+//! the vector width and the register blocking change the speed, never the bits.
+
+use super::{QKind, QMatrix, P, QK, TILE_PANELS};
+
+/// The most rows one call takes on any path (the size of the caller's accumulator array).
+pub(super) const MAX_ROWS: usize = 8;
+
+/// Whether the CPU has AVX-512F and AVX-512VL (checked once; a machine always takes the same path).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var_os("KVGATE_NO_AVX512").is_none()
+        && std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+});
+
+/// Rows per call on this machine's path.
+pub(super) fn max_rows() -> usize {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        if *AVX512 {
+            8
+        } else {
+            4
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    {
+        MAX_ROWS
+    }
+}
+
+/// Accumulators of one call: `[row][panel]`, row stride [`TILE_PANELS`].
+pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
+
+/// Outputs of rows `0..rr` (at most [`max_rows`]) of `x` (`rr × k`, block sums `xs`: `rr × k/32`) for
+/// panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
+pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
+    assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * (w.k / QK));
+    assert!(p0 + TILE_PANELS <= w.np);
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        if *AVX512 {
+            // SAFETY: avx512f/avx512vl were detected at run time; bounds as argued in `simd!`.
+            unsafe { avx512::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) }
+        } else {
+            // SAFETY: avx2 and fma are enabled at compile time (this cfg); bounds as argued in `simd!`.
+            unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) }
+        }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    scalar(w, p0, x, xs, rr, y)
+}
+
+/// The portable kernel: the same operations in the same order as the SIMD ones (what non-x86 builds
+/// run; on x86, the tests' reference).
+#[cfg_attr(
+    all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"),
+    allow(dead_code)
+)]
+pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
+    let (k, nb) = (w.k, w.k / QK);
+    for r in 0..rr {
+        for v in 0..TILE_PANELS {
+            for (j, out) in y[r * TILE_PANELS + v].iter_mut().enumerate() {
+                let c = (p0 + v) * P + j;
+                let mut acc = 0f32;
+                for b in 0..nb {
+                    let mut s = 0f32;
+                    for e in 0..QK {
+                        s = (w.quant(c, b, e) as f32).mul_add(x[r * k + b * QK + e], s);
+                    }
+                    let (d, m) = w.scale_offset(c, b);
+                    acc = m.mul_add(xs[r * nb + b], d.mul_add(s, acc));
+                }
+                *out = acc;
+            }
+        }
+    }
+}
+
+/// One SIMD implementation, compiled for the target features given.
+macro_rules! simd {
+    ($name:ident, $features:literal, $max_rows:literal) => {
+        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        mod $name {
+            use std::arch::x86_64::*;
+
+            use super::{Acc, QKind, QMatrix, P, QK, TILE_PANELS};
+
+            /// SAFETY (caller): the features are available; `x` holds `rr` rows of `k`, `xs` `rr` rows of
+            /// `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `run`).
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn dispatch(
+                w: &QMatrix,
+                p0: usize,
+                x: *const f32,
+                xs: *const f32,
+                rr: usize,
+                y: &mut Acc,
+            ) {
+                let y = y.as_mut_ptr();
+                macro_rules! pairs {
+                    ($r:literal) => {{
+                        panels::<$r, 2>(w, p0, x, xs, y);
+                        panels::<$r, 2>(w, p0 + 2, x, xs, y.add(2));
+                    }};
+                }
+                match rr.min($max_rows) {
+                    1 => panels::<1, 4>(w, p0, x, xs, y),
+                    2 => pairs!(2),
+                    3 => pairs!(3),
+                    4 => pairs!(4),
+                    5 => pairs!(5),
+                    6 => pairs!(6),
+                    7 => pairs!(7),
+                    _ => pairs!(8),
+                }
+            }
+
+            /// `R` rows × `V` panels from panel `p0`; accumulators `y[r · TILE_PANELS + v]`.
+            /// Bounds: panel `p0 + v < np`, block `b < nb`, so every quant, scale and offset read is
+            /// inside `w`'s vectors; row `r < R ≤ rr` reads `x[r·k + b·32 + e]` with `e < 32`.
+            #[target_feature(enable = $features)]
+            unsafe fn panels<const R: usize, const V: usize>(
+                w: &QMatrix,
+                p0: usize,
+                x: *const f32,
+                xs: *const f32,
+                y: *mut [f32; P],
+            ) {
+                let (k, nb) = (w.k, w.k / QK);
+                let mask = _mm256_set1_epi32(0x0F);
+                let q4 = w.kind == QKind::Q4;
+                let bpb = if q4 { QK / 2 } else { QK };
+                for b in 0..nb {
+                    let mut s = [[_mm256_setzero_ps(); V]; R];
+                    let mut qp = [std::ptr::null::<u8>(); V];
+                    for (v, p) in qp.iter_mut().enumerate() {
+                        *p = w.qs.as_ptr().add(((p0 + v) * nb + b) * bpb * P);
+                    }
+                    let xb = x.add(b * QK);
+                    if q4 {
+                        for i in 0..QK / 2 {
+                            let mut wi = [_mm256_setzero_si256(); V];
+                            let mut q = [_mm256_setzero_ps(); V];
+                            for v in 0..V {
+                                wi[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qp[v].add(i * P) as *const __m128i));
+                                q[v] = _mm256_cvtepi32_ps(_mm256_and_si256(wi[v], mask));
+                            }
+                            for r in 0..R {
+                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + 2 * i));
+                                for v in 0..V {
+                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                }
+                            }
+                            for v in 0..V {
+                                q[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(wi[v], 4));
+                            }
+                            for r in 0..R {
+                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + 2 * i + 1));
+                                for v in 0..V {
+                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                }
+                            }
+                        }
+                    } else {
+                        for e in 0..QK {
+                            let mut q = [_mm256_setzero_ps(); V];
+                            for v in 0..V {
+                                let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
+                                q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+                            }
+                            for r in 0..R {
+                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
+                                for v in 0..V {
+                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                }
+                            }
+                        }
+                    }
+                    for v in 0..V {
+                        let at = ((p0 + v) * nb + b) * P;
+                        let dv = _mm256_loadu_ps(w.d.as_ptr().add(at));
+                        let mv = _mm256_loadu_ps(w.m.as_ptr().add(at));
+                        for r in 0..R {
+                            let yp = y.add(r * TILE_PANELS + v) as *mut f32;
+                            let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));
+                            let t = _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp));
+                            _mm256_storeu_ps(yp, _mm256_fmadd_ps(mv, xsv, t));
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+simd!(avx2, "avx2,fma", 4);
+simd!(avx512, "avx512f,avx512vl,avx2,fma", 8);

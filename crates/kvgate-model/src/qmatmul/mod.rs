@@ -1,0 +1,316 @@
+//! kvgate's own matmul for packed GGUF weights (Q4_0, Q4_1, Q8_0 directly; Q5_0, Q5_1, Q4_K, Q5_K
+//! through [`crate::repack`]): the weight stays 4- or 8-bit, the activations stay f32 (they are not
+//! quantized, unlike llama.cpp's and candle's `q8_1` path), so the result equals a matmul against the
+//! dequantized weights up to f32 rounding while reading a quarter of the bytes.
+//!
+//! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register): within a panel,
+//! block `b` (32 inputs) keeps its 8 scales `d`, 8 offsets `m`, and its quants interleaved across the
+//! panel's columns, input by input (4-bit: one byte holds inputs `2i` and `2i + 1` of a column). A
+//! kernel step loads the quants of 8 columns at one input, converts them, and multiplies them with one
+//! broadcast activation of each row in flight: a register-blocked GEMM microkernel (rows × panels of
+//! accumulators in registers, the decoded weights reused across every row of the group). Panels are
+//! padded to a multiple of [`TILE_PANELS`] with zero columns.
+//!
+//! **Arithmetic.** For output `(r, c)` and each block `b` in ascending order: `S = Σ_e q_e · x_e`
+//! (a sequential FMA chain over the block's inputs, from 0), then `y = fma(m_b, X_b, fma(d_b, S, y))`
+//! where `X_b` is the sum of the row's 32 activations of the block (computed once per call). Every
+//! output is one fixed scalar sequence of f32 operations whatever the number of rows, the tiling, the
+//! thread count or the instruction set, so a row's result never depends on the batch (batch invariance)
+//! and the AVX2, AVX-512 and scalar paths give the same bits (tested).
+
+mod kernel;
+
+use rayon::prelude::*;
+
+/// Weights per block.
+pub const QK: usize = 32;
+
+/// Output columns per panel.
+pub const P: usize = 8;
+
+/// Panels per parallel task (32 output columns); the panel count is padded to a multiple of it.
+pub(crate) const TILE_PANELS: usize = 4;
+
+/// Rows per parallel task when a call has many rows (prefill): a chunk of activations that stays in L2.
+const ROW_CHUNK: usize = 64;
+
+/// Packed formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QKind {
+    /// 4-bit unsigned quants (Q4_0, Q4_1, Q4_K).
+    Q4,
+    /// 8-bit signed quants (Q8_0, and Q5_0 / Q5_1 / Q5_K widened).
+    Q8,
+}
+
+/// A repacked quantized matrix, `n` rows (outputs) of `k` inputs, in the panel layout.
+#[derive(Debug, Clone)]
+pub struct QMatrix {
+    kind: QKind,
+    n: usize,
+    k: usize,
+    /// Panels after padding.
+    np: usize,
+    /// `[panel][block][P]`.
+    d: Vec<f32>,
+    /// `[panel][block][P]`.
+    m: Vec<f32>,
+    /// Q4: `[panel][block][QK / 2][P]`; Q8: `[panel][block][QK][P]`.
+    qs: Vec<u8>,
+}
+
+fn f16le(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// One column's blocks in the canonical (block-major) form the loaders produce: per block `d`, `m`
+/// and 32 quants.
+struct Column<'a> {
+    d: &'a [f32],
+    m: &'a [f32],
+    q: Box<dyn Fn(usize, usize) -> i32 + 'a>,
+}
+
+impl QMatrix {
+    fn bytes_per_block(kind: QKind) -> usize {
+        match kind {
+            QKind::Q4 => QK / 2,
+            QKind::Q8 => QK,
+        }
+    }
+
+    /// Builds the panel layout from `n` columns given one at a time.
+    fn build<'a>(kind: QKind, n: usize, k: usize, column: impl Fn(usize) -> Column<'a>) -> QMatrix {
+        assert_eq!(k % QK, 0, "k must be a multiple of 32");
+        let nb = k / QK;
+        let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
+        let bpb = Self::bytes_per_block(kind);
+        let mut d = vec![0f32; np * nb * P];
+        let mut m = vec![0f32; np * nb * P];
+        let mut qs = vec![0u8; np * nb * bpb * P];
+        for c in 0..n {
+            let col = column(c);
+            let (p, j) = (c / P, c % P);
+            for b in 0..nb {
+                let at = (p * nb + b) * P + j;
+                d[at] = col.d[b];
+                m[at] = col.m[b];
+                let base = (p * nb + b) * bpb * P + j;
+                match kind {
+                    QKind::Q4 => {
+                        for i in 0..QK / 2 {
+                            let (lo, hi) = ((col.q)(b, 2 * i), (col.q)(b, 2 * i + 1));
+                            qs[base + i * P] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
+                        }
+                    }
+                    QKind::Q8 => {
+                        for e in 0..QK {
+                            qs[base + e * P] = (col.q)(b, e) as i8 as u8;
+                        }
+                    }
+                }
+            }
+        }
+        QMatrix {
+            kind,
+            n,
+            k,
+            np,
+            d,
+            m,
+            qs,
+        }
+    }
+
+    /// A matrix from block-major per-block scales, offsets and packed quants (see [`crate::repack`]):
+    /// 4-bit blocks hold elements `j` and `j + 16` in the low and high nibble of byte `j`, 8-bit blocks
+    /// one signed byte per element.
+    pub(crate) fn from_parts(kind: QKind, n: usize, k: usize, d: Vec<f32>, m: Vec<f32>, qs: Vec<u8>) -> QMatrix {
+        let nb = k / QK;
+        assert_eq!(d.len(), n * nb, "one scale per block");
+        assert_eq!(qs.len(), d.len() * Self::bytes_per_block(kind), "quant bytes");
+        let (d, m, qs) = (&d, &m, &qs);
+        Self::build(kind, n, k, |c| Column {
+            d: &d[c * nb..(c + 1) * nb],
+            m: &m[c * nb..(c + 1) * nb],
+            q: Box::new(move |b, e| {
+                let blk = c * nb + b;
+                match kind {
+                    QKind::Q4 => {
+                        let byte = qs[blk * 16 + e % 16];
+                        (if e < 16 { byte & 0xF } else { byte >> 4 }) as i32
+                    }
+                    QKind::Q8 => qs[blk * 32 + e] as i8 as i32,
+                }
+            }),
+        })
+    }
+
+    fn from_gguf(
+        data: &[u8],
+        n: usize,
+        k: usize,
+        block_bytes: usize,
+        kind: QKind,
+        split: impl Fn(&[u8]) -> (f32, f32, &[u8]),
+    ) -> QMatrix {
+        assert_eq!(k % QK, 0, "k must be a multiple of 32");
+        let blocks = n * k / QK;
+        assert_eq!(data.len(), blocks * block_bytes, "quantized data size");
+        let mut d = Vec::with_capacity(blocks);
+        let mut m = Vec::with_capacity(blocks);
+        let mut qs = Vec::with_capacity(blocks * Self::bytes_per_block(kind));
+        for b in data.chunks_exact(block_bytes) {
+            let (dd, mm, q) = split(b);
+            d.push(dd);
+            m.push(mm);
+            qs.extend_from_slice(q);
+        }
+        Self::from_parts(kind, n, k, d, m, qs)
+    }
+
+    /// Repacks GGUF Q4_0 data (`d: f16, qs: [u8; 16]` per block).
+    pub fn from_q4_0(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::from_gguf(data, n, k, 18, QKind::Q4, |b| {
+            let d = f16le(b);
+            (d, -8.0 * d, &b[2..18])
+        })
+    }
+
+    /// Repacks GGUF Q4_1 data (`d: f16, m: f16, qs: [u8; 16]` per block).
+    pub fn from_q4_1(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::from_gguf(data, n, k, 20, QKind::Q4, |b| (f16le(b), f16le(&b[2..]), &b[4..20]))
+    }
+
+    /// Repacks GGUF Q8_0 data (`d: f16, qs: [i8; 32]` per block).
+    pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> QMatrix {
+        Self::from_gguf(data, n, k, 34, QKind::Q8, |b| (f16le(b), 0.0, &b[2..34]))
+    }
+
+    /// The quant of column `c`, block `b`, element `e`.
+    fn quant(&self, c: usize, b: usize, e: usize) -> i32 {
+        let (p, j, nb) = (c / P, c % P, self.k / QK);
+        let base = (p * nb + b) * Self::bytes_per_block(self.kind) * P + j;
+        match self.kind {
+            QKind::Q4 => {
+                let byte = self.qs[base + (e / 2) * P];
+                (if e.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }) as i32
+            }
+            QKind::Q8 => self.qs[base + e * P] as i8 as i32,
+        }
+    }
+
+    fn scale_offset(&self, c: usize, b: usize) -> (f32, f32) {
+        let at = ((c / P) * (self.k / QK) + b) * P + c % P;
+        (self.d[at], self.m[at])
+    }
+
+    /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).
+    pub fn concat(parts: &[&QMatrix]) -> Option<QMatrix> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.kind != first.kind || p.k != first.k) {
+            return None;
+        }
+        let (k, nb) = (first.k, first.k / QK);
+        let owner: Vec<(usize, usize)> = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| (0..p.n).map(move |c| (i, c)))
+            .collect();
+        let cols: Vec<(Vec<f32>, Vec<f32>)> = owner
+            .iter()
+            .map(|&(i, c)| (0..nb).map(|b| parts[i].scale_offset(c, b)).unzip())
+            .collect();
+        Some(Self::build(first.kind, owner.len(), k, |c| {
+            let (i, src) = owner[c];
+            Column {
+                d: &cols[c].0,
+                m: &cols[c].1,
+                q: Box::new(move |b, e| parts[i].quant(src, b, e)),
+            }
+        }))
+    }
+
+    /// Output rows.
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Inputs per row.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held (padding included).
+    pub fn bytes(&self) -> usize {
+        self.qs.len() + 4 * (self.d.len() + self.m.len())
+    }
+
+    /// The dequantized value of row `r`, element `i` (tests).
+    pub fn value(&self, r: usize, i: usize) -> f32 {
+        let (d, m) = self.scale_offset(r, i / QK);
+        (self.quant(r, i / QK, i % QK) as f32).mul_add(d, m)
+    }
+
+    /// `x` is `rows × k`; returns `rows × n`.
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let (n, k, nb) = (self.n, self.k, self.k / QK);
+        assert_eq!(x.len(), rows * k, "activations are rows × k");
+        let mut out = vec![0f32; rows * n];
+        if rows == 0 || n == 0 {
+            return out;
+        }
+        // The per-row sums of each block's activations (the offset term), one fixed sequence each.
+        let xs: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
+        let tiles = self.np / TILE_PANELS;
+        let chunks = rows.div_ceil(ROW_CHUNK);
+        let dst = Out(out.as_mut_ptr());
+        (0..tiles * chunks).into_par_iter().for_each(|t| {
+            let (chunk, tile) = (t / tiles, t % tiles);
+            let r1 = ((chunk + 1) * ROW_CHUNK).min(rows);
+            let mut r = chunk * ROW_CHUNK;
+            while r < r1 {
+                let rr = (r1 - r).min(kernel::max_rows());
+                let mut y: kernel::Acc = [[0f32; P]; kernel::MAX_ROWS * TILE_PANELS];
+                kernel::run(
+                    self,
+                    tile * TILE_PANELS,
+                    &x[r * k..(r + rr) * k],
+                    &xs[r * nb..(r + rr) * nb],
+                    rr,
+                    &mut y,
+                );
+                for i in 0..rr {
+                    for v in 0..TILE_PANELS {
+                        let c0 = (tile * TILE_PANELS + v) * P;
+                        let live = P.min(n.saturating_sub(c0));
+                        for (j, val) in y[i * TILE_PANELS + v][..live].iter().enumerate() {
+                            // SAFETY: `(r + i) < rows` and `c0 + j < n`, so the index is inside `out`
+                            // (`rows × n`); tasks own disjoint (row chunk, column tile) pairs, so no two
+                            // threads write the same element, and `out` outlives the parallel loop.
+                            unsafe { *dst.at((r + i) * n + c0 + j) = *val };
+                        }
+                    }
+                }
+                r += rr;
+            }
+        });
+        out
+    }
+}
+
+/// The output pointer shared by the tasks of one [`QMatrix::matmul`], each writing its own elements.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+
+impl Out {
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+// SAFETY: tasks write disjoint elements (see the write in `matmul`), and the buffer outlives them.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! Tests of the packed matmul: against the dequantized matmul in f64, batch invariance at every row
+//! count and chunking, the SIMD path bit for bit against the scalar one, stacking, and block decoding.
+
+use super::*;
+
+fn blocks(kind: &str, n: usize, k: usize, seed: u32) -> Vec<u8> {
+    let mut s = seed;
+    let mut rnd = || {
+        s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        (s >> 8) as u8
+    };
+    let mut out = vec![];
+    for _ in 0..n * k / 32 {
+        let d = half::f16::from_f32(0.01 + (rnd() as f32) / 4000.0).to_le_bytes();
+        out.extend(d);
+        match kind {
+            "q4_1" => {
+                out.extend(half::f16::from_f32(-0.05 + rnd() as f32 / 3000.0).to_le_bytes());
+                (0..16).for_each(|_| out.push(rnd()));
+            }
+            "q4_0" => (0..16).for_each(|_| out.push(rnd())),
+            _ => (0..32).for_each(|_| out.push(rnd())),
+        }
+    }
+    out
+}
+
+fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
+    let data = blocks(kind, n, k, seed);
+    match kind {
+        "q4_0" => QMatrix::from_q4_0(&data, n, k),
+        "q4_1" => QMatrix::from_q4_1(&data, n, k),
+        _ => QMatrix::from_q8_0(&data, n, k),
+    }
+}
+
+fn acts(rows: usize, k: usize) -> Vec<f32> {
+    (0..rows * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect()
+}
+
+#[test]
+fn matches_the_dequantized_matmul_and_is_batch_invariant() {
+    // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
+    let (n, k) = (37, 96);
+    for kind in ["q4_0", "q4_1", "q8_0"] {
+        let w = matrix(kind, n, k, 7);
+        let rows = 70;
+        let x = acts(rows, k);
+        let y = w.matmul(&x, rows);
+        for r in 0..rows {
+            for c in 0..n {
+                let want: f64 = (0..k).map(|i| w.value(c, i) as f64 * x[r * k + i] as f64).sum();
+                assert!(
+                    (y[r * n + c] as f64 - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{kind} {r} {c}"
+                );
+            }
+        }
+        for r in 0..rows {
+            let alone = w.matmul(&x[r * k..(r + 1) * k], 1);
+            assert_eq!(
+                &y[r * n..(r + 1) * n],
+                alone.as_slice(),
+                "{kind}: row {r} depends on the batch"
+            );
+        }
+        for split in [3, 5, 64] {
+            let head = w.matmul(&x[..split * k], split);
+            assert_eq!(&y[..split * n], head.as_slice(), "{kind}: first {split} rows differ");
+        }
+    }
+}
+
+#[test]
+fn the_simd_path_gives_the_scalar_bits() {
+    let (n, k) = (70, 128);
+    for kind in ["q4_0", "q4_1", "q8_0"] {
+        let w = matrix(kind, n, k, 11);
+        let nb = k / QK;
+        for rr in 1..=kernel::max_rows() {
+            let x = acts(rr, k);
+            let xs: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
+            for p0 in (0..w.np).step_by(TILE_PANELS) {
+                let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
+                let mut slow = fast;
+                kernel::run(&w, p0, &x, &xs[..rr * nb], rr, &mut fast);
+                kernel::scalar(&w, p0, &x, &xs[..rr * nb], rr, &mut slow);
+                for i in 0..rr * TILE_PANELS {
+                    for j in 0..P {
+                        assert_eq!(
+                            fast[i][j].to_bits(),
+                            slow[i][j].to_bits(),
+                            "{kind} rows {rr} panel {p0}: {i} {j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn stacked_matrices_equal_their_parts() {
+    let k = 64;
+    let (a, b) = (matrix("q4_1", 13, k, 1), matrix("q4_1", 21, k, 2));
+    let ab = QMatrix::concat(&[&a, &b]).unwrap();
+    assert_eq!(ab.rows(), 34);
+    let x = acts(3, k);
+    let (ya, yb, yab) = (a.matmul(&x, 3), b.matmul(&x, 3), ab.matmul(&x, 3));
+    for r in 0..3 {
+        assert_eq!(&yab[r * 34..r * 34 + 13], &ya[r * 13..(r + 1) * 13]);
+        assert_eq!(&yab[r * 34 + 13..(r + 1) * 34], &yb[r * 21..(r + 1) * 21]);
+    }
+    assert!(QMatrix::concat(&[&a, &matrix("q8_0", 4, k, 3)]).is_none());
+}
+
+#[test]
+fn decodes_gguf_blocks() {
+    // one Q4_1 block: d = 0.5, m = -1, nibbles 0..15 low and 15..0 high
+    let mut b = vec![];
+    b.extend(half::f16::from_f32(0.5).to_le_bytes());
+    b.extend(half::f16::from_f32(-1.0).to_le_bytes());
+    for j in 0..16u8 {
+        b.push(j | ((15 - j) << 4));
+    }
+    let w = QMatrix::from_q4_1(&b, 1, 32);
+    assert_eq!(w.value(0, 0), -1.0);
+    assert_eq!(w.value(0, 3), 0.5);
+    assert_eq!(w.value(0, 16), 6.5);
+    let mut q0 = vec![];
+    q0.extend(half::f16::from_f32(2.0).to_le_bytes());
+    q0.extend([0x8Fu8; 16]);
+    let w = QMatrix::from_q4_0(&q0, 1, 32);
+    assert_eq!(w.value(0, 0), 14.0);
+    assert_eq!(w.value(0, 16), 0.0);
+    let y = w.matmul(&[1.0; 32], 1);
+    assert_eq!(y, vec![16.0 * 14.0]);
+}
