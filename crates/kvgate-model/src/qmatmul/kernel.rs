@@ -136,12 +136,12 @@ macro_rules! simd {
                 let (k, nb) = (w.k, w.k / QK);
                 let mask = _mm256_set1_epi32(0x0F);
                 let q4 = w.kind == QKind::Q4;
-                let bpb = if q4 { QK / 2 } else { QK };
+                let base = w.base();
                 for b in 0..nb {
                     let mut s = [[_mm256_setzero_ps(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
-                        *p = w.qs.as_ptr().add(((p0 + v) * nb + b) * bpb * P);
+                        *p = base.add(w.record(p0 + v, b) + 64);
                     }
                     let xb = x.add(b * QK);
                     if q4 {
@@ -184,9 +184,9 @@ macro_rules! simd {
                         }
                     }
                     for v in 0..V {
-                        let at = ((p0 + v) * nb + b) * P;
-                        let dv = _mm256_loadu_ps(w.d.as_ptr().add(at));
-                        let mv = _mm256_loadu_ps(w.m.as_ptr().add(at));
+                        let rec = qp[v].sub(64) as *const f32;
+                        let dv = _mm256_load_ps(rec);
+                        let mv = _mm256_load_ps(rec.add(8));
                         for r in 0..R {
                             let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                             let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));

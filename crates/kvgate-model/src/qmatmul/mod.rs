@@ -3,13 +3,15 @@
 //! quantized, unlike llama.cpp's and candle's `q8_1` path), so the result equals a matmul against the
 //! dequantized weights up to f32 rounding while reading a quarter of the bytes.
 //!
-//! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register): within a panel,
-//! block `b` (32 inputs) keeps its 8 scales `d`, 8 offsets `m`, and its quants interleaved across the
-//! panel's columns, input by input (4-bit: one byte holds inputs `2i` and `2i + 1` of a column). A
-//! kernel step loads the quants of 8 columns at one input, converts them, and multiplies them with one
-//! broadcast activation of each row in flight: a register-blocked GEMM microkernel (rows × panels of
-//! accumulators in registers, the decoded weights reused across every row of the group). Panels are
-//! padded to a multiple of [`TILE_PANELS`] with zero columns.
+//! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
+//! `b` (32 inputs) is one 64-byte-aligned record: its 8 scales `d` (f32), its 8 offsets `m` (f32), then
+//! its quants interleaved across the panel's columns, input by input (4-bit: one byte holds inputs `2i`
+//! and `2i + 1` of a column; 8-bit: one signed byte). Records are stored tile by tile ([`TILE_PANELS`]
+//! panels, the unit of one parallel task), block by block, panel by panel, so a task reads one
+//! sequential stream. A kernel step loads the quants of 8 columns at one input, converts them, and
+//! multiplies them with one broadcast activation of each row in flight: a register-blocked GEMM
+//! microkernel (rows × panels of accumulators in registers, the decoded weights reused by every row of
+//! the group). Panels are padded to a multiple of [`TILE_PANELS`] with zero columns.
 //!
 //! **Arithmetic.** For output `(r, c)` and each block `b` in ascending order: `S = Σ_e q_e · x_e`
 //! (a sequential FMA chain over the block's inputs, from 0), then `y = fma(m_b, X_b, fma(d_b, S, y))`
@@ -51,13 +53,16 @@ pub struct QMatrix {
     k: usize,
     /// Panels after padding.
     np: usize,
-    /// `[panel][block][P]`.
-    d: Vec<f32>,
-    /// `[panel][block][P]`.
-    m: Vec<f32>,
-    /// Q4: `[panel][block][QK / 2][P]`; Q8: `[panel][block][QK][P]`.
-    qs: Vec<u8>,
+    /// Bytes per record: 64 (scales, offsets) + the quants.
+    rec: usize,
+    /// The records, `[tile][block][panel of the tile]`.
+    data: Vec<Line>,
 }
+
+/// 64 bytes, 64-byte aligned (one cache line).
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
 
 fn f16le(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
@@ -79,47 +84,63 @@ impl QMatrix {
         }
     }
 
+    /// Byte offset of the record of panel `p`, block `b`.
+    #[inline]
+    fn record(&self, p: usize, b: usize) -> usize {
+        ((p / TILE_PANELS * (self.k / QK) + b) * TILE_PANELS + p % TILE_PANELS) * self.rec
+    }
+
+    fn bytes_slice(&self) -> &[u8] {
+        // SAFETY: `Line` is `repr(C)` around `[u8; 64]` (size 64, no padding).
+        unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
+    }
+
+    /// The record bytes (the kernels read them through this pointer).
+    fn base(&self) -> *const u8 {
+        self.data.as_ptr() as *const u8
+    }
+
     /// Builds the panel layout from `n` columns given one at a time.
     fn build<'a>(kind: QKind, n: usize, k: usize, column: impl Fn(usize) -> Column<'a>) -> QMatrix {
         assert_eq!(k % QK, 0, "k must be a multiple of 32");
         let nb = k / QK;
         let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
         let bpb = Self::bytes_per_block(kind);
-        let mut d = vec![0f32; np * nb * P];
-        let mut m = vec![0f32; np * nb * P];
-        let mut qs = vec![0u8; np * nb * bpb * P];
+        let rec = 64 + bpb * P;
+        let mut w = QMatrix {
+            kind,
+            n,
+            k,
+            np,
+            rec,
+            data: vec![Line([0; 64]); np * nb * rec / 64],
+        };
+        // SAFETY: as in `bytes_slice`, mutably.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(w.data.as_mut_ptr() as *mut u8, w.data.len() * 64) };
         for c in 0..n {
             let col = column(c);
             let (p, j) = (c / P, c % P);
             for b in 0..nb {
-                let at = (p * nb + b) * P + j;
-                d[at] = col.d[b];
-                m[at] = col.m[b];
-                let base = (p * nb + b) * bpb * P + j;
+                let at = w.record(p, b);
+                bytes[at + 4 * j..at + 4 * j + 4].copy_from_slice(&col.d[b].to_le_bytes());
+                bytes[at + 32 + 4 * j..at + 32 + 4 * j + 4].copy_from_slice(&col.m[b].to_le_bytes());
+                let base = at + 64 + j;
                 match kind {
                     QKind::Q4 => {
                         for i in 0..QK / 2 {
                             let (lo, hi) = ((col.q)(b, 2 * i), (col.q)(b, 2 * i + 1));
-                            qs[base + i * P] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
+                            bytes[base + i * P] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
                         }
                     }
                     QKind::Q8 => {
                         for e in 0..QK {
-                            qs[base + e * P] = (col.q)(b, e) as i8 as u8;
+                            bytes[base + e * P] = (col.q)(b, e) as i8 as u8;
                         }
                     }
                 }
             }
         }
-        QMatrix {
-            kind,
-            n,
-            k,
-            np,
-            d,
-            m,
-            qs,
-        }
+        w
     }
 
     /// A matrix from block-major per-block scales, offsets and packed quants (see [`crate::repack`]):
@@ -189,20 +210,22 @@ impl QMatrix {
 
     /// The quant of column `c`, block `b`, element `e`.
     fn quant(&self, c: usize, b: usize, e: usize) -> i32 {
-        let (p, j, nb) = (c / P, c % P, self.k / QK);
-        let base = (p * nb + b) * Self::bytes_per_block(self.kind) * P + j;
+        let base = self.record(c / P, b) + 64 + c % P;
+        let bytes = self.bytes_slice();
         match self.kind {
             QKind::Q4 => {
-                let byte = self.qs[base + (e / 2) * P];
+                let byte = bytes[base + (e / 2) * P];
                 (if e.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }) as i32
             }
-            QKind::Q8 => self.qs[base + e * P] as i8 as i32,
+            QKind::Q8 => bytes[base + e * P] as i8 as i32,
         }
     }
 
     fn scale_offset(&self, c: usize, b: usize) -> (f32, f32) {
-        let at = ((c / P) * (self.k / QK) + b) * P + c % P;
-        (self.d[at], self.m[at])
+        let at = self.record(c / P, b) + 4 * (c % P);
+        let bytes = self.bytes_slice();
+        let f = |i: usize| f32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        (f(at), f(at + 32))
     }
 
     /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).
@@ -243,7 +266,7 @@ impl QMatrix {
 
     /// Bytes held (padding included).
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 4 * (self.d.len() + self.m.len())
+        self.data.len() * 64
     }
 
     /// The dequantized value of row `r`, element `i` (tests).
