@@ -75,7 +75,10 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
                         s = (w.quant(c, b, e) as f32).mul_add(x[r * k + b * QK + e], s);
                     }
                     let (d, m) = w.scale_offset(c, b);
-                    acc = m.mul_add(xs[r * nb + b], d.mul_add(s, acc));
+                    acc = d.mul_add(s, acc);
+                    if w.offsets {
+                        acc = m.mul_add(xs[r * nb + b], acc);
+                    }
                 }
                 *out = acc;
             }
@@ -136,12 +139,12 @@ macro_rules! simd {
                 let (k, nb) = (w.k, w.k / QK);
                 let mask = _mm256_set1_epi32(0x0F);
                 let q4 = w.kind == QKind::Q4;
-                let base = w.base();
+                let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
                 for b in 0..nb {
                     let mut s = [[_mm256_setzero_ps(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
-                        *p = base.add(w.record(p0 + v, b) + 64);
+                        *p = base.add(w.record(p0 + v, b) + head);
                     }
                     let xb = x.add(b * QK);
                     if q4 {
@@ -184,14 +187,28 @@ macro_rules! simd {
                         }
                     }
                     for v in 0..V {
-                        let rec = qp[v].sub(64) as *const f32;
-                        let dv = _mm256_load_ps(rec);
-                        let mv = _mm256_load_ps(rec.add(8));
-                        for r in 0..R {
-                            let yp = y.add(r * TILE_PANELS + v) as *mut f32;
-                            let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));
-                            let t = _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp));
-                            _mm256_storeu_ps(yp, _mm256_fmadd_ps(mv, xsv, t));
+                        let rec = qp[v].sub(head);
+                        let load = |at: *const u8| {
+                            if half {
+                                _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+                            } else {
+                                _mm256_loadu_ps(at as *const f32)
+                            }
+                        };
+                        let dv = load(rec);
+                        if offsets {
+                            let mv = load(rec.add(if half { 16 } else { 32 }));
+                            for r in 0..R {
+                                let yp = y.add(r * TILE_PANELS + v) as *mut f32;
+                                let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));
+                                let t = _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp));
+                                _mm256_storeu_ps(yp, _mm256_fmadd_ps(mv, xsv, t));
+                            }
+                        } else {
+                            for r in 0..R {
+                                let yp = y.add(r * TILE_PANELS + v) as *mut f32;
+                                _mm256_storeu_ps(yp, _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp)));
+                            }
                         }
                     }
                 }
@@ -200,5 +217,5 @@ macro_rules! simd {
     };
 }
 
-simd!(avx2, "avx2,fma", 4);
-simd!(avx512, "avx512f,avx512vl,avx2,fma", 8);
+simd!(avx2, "avx2,fma,f16c", 4);
+simd!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8);

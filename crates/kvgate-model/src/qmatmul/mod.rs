@@ -4,8 +4,9 @@
 //! dequantized weights up to f32 rounding while reading a quarter of the bytes.
 //!
 //! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
-//! `b` (32 inputs) is one 64-byte-aligned record: its 8 scales `d` (f32), its 8 offsets `m` (f32), then
-//! its quants interleaved across the panel's columns, input by input (4-bit: one byte holds inputs `2i`
+//! `b` (32 inputs) is one record: its 8 scales `d`, its 8 offsets `m` (left out when every offset of
+//! the matrix is 0, as in Q8_0 and Q5_0), each f16 when every value of the matrix is exactly an f16 (as
+//! in the formats whose GGUF scales are f16) and f32 otherwise (K-quants' `d · sc`), then its quants interleaved across the panel's columns, input by input (4-bit: one byte holds inputs `2i`
 //! and `2i + 1` of a column; 8-bit: one signed byte). Records are stored tile by tile ([`TILE_PANELS`]
 //! panels, the unit of one parallel task), block by block, panel by panel, so a task reads one
 //! sequential stream. A kernel step loads the quants of 8 columns at one input, converts them, and
@@ -53,7 +54,13 @@ pub struct QMatrix {
     k: usize,
     /// Panels after padding.
     np: usize,
-    /// Bytes per record: 64 (scales, offsets) + the quants.
+    /// Scales and offsets stored as f16 (each exactly the f32 it stands for).
+    half: bool,
+    /// Whether records carry offsets (some `m ≠ 0`).
+    offsets: bool,
+    /// Bytes of a record's scales and offsets.
+    head: usize,
+    /// Bytes per record: `head` + the quants.
     rec: usize,
     /// The records, `[tile][block][panel of the tile]`.
     data: Vec<Line>,
@@ -106,25 +113,46 @@ impl QMatrix {
         let nb = k / QK;
         let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
         let bpb = Self::bytes_per_block(kind);
-        let rec = 64 + bpb * P;
+        let (mut half, mut offsets) = (true, false);
+        let is_f16 = |v: f32| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits();
+        for c in 0..n {
+            let col = column(c);
+            half &= col.d.iter().chain(col.m).all(|&v| is_f16(v));
+            offsets |= col.m.iter().any(|&v| v != 0.0);
+        }
+        let size = if half { 2 } else { 4 };
+        let head = size * P * if offsets { 2 } else { 1 };
+        let rec = head + bpb * P;
         let mut w = QMatrix {
             kind,
             n,
             k,
             np,
+            half,
+            offsets,
+            head,
             rec,
-            data: vec![Line([0; 64]); np * nb * rec / 64],
+            data: vec![Line([0; 64]); (np * nb * rec).div_ceil(64)],
         };
         // SAFETY: as in `bytes_slice`, mutably.
         let bytes = unsafe { std::slice::from_raw_parts_mut(w.data.as_mut_ptr() as *mut u8, w.data.len() * 64) };
+        let put = |bytes: &mut [u8], at: usize, v: f32| {
+            if half {
+                bytes[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            } else {
+                bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        };
         for c in 0..n {
             let col = column(c);
             let (p, j) = (c / P, c % P);
             for b in 0..nb {
                 let at = w.record(p, b);
-                bytes[at + 4 * j..at + 4 * j + 4].copy_from_slice(&col.d[b].to_le_bytes());
-                bytes[at + 32 + 4 * j..at + 32 + 4 * j + 4].copy_from_slice(&col.m[b].to_le_bytes());
-                let base = at + 64 + j;
+                put(bytes, at + size * j, col.d[b]);
+                if offsets {
+                    put(bytes, at + size * (P + j), col.m[b]);
+                }
+                let base = at + head + j;
                 match kind {
                     QKind::Q4 => {
                         for i in 0..QK / 2 {
@@ -210,7 +238,7 @@ impl QMatrix {
 
     /// The quant of column `c`, block `b`, element `e`.
     fn quant(&self, c: usize, b: usize, e: usize) -> i32 {
-        let base = self.record(c / P, b) + 64 + c % P;
+        let base = self.record(c / P, b) + self.head + c % P;
         let bytes = self.bytes_slice();
         match self.kind {
             QKind::Q4 => {
@@ -222,10 +250,17 @@ impl QMatrix {
     }
 
     fn scale_offset(&self, c: usize, b: usize) -> (f32, f32) {
-        let at = self.record(c / P, b) + 4 * (c % P);
         let bytes = self.bytes_slice();
-        let f = |i: usize| f32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
-        (f(at), f(at + 32))
+        let size = if self.half { 2 } else { 4 };
+        let get = |i: usize| {
+            if self.half {
+                half::f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32()
+            } else {
+                f32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+            }
+        };
+        let at = self.record(c / P, b) + size * (c % P);
+        (get(at), if self.offsets { get(at + size * P) } else { 0.0 })
     }
 
     /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).

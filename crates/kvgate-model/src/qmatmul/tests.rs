@@ -25,11 +25,20 @@ fn blocks(kind: &str, n: usize, k: usize, seed: u32) -> Vec<u8> {
     out
 }
 
+/// `q4_0`, `q4_1`, `q8_0` (f16 scales; offsets only for the first two), or `f32` (4-bit quants with
+/// scales and offsets no f16 holds, as repacked K-quants have).
 fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
     let data = blocks(kind, n, k, seed);
     match kind {
         "q4_0" => QMatrix::from_q4_0(&data, n, k),
         "q4_1" => QMatrix::from_q4_1(&data, n, k),
+        "f32" => {
+            let blocks = n * k / QK;
+            let d = (0..blocks).map(|i| 0.01 + i as f32 * 1.1e-5).collect();
+            let m = (0..blocks).map(|i| -0.03 - i as f32 * 0.7e-5).collect();
+            let qs = data.chunks_exact(34).flat_map(|b| b[2..18].to_vec()).collect();
+            QMatrix::from_parts(QKind::Q4, n, k, d, m, qs)
+        }
         _ => QMatrix::from_q8_0(&data, n, k),
     }
 }
@@ -42,7 +51,7 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32"] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -74,8 +83,13 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 #[test]
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32"] {
         let w = matrix(kind, n, k, 11);
+        assert_eq!(
+            (w.half, w.offsets),
+            (kind != "f32", kind != "q8_0"),
+            "{kind}: record format"
+        );
         let nb = k / QK;
         for rr in 1..=kernel::max_rows() {
             let x = acts(rr, k);
