@@ -1,6 +1,6 @@
 //! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: Q4_0 / Q4_1 / Q8_0, and
-//! Q5_0 / Q5_1 / Q4_K / Q5_K repacked at load ([`crate::repack`]), through kvgate's own kernel
-//! ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats (Q6_K, Q2_K, Q3_K)
+//! Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K repacked at load ([`crate::repack`]), through kvgate's own kernel
+//! ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats (Q2_K, Q3_K)
 //! through candle's quantized matmul (the weight never dequantized), f32 weights through kvgate's own
 //! fixed-order matmul ([`crate::dense`]).
 //!
@@ -19,10 +19,10 @@ use crate::qmatmul::QMatrix;
 /// The weight of a linear layer.
 #[derive(Debug, Clone)]
 pub enum Weight {
-    /// Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K, repacked for kvgate's own kernel (f32
+    /// Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K, repacked for kvgate's own kernel (f32
     /// activations).
     Packed(QMatrix),
-    /// Another GGUF-quantized matrix (Q6_K, Q2_K, Q3_K), through candle's quantized matmul.
+    /// Another GGUF-quantized matrix (Q2_K, Q3_K), through candle's quantized matmul.
     Quant(QMatMul),
     /// An f32 matrix, `out × in`, row-major.
     Dense(Vec<f32>),
@@ -54,6 +54,7 @@ impl Linear {
                 GgmlDType::Q5_1 => crate::repack::q5_1(&q.data()?, out_dim, in_dim),
                 GgmlDType::Q4K => crate::repack::q4_k(&q.data()?, out_dim, in_dim),
                 GgmlDType::Q5K => crate::repack::q5_k(&q.data()?, out_dim, in_dim),
+                GgmlDType::Q6K => crate::repack::q6_k(&q.data()?, out_dim, in_dim),
                 _ => None,
             };
             if let Some(p) = packed {

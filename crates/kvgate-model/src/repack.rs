@@ -1,14 +1,15 @@
 //! Load-time repacking of more GGUF formats into the two layouts kvgate's own kernel streams
-//! ([`QMatrix`]: blocks of 32 weights with an f32 scale `d` and offset `m`, 4-bit or 8-bit quants), so
+//! ([`QMatrix`]: blocks of 32 (Q6_K: 16) weights with a scale `d` and offset `m`, 4-bit or 8-bit quants), so
 //! that they too keep f32 activations and go through the packed kernel instead of candle's:
 //! - Q5_0 (`d·(q − 16)`) and Q5_1 (`d·q + m`), 5-bit quants → the 8-bit layout;
 //! - Q4_K (super-blocks of 256: eight sub-blocks of 32 with 6-bit scales and mins, `d·sc·q − dmin·mn`)
 //!   → the 4-bit layout, one (scale, offset) pair per sub-block;
-//! - Q5_K (the same with a fifth bit) → the 8-bit layout.
+//! - Q5_K (the same with a fifth bit) → the 8-bit layout;
+//! - Q6_K (super-blocks of 256: sixteen sub-blocks of 16 with int8 scales, `d·sc·(q − 32)`) → the 8-bit
+//!   layout in blocks of 16, scale `d·sc` (exact in f32), quant `q − 32`, no offsets.
 //!
 //! Every value equals ggml's dequantization of the block up to one f32 rounding (the kernel's `fma`),
-//! which the tests check against candle's dequantization of the same bytes. Q6_K (sixteen scales per 256)
-//! has no exact form in these layouts and stays on candle's path.
+//! which the tests check against candle's dequantization of the same bytes.
 
 use crate::qmatmul::{QKind, QMatrix, QK};
 
@@ -127,6 +128,40 @@ pub(crate) fn q5_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
     })
 }
 
+/// Q6_K (`ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`): in each half of 128, element
+/// `l + 32t` (`l < 32`, `t < 4`) takes the low or high nibble of `ql[l + 32·(t mod 2)]` and bits `2t..2t+2`
+/// of `qh[l]`; element `e` of the super-block has scale `scales[e / 16]` (ggml's `dequantize_row_q6_K`).
+pub(crate) fn q6_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+    const BYTES: usize = 210;
+    if !k.is_multiple_of(QK_K) || data.len() != n * k / QK_K * BYTES {
+        return None;
+    }
+    let mut d = Vec::with_capacity(n * k / 16);
+    let mut q = Vec::with_capacity(n * k);
+    for b in data.chunks_exact(BYTES) {
+        let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
+        let dd = f16le(&b[208..210]);
+        let mut vals = [0i8; QK_K];
+        for half in 0..2 {
+            let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+            for l in 0..32 {
+                for t in 0..4 {
+                    let low = if t < 2 {
+                        ql[l + 32 * t] & 0xF
+                    } else {
+                        ql[l + 32 * (t - 2)] >> 4
+                    };
+                    let high = (qh[l] >> (2 * t)) & 3;
+                    vals[128 * half + l + 32 * t] = ((low | (high << 4)) as i8) - 32;
+                }
+            }
+        }
+        d.extend(sc.iter().map(|&s| dd * s as i8 as f32));
+        q.extend_from_slice(&vals);
+    }
+    Some(QMatrix::from_blocks16(n, k, d, q))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +219,10 @@ mod tests {
     #[test]
     fn q5_k_matches_ggml() {
         check(GgmlDType::Q5K, q5_k);
+    }
+
+    #[test]
+    fn q6_k_matches_ggml() {
+        check(GgmlDType::Q6K, q6_k);
     }
 }

@@ -5,7 +5,7 @@
 //! once at run time, and a portable scalar loop. Each lane of a vector is one output's own chain, so
 //! the vector width and the register blocking change the speed, never the bits.
 
-use super::{QKind, QMatrix, P, QK, TILE_PANELS};
+use super::{QKind, QMatrix, P, TILE_PANELS};
 
 /// The most rows one call takes on any path (the size of the caller's accumulator array).
 pub(super) const MAX_ROWS: usize = 8;
@@ -40,7 +40,7 @@ pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 /// Outputs of rows `0..rr` (at most [`max_rows`]) of `x` (`rr × k`, block sums `xs`: `rr × k/32`) for
 /// panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
 pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
-    assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * (w.k / QK));
+    assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     {
@@ -63,7 +63,7 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &
     allow(dead_code)
 )]
 pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
-    let (k, nb) = (w.k, w.k / QK);
+    let (k, nb, bl) = (w.k, w.nb(), w.bl);
     for r in 0..rr {
         for v in 0..TILE_PANELS {
             for (j, out) in y[r * TILE_PANELS + v].iter_mut().enumerate() {
@@ -71,8 +71,8 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
                 let mut acc = 0f32;
                 for b in 0..nb {
                     let mut s = 0f32;
-                    for e in 0..QK {
-                        s = (w.quant(c, b, e) as f32).mul_add(x[r * k + b * QK + e], s);
+                    for e in 0..bl {
+                        s = (w.quant(c, b, e) as f32).mul_add(x[r * k + b * bl + e], s);
                     }
                     let (d, m) = w.scale_offset(c, b);
                     acc = d.mul_add(s, acc);
@@ -93,7 +93,7 @@ macro_rules! simd {
         mod $name {
             use std::arch::x86_64::*;
 
-            use super::{Acc, QKind, QMatrix, P, QK, TILE_PANELS};
+            use super::{Acc, QKind, QMatrix, P, TILE_PANELS};
 
             /// SAFETY (caller): the features are available; `x` holds `rr` rows of `k`, `xs` `rr` rows of
             /// `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `run`).
@@ -136,7 +136,7 @@ macro_rules! simd {
                 xs: *const f32,
                 y: *mut [f32; P],
             ) {
-                let (k, nb) = (w.k, w.k / QK);
+                let (k, nb, bl) = (w.k, w.nb(), w.bl);
                 let mask = _mm256_set1_epi32(0x0F);
                 let q4 = w.kind == QKind::Q4;
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
@@ -146,9 +146,9 @@ macro_rules! simd {
                     for (v, p) in qp.iter_mut().enumerate() {
                         *p = base.add(w.record(p0 + v, b) + head);
                     }
-                    let xb = x.add(b * QK);
+                    let xb = x.add(b * bl);
                     if q4 {
-                        for i in 0..QK / 2 {
+                        for i in 0..bl / 2 {
                             let mut wi = [_mm256_setzero_si256(); V];
                             let mut q = [_mm256_setzero_ps(); V];
                             for v in 0..V {
@@ -172,7 +172,7 @@ macro_rules! simd {
                             }
                         }
                     } else {
-                        for e in 0..QK {
+                        for e in 0..bl {
                             let mut q = [_mm256_setzero_ps(); V];
                             for v in 0..V {
                                 let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);

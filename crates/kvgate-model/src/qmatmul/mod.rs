@@ -25,7 +25,7 @@ mod kernel;
 
 use rayon::prelude::*;
 
-/// Weights per block.
+/// Weights per block of the GGUF formats (and of most packed matrices; Q6_K's have 16).
 pub const QK: usize = 32;
 
 /// Output columns per panel.
@@ -52,6 +52,8 @@ pub struct QMatrix {
     kind: QKind,
     n: usize,
     k: usize,
+    /// Inputs per block (32, or 16 for Q6_K's sixteen scales per 256).
+    bl: usize,
     /// Panels after padding.
     np: usize,
     /// Scales and offsets stored as f16 (each exactly the f32 it stands for).
@@ -84,17 +86,22 @@ struct Column<'a> {
 }
 
 impl QMatrix {
-    fn bytes_per_block(kind: QKind) -> usize {
+    fn bytes_per_block(kind: QKind, bl: usize) -> usize {
         match kind {
-            QKind::Q4 => QK / 2,
-            QKind::Q8 => QK,
+            QKind::Q4 => bl / 2,
+            QKind::Q8 => bl,
         }
+    }
+
+    /// Blocks per column.
+    fn nb(&self) -> usize {
+        self.k / self.bl
     }
 
     /// Byte offset of the record of panel `p`, block `b`.
     #[inline]
     fn record(&self, p: usize, b: usize) -> usize {
-        ((p / TILE_PANELS * (self.k / QK) + b) * TILE_PANELS + p % TILE_PANELS) * self.rec
+        ((p / TILE_PANELS * self.nb() + b) * TILE_PANELS + p % TILE_PANELS) * self.rec
     }
 
     fn bytes_slice(&self) -> &[u8] {
@@ -107,12 +114,13 @@ impl QMatrix {
         self.data.as_ptr() as *const u8
     }
 
-    /// Builds the panel layout from `n` columns given one at a time.
-    fn build<'a>(kind: QKind, n: usize, k: usize, column: impl Fn(usize) -> Column<'a>) -> QMatrix {
-        assert_eq!(k % QK, 0, "k must be a multiple of 32");
-        let nb = k / QK;
+    /// Builds the panel layout from `n` columns given one at a time, in blocks of `bl` inputs.
+    fn build<'a>(kind: QKind, n: usize, k: usize, bl: usize, column: impl Fn(usize) -> Column<'a>) -> QMatrix {
+        assert!(bl == QK || bl == QK / 2, "blocks of 16 or 32");
+        assert_eq!(k % bl, 0, "k must be a multiple of the block");
+        let nb = k / bl;
         let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
-        let bpb = Self::bytes_per_block(kind);
+        let bpb = Self::bytes_per_block(kind, bl);
         let (mut half, mut offsets) = (true, false);
         let is_f16 = |v: f32| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits();
         for c in 0..n {
@@ -127,6 +135,7 @@ impl QMatrix {
             kind,
             n,
             k,
+            bl,
             np,
             half,
             offsets,
@@ -155,13 +164,13 @@ impl QMatrix {
                 let base = at + head + j;
                 match kind {
                     QKind::Q4 => {
-                        for i in 0..QK / 2 {
+                        for i in 0..bl / 2 {
                             let (lo, hi) = ((col.q)(b, 2 * i), (col.q)(b, 2 * i + 1));
                             bytes[base + i * P] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
                         }
                     }
                     QKind::Q8 => {
-                        for e in 0..QK {
+                        for e in 0..bl {
                             bytes[base + e * P] = (col.q)(b, e) as i8 as u8;
                         }
                     }
@@ -177,9 +186,9 @@ impl QMatrix {
     pub(crate) fn from_parts(kind: QKind, n: usize, k: usize, d: Vec<f32>, m: Vec<f32>, qs: Vec<u8>) -> QMatrix {
         let nb = k / QK;
         assert_eq!(d.len(), n * nb, "one scale per block");
-        assert_eq!(qs.len(), d.len() * Self::bytes_per_block(kind), "quant bytes");
+        assert_eq!(qs.len(), d.len() * Self::bytes_per_block(kind, QK), "quant bytes");
         let (d, m, qs) = (&d, &m, &qs);
-        Self::build(kind, n, k, |c| Column {
+        Self::build(kind, n, k, QK, |c| Column {
             d: &d[c * nb..(c + 1) * nb],
             m: &m[c * nb..(c + 1) * nb],
             q: Box::new(move |b, e| {
@@ -208,7 +217,7 @@ impl QMatrix {
         assert_eq!(data.len(), blocks * block_bytes, "quantized data size");
         let mut d = Vec::with_capacity(blocks);
         let mut m = Vec::with_capacity(blocks);
-        let mut qs = Vec::with_capacity(blocks * Self::bytes_per_block(kind));
+        let mut qs = Vec::with_capacity(blocks * Self::bytes_per_block(kind, QK));
         for b in data.chunks_exact(block_bytes) {
             let (dd, mm, q) = split(b);
             d.push(dd);
@@ -216,6 +225,21 @@ impl QMatrix {
             qs.extend_from_slice(q);
         }
         Self::from_parts(kind, n, k, d, m, qs)
+    }
+
+    /// A matrix of 8-bit signed quants in blocks of 16 inputs, block-major (`d[c · k/16 + b]`, quants
+    /// `q[(c · k/16 + b) · 16 + e]`), no offsets: Q6_K's layout after [`crate::repack::q6_k`].
+    pub(crate) fn from_blocks16(n: usize, k: usize, d: Vec<f32>, q: Vec<i8>) -> QMatrix {
+        let (bl, nb) = (QK / 2, k / (QK / 2));
+        assert_eq!(d.len(), n * nb, "one scale per block");
+        assert_eq!(q.len(), n * k, "one quant per weight");
+        let zeros = vec![0f32; nb];
+        let (d, q, zeros) = (&d, &q, &zeros);
+        Self::build(QKind::Q8, n, k, bl, |c| Column {
+            d: &d[c * nb..(c + 1) * nb],
+            m: zeros,
+            q: Box::new(move |b, e| q[(c * nb + b) * bl + e] as i32),
+        })
     }
 
     /// Repacks GGUF Q4_0 data (`d: f16, qs: [u8; 16]` per block).
@@ -266,10 +290,13 @@ impl QMatrix {
     /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).
     pub fn concat(parts: &[&QMatrix]) -> Option<QMatrix> {
         let first = parts.first()?;
-        if parts.iter().any(|p| p.kind != first.kind || p.k != first.k) {
+        if parts
+            .iter()
+            .any(|p| p.kind != first.kind || p.k != first.k || p.bl != first.bl)
+        {
             return None;
         }
-        let (k, nb) = (first.k, first.k / QK);
+        let (k, nb) = (first.k, first.nb());
         let owner: Vec<(usize, usize)> = parts
             .iter()
             .enumerate()
@@ -279,7 +306,7 @@ impl QMatrix {
             .iter()
             .map(|&(i, c)| (0..nb).map(|b| parts[i].scale_offset(c, b)).unzip())
             .collect();
-        Some(Self::build(first.kind, owner.len(), k, |c| {
+        Some(Self::build(first.kind, owner.len(), k, first.bl, |c| {
             let (i, src) = owner[c];
             Column {
                 d: &cols[c].0,
@@ -306,20 +333,26 @@ impl QMatrix {
 
     /// The dequantized value of row `r`, element `i` (tests).
     pub fn value(&self, r: usize, i: usize) -> f32 {
-        let (d, m) = self.scale_offset(r, i / QK);
-        (self.quant(r, i / QK, i % QK) as f32).mul_add(d, m)
+        let (d, m) = self.scale_offset(r, i / self.bl);
+        (self.quant(r, i / self.bl, i % self.bl) as f32).mul_add(d, m)
     }
 
     /// `x` is `rows × k`; returns `rows × n`.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        let (n, k, nb) = (self.n, self.k, self.k / QK);
+        let (n, k, nb) = (self.n, self.k, self.nb());
         assert_eq!(x.len(), rows * k, "activations are rows × k");
         let mut out = vec![0f32; rows * n];
         if rows == 0 || n == 0 {
             return out;
         }
         // The per-row sums of each block's activations (the offset term), one fixed sequence each.
-        let xs: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
+        let xs: Vec<f32> = if self.offsets {
+            x.chunks_exact(self.bl)
+                .map(|b| b.iter().fold(0.0, |s, v| s + v))
+                .collect()
+        } else {
+            vec![0.0; rows * nb]
+        };
         let tiles = self.np / TILE_PANELS;
         let chunks = rows.div_ceil(ROW_CHUNK);
         let dst = Out(out.as_mut_ptr());

@@ -39,6 +39,11 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let qs = data.chunks_exact(34).flat_map(|b| b[2..18].to_vec()).collect();
             QMatrix::from_parts(QKind::Q4, n, k, d, m, qs)
         }
+        "q6" => {
+            let d = (0..n * k / 16).map(|i| 0.002 + i as f32 * 1.3e-6).collect();
+            let q = data.iter().cycle().take(n * k).map(|&b| (b % 64) as i8 - 32).collect();
+            QMatrix::from_blocks16(n, k, d, q)
+        }
         _ => QMatrix::from_q8_0(&data, n, k),
     }
 }
@@ -51,7 +56,7 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6"] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -93,7 +98,7 @@ fn the_simd_path_gives_the_scalar_bits() {
         let nb = k / QK;
         for rr in 1..=kernel::max_rows() {
             let x = acts(rr, k);
-            let xs: Vec<f32> = x.chunks_exact(QK).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
+            let xs: Vec<f32> = x.chunks_exact(w.bl).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
             for p0 in (0..w.np).step_by(TILE_PANELS) {
                 let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
                 let mut slow = fast;
