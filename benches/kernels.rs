@@ -69,10 +69,11 @@ fn run() {
             cache.write(0, &[t], &kv, &kv);
         }
         let table: Vec<u32> = (0..(ctx / 16) as u32).collect();
-        let tables = [table.as_slice()];
+        // Sixteen sequences (their own table each, here with the same blocks): decode rows are not tiled.
+        let tables = [table.as_slice(); 16];
         let rows: Vec<AttnRow> = (0..16)
-            .map(|_| AttnRow {
-                table: 0,
+            .map(|i| AttnRow {
+                table: i,
                 pos: (ctx - 1) as u32,
             })
             .collect();
@@ -109,5 +110,69 @@ fn run() {
             vectors * 64.0 / t / 1e9,
             bytes / t / 1e9
         );
+    }
+    prefill_attention();
+}
+
+/// A 512-row prefill chunk at positions 2,048..2,559 of one sequence (Qwen2.5-0.5B's attention shape:
+/// 14 query / 2 KV heads, head_dim 64, f32 cache): the rows in one call (tiled: each K/V block read once
+/// per 16 rows) against one call per row (untiled; the same bits).
+fn prefill_attention() {
+    println!("\n| prefill attention (512 rows at 2048..2559, 14 q / 2 kv heads, head_dim 64, f32) | time | GFLOP/s |\n|---|---|---|");
+    let (nh, nkv, hd, ctx) = (14usize, 2usize, 64usize, 2560usize);
+    let shape = CacheShape::new(1, nkv, hd, 16, KvDtype::F32).unwrap();
+    let mut cache = KvCache::new(shape, ctx / 16);
+    for t in 0..ctx {
+        let kv: Vec<f32> = (0..nkv * hd).map(|i| (((i + t) % 13) as f32 - 6.0) / 6.0).collect();
+        cache.write(0, &[t], &kv, &kv);
+    }
+    let table: Vec<u32> = (0..(ctx / 16) as u32).collect();
+    let tables = [table.as_slice()];
+    let rows: Vec<AttnRow> = (2048..ctx as u32).map(|pos| AttnRow { table: 0, pos }).collect();
+    let row_len = nh * hd;
+    let q: Vec<f32> = (0..rows.len() * row_len)
+        .map(|i| ((i % 11) as f32 - 5.0) / 50.0)
+        .collect();
+    let mut out = vec![0f32; q.len()];
+    let p = AttnParams {
+        num_heads: nh,
+        num_kv_heads: nkv,
+        head_dim: hd,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+    };
+    // q·k and p·v: 2 · 2 flops per (row, head, position, element).
+    let flops: f64 = rows.iter().map(|r| 4.0 * (r.pos as f64 + 1.0) * (nh * hd) as f64).sum();
+    let tiled = time(
+        || {
+            let query = AttnQuery {
+                q: &q,
+                rows: &rows,
+                tables: &tables,
+            };
+            CpuAttention.attend(&cache, 0, &query, &p, &mut out)
+        },
+        1.0,
+    );
+    let per_row = time(
+        || {
+            for (r, row) in rows.iter().enumerate() {
+                let one = [*row];
+                let query = AttnQuery {
+                    q: &q[r * row_len..(r + 1) * row_len],
+                    rows: &one,
+                    tables: &tables,
+                };
+                CpuAttention.attend(&cache, 0, &query, &p, &mut out[r * row_len..(r + 1) * row_len])
+            }
+        },
+        1.0,
+    );
+    for (name, t) in [
+        ("tiled (16 rows per K/V read)", tiled),
+        ("one row per call (untiled)", per_row),
+    ] {
+        println!("| {name} | {:.1} ms | {:.1} |", t * 1e3, flops / t / 1e9);
     }
 }

@@ -3,13 +3,12 @@
 //! window.
 //!
 //! Guarantees: rows are independent and each is reduced in a fixed order (positions ascending, fixed
-//! SIMD lane structure), so a row's output is bitwise the same whatever else is in the batch and however
-//! the work is split across threads. The caller writes a step's new K/V into the cache before calling
+//! SIMD lane structure), so a row's output is bitwise the same whatever else is in the batch, however
+//! the rows are tiled ([`tiles`]: consecutive rows of one sequence share each K/V block read) and
+//! however the work is split across threads. The caller writes a step's new K/V into the cache before calling
 //! [`AttentionBackend::attend`], so rows of a prefill chunk see their own and earlier tokens.
 
-use rayon::prelude::*;
-
-use crate::storage::{KvCache, Which};
+mod tiles;
 
 /// One query row: which block table it reads and the position of its token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +63,7 @@ pub trait AttentionBackend: Send + Sync {
     fn attend(&self, cache: &Self::Cache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]);
 }
 
-/// The CPU implementation, parallel over (row, KV head) pairs with rayon.
+/// The CPU implementation, parallel over (tile of rows, KV head) pairs with rayon.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CpuAttention;
 
@@ -149,6 +148,43 @@ mod avx2 {
         }
     }
 
+    /// SAFETY (caller): avx2 available, `acc.len() % 8 == 0`, `xs.len() >= ws.len() · acc.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
+        let len = acc.len();
+        let (ap, xp) = (acc.as_mut_ptr(), xs.as_ptr());
+        let mut c = 0;
+        // 32 elements (four registers) at a time, then 8.
+        while c + 32 <= len {
+            let mut a = [_mm256_setzero_ps(); 4];
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(ap.add(c + 8 * i));
+            }
+            for (j, &w) in ws.iter().enumerate() {
+                let wv = _mm256_set1_ps(w);
+                for (i, v) in a.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(xp.add(j * len + c + 8 * i));
+                    *v = _mm256_add_ps(*v, _mm256_mul_ps(wv, x));
+                }
+            }
+            for (i, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(ap.add(c + 8 * i), *v);
+            }
+            c += 32;
+        }
+        while c < len {
+            let mut v = _mm256_loadu_ps(ap.add(c));
+            for (j, &w) in ws.iter().enumerate() {
+                v = _mm256_add_ps(
+                    v,
+                    _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(xp.add(j * len + c))),
+                );
+            }
+            _mm256_storeu_ps(ap.add(c), v);
+            c += 8;
+        }
+    }
+
     /// SAFETY (caller): avx2+fma available, `q.len() % 8 == 0`, every `ks[j].len() >= q.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
@@ -216,95 +252,27 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
-#[inline]
-fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
-    for (a, b) in acc.iter_mut().zip(x) {
-        *a += w * b;
+/// `acc += Σ_j ws[j] · xs[j·len .. (j+1)·len]` for `j` ascending, with `len = acc.len()`: per element
+/// exactly the sequence of [`axpy`] calls (a multiply then an add, unfused), with the accumulator kept
+/// in registers across the `j`s (AVX2) instead of loaded and stored for each.
+pub(crate) fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
+    let len = acc.len();
+    debug_assert!(xs.len() >= ws.len() * len);
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if len.is_multiple_of(8) {
+        // SAFETY: avx2 is enabled at compile time; `xs` holds `ws.len()` vectors of `len` (asserted
+        // in debug builds and guaranteed by the callers, which pass whole decoded blocks).
+        return unsafe { avx2::axpy_many(acc, ws, xs) };
+    }
+    for (j, &w) in ws.iter().enumerate() {
+        axpy(acc, w, &xs[j * len..(j + 1) * len]);
     }
 }
 
-impl AttentionBackend for CpuAttention {
-    type Cache = KvCache;
-
-    fn write_kv(&self, cache: &mut KvCache, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
-        cache.write(layer, slots, k, v);
-    }
-
-    fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
-        let (q, rows, tables) = (query.q, query.rows, query.tables);
-        let hd = p.head_dim;
-        let group = p.num_heads / p.num_kv_heads;
-        let row_len = p.num_heads * hd;
-        debug_assert_eq!(q.len(), rows.len() * row_len);
-        debug_assert_eq!(out.len(), rows.len() * row_len);
-        let lc = cache.layer(layer);
-        let bs = cache.shape().block_size;
-        // One task per (row, kv head): the group's query heads are contiguous in `out`.
-        out.par_chunks_mut(group * hd).enumerate().for_each_init(
-            || (vec![0f32; bs * hd], vec![0f32; hd], Vec::<f32>::new()),
-            |(scratch, zeros, scores), (task, o)| {
-                let (r, kvh) = (task / p.num_kv_heads, task % p.num_kv_heads);
-                let row = rows[r];
-                let table = tables[row.table as usize];
-                let pos = row.pos as usize;
-                let start = match p.window {
-                    Some(w) if pos + 1 > w => pos + 1 - w,
-                    _ => 0,
-                };
-                let n = pos + 1 - start;
-                let qs = &q[r * row_len + kvh * group * hd..r * row_len + (kvh + 1) * group * hd];
-                scores.clear();
-                scores.resize(group * n, 0.0);
-                // Block by block (one call per block, not per token), keys eight at a time; a short
-                // group is padded with zero keys, so every score is computed by the same arithmetic
-                // wherever it falls.
-                let mut t = start;
-                while t <= pos {
-                    let (blk, first) = (t / bs, t % bs);
-                    let last = (pos - blk * bs).min(bs - 1);
-                    let keys = lc.block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, scratch);
-                    let mut j0 = first;
-                    while j0 <= last {
-                        let cnt = (last + 1 - j0).min(8);
-                        let mut ks: [&[f32]; 8] = [zeros.as_slice(); 8];
-                        for (j, k) in ks.iter_mut().enumerate().take(cnt) {
-                            *k = &keys[(j0 + j) * hd..(j0 + j + 1) * hd];
-                        }
-                        let i = blk * bs + j0 - start;
-                        for g in 0..group {
-                            let s8 = dot8(&qs[g * hd..(g + 1) * hd], &ks);
-                            for (j, &v) in s8.iter().enumerate().take(cnt) {
-                                let mut s = v * p.scale;
-                                if let Some(cap) = p.softcap {
-                                    s = cap * (s / cap).tanh();
-                                }
-                                scores[g * n + i + j] = s;
-                            }
-                        }
-                        j0 += cnt;
-                    }
-                    t = blk * bs + last + 1;
-                }
-                for g in 0..group {
-                    softmax_inplace(&mut scores[g * n..(g + 1) * n]);
-                }
-                o.fill(0.0);
-                let mut t = start;
-                while t <= pos {
-                    let (blk, first) = (t / bs, t % bs);
-                    let last = (pos - blk * bs).min(bs - 1);
-                    let vals = lc.block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, scratch);
-                    for j in first..=last {
-                        let v = &vals[j * hd..(j + 1) * hd];
-                        let i = blk * bs + j - start;
-                        for g in 0..group {
-                            axpy(&mut o[g * hd..(g + 1) * hd], scores[g * n + i], v);
-                        }
-                    }
-                    t = blk * bs + last + 1;
-                }
-            },
-        );
+#[inline]
+pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += w * b;
     }
 }
 
@@ -313,6 +281,7 @@ mod tests {
     use super::*;
     use crate::dtype::KvDtype;
     use crate::layout::CacheShape;
+    use crate::storage::{KvCache, Which};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
