@@ -10,27 +10,35 @@ use super::{QKind, QMatrix, P, TILE_PANELS};
 /// The most rows one call takes on any path (the size of the caller's accumulator array).
 pub(super) const MAX_ROWS: usize = 8;
 
-/// Whether the CPU has AVX-512F and AVX-512VL (checked once; a machine always takes the same path).
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
-    std::env::var_os("KVGATE_NO_AVX512").is_none()
-        && std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512vl")
+/// The instruction set this machine's calls take (detected once at run time, so a build without
+/// `-C target-feature` flags still takes the SIMD path; a machine always takes the same path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Path {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+pub(super) static PATH: std::sync::LazyLock<Path> = std::sync::LazyLock::new(|| {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            if std::env::var_os("KVGATE_NO_AVX512").is_none() && has!("avx512f") && has!("avx512vl") {
+                return Path::Avx512;
+            }
+            return Path::Avx2;
+        }
+    }
+    Path::Scalar
 });
 
 /// Rows per call on this machine's path.
 pub(super) fn max_rows() -> usize {
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    {
-        if *AVX512 {
-            8
-        } else {
-            4
-        }
-    }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-    {
-        MAX_ROWS
+    match *PATH {
+        Path::Avx512 => 8,
+        Path::Avx2 => 4,
+        Path::Scalar => 8,
     }
 }
 
@@ -42,26 +50,20 @@ pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
-    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-    {
-        if *AVX512 {
-            // SAFETY: avx512f/avx512vl were detected at run time; bounds as argued in `simd!`.
-            unsafe { avx512::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) }
-        } else {
-            // SAFETY: avx2 and fma are enabled at compile time (this cfg); bounds as argued in `simd!`.
-            unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) }
-        }
+    match *PATH {
+        // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
+        // argued in `simd!`.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
+        _ => scalar(w, p0, x, xs, rr, y),
     }
-    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-    scalar(w, p0, x, xs, rr, y)
 }
 
-/// The portable kernel: the same operations in the same order as the SIMD ones (what non-x86 builds
-/// run; on x86, the tests' reference).
-#[cfg_attr(
-    all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"),
-    allow(dead_code)
-)]
+/// The portable kernel: the same operations in the same order as the SIMD ones (what a CPU without
+/// AVX2/FMA/F16C runs, and the tests' reference).
 pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
     let (k, nb, bl) = (w.k, w.nb(), w.bl);
     for r in 0..rr {
@@ -89,7 +91,7 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
 /// One SIMD implementation, compiled for the target features given.
 macro_rules! simd {
     ($name:ident, $features:literal, $max_rows:literal) => {
-        #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+        #[cfg(target_arch = "x86_64")]
         mod $name {
             use std::arch::x86_64::*;
 
