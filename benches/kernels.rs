@@ -59,6 +59,23 @@ fn run() {
             println!("| q4_1 matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
         }
     }
+    // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
+    let (n, k) = (1536usize, 576usize);
+    let bits: Vec<u16> = (0..n * k)
+        .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) / 300.0).to_bits())
+        .collect();
+    let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
+    for rows in [1usize, 16, 512] {
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+        let t = time(
+            || {
+                std::hint::black_box(w.matmul(&x, rows));
+            },
+            0.5,
+        );
+        let gf = 2.0 * (n * k * rows) as f64 / t / 1e9;
+        println!("| bf16 matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
+    }
     println!("\n| attention (16 decode rows, 9 q / 3 kv heads, head_dim 64) | context | K/V elements/s | GB/s of K/V read |\n|---|---|---|---|");
     for dtype in KvDtype::ALL {
         let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap();

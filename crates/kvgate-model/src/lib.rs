@@ -29,5 +29,5 @@ pub use error::{ModelError, Result};
 pub use load_hf::load_hf_dir;
 pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
 pub use model::{Batch, KvAmax, Model};
-pub use qmatmul::QMatrix;
+pub use qmatmul::{QKind, QMatrix};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -1,7 +1,7 @@
-//! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: Q4_0 / Q4_1 / Q8_0, and
-//! Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K repacked at load ([`crate::repack`]), through kvgate's own kernel
-//! ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats (Q2_K, Q3_K)
-//! through candle's quantized matmul (the weight never dequantized), f32 weights through kvgate's own
+//! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: Q4_0 / Q4_1 / Q8_0, F16
+//! and BF16, and Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K repacked at load ([`crate::repack`]), through
+//! kvgate's own kernel ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats
+//! (Q2_K, Q3_K) through candle's quantized matmul (the weight never dequantized), f32 weights through kvgate's own
 //! fixed-order matmul ([`crate::dense`]).
 //!
 //! Batch invariance: candle's quantized CPU matmul computes every output as one dot product over the
@@ -11,16 +11,21 @@
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::Result;
-use crate::qmatmul::QMatrix;
+use crate::qmatmul::{QKind, QMatrix};
+
+/// Little-endian 16-bit values of a GGUF F16/BF16 tensor.
+fn halves(data: &[u8]) -> Vec<u16> {
+    data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
+}
 
 /// The weight of a linear layer.
 #[derive(Debug, Clone)]
 pub enum Weight {
-    /// Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K, repacked for kvgate's own kernel (f32
-    /// activations).
+    /// Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K / F16 / BF16, repacked for kvgate's own
+    /// kernel (f32 activations).
     Packed(QMatrix),
     /// Another GGUF-quantized matrix (Q2_K, Q3_K), through candle's quantized matmul.
     Quant(QMatMul),
@@ -55,6 +60,8 @@ impl Linear {
                 GgmlDType::Q4K => crate::repack::q4_k(&q.data()?, out_dim, in_dim),
                 GgmlDType::Q5K => crate::repack::q5_k(&q.data()?, out_dim, in_dim),
                 GgmlDType::Q6K => crate::repack::q6_k(&q.data()?, out_dim, in_dim),
+                GgmlDType::F16 => QMatrix::from_halves(QKind::F16, &halves(&q.data()?), out_dim, in_dim),
+                GgmlDType::BF16 => QMatrix::from_halves(QKind::Bf16, &halves(&q.data()?), out_dim, in_dim),
                 _ => None,
             };
             if let Some(p) = packed {
@@ -79,9 +86,39 @@ impl Linear {
         })
     }
 
-    /// A layer over an f32 (or f16/bf16, converted) tensor of shape `(out, in)`.
+    /// A layer over a tensor of shape `(out, in)`: f16 and bf16 stay 16-bit in the packed kernel (when
+    /// `in` is a multiple of 32), other dtypes become f32.
     pub fn dense(w: Tensor, bias: Option<Vec<f32>>) -> Result<Linear> {
         let (out_dim, in_dim) = w.dims2()?;
+        let kind = match w.dtype() {
+            DType::F16 => Some(QKind::F16),
+            DType::BF16 => Some(QKind::Bf16),
+            _ => None,
+        };
+        if let Some(kind) = kind.filter(|_| in_dim % crate::qmatmul::QK == 0) {
+            let bits: Vec<u16> = match kind {
+                QKind::F16 => w
+                    .flatten_all()?
+                    .to_vec1::<half::f16>()?
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+                _ => w
+                    .flatten_all()?
+                    .to_vec1::<half::bf16>()?
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect(),
+            };
+            if let Some(p) = QMatrix::from_halves(kind, &bits, out_dim, in_dim) {
+                return Ok(Linear {
+                    weight: Weight::Packed(p),
+                    bias,
+                    in_dim,
+                    out_dim,
+                });
+            }
+        }
         Ok(Linear {
             weight: Weight::Dense(dense_rows(&w)?),
             bias,

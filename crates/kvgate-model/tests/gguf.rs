@@ -1,4 +1,4 @@
-//! GGUF loading for every weight format kvgate supports (F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
+//! GGUF loading for every weight format kvgate supports (F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K):
 //! a small random Llama is written as GGUF files with candle's writer (tied embeddings, the tiny
 //! tokenizer's byte-level BPE vocabulary and merges, a chat template), loaded back through kvgate's
 //! loader, and its logits compared with the F32 file's. Also checks the tokenizer built from the GGUF
@@ -142,6 +142,7 @@ fn every_gguf_format_loads_and_agrees_with_f32() {
     // Worst-case relative logit error allowed per format (4-bit formats are coarse).
     for (dtype, tol) in [
         (GgmlDType::F16, 0.002),
+        (GgmlDType::BF16, 0.02),
         (GgmlDType::Q8_0, 0.015),
         (GgmlDType::Q6K, 0.05),
         (GgmlDType::Q5K, 0.08),

@@ -74,7 +74,7 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
                 for b in 0..nb {
                     let mut s = 0f32;
                     for e in 0..bl {
-                        s = (w.quant(c, b, e) as f32).mul_add(x[r * k + b * bl + e], s);
+                        s = w.weight(c, b, e).mul_add(x[r * k + b * bl + e], s);
                     }
                     let (d, m) = w.scale_offset(c, b);
                     acc = d.mul_add(s, acc);
@@ -173,12 +173,32 @@ macro_rules! simd {
                                 }
                             }
                         }
-                    } else {
+                    } else if w.kind == QKind::Q8 {
                         for e in 0..bl {
                             let mut q = [_mm256_setzero_ps(); V];
                             for v in 0..V {
                                 let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
                                 q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+                            }
+                            for r in 0..R {
+                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
+                                for v in 0..V {
+                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                }
+                            }
+                        }
+                    } else {
+                        // 16-bit floats: 8 columns' weights at one input are 16 bytes.
+                        let f16 = w.kind == QKind::F16;
+                        for e in 0..bl {
+                            let mut q = [_mm256_setzero_ps(); V];
+                            for v in 0..V {
+                                let raw = _mm_loadu_si128(qp[v].add(2 * e * P) as *const __m128i);
+                                q[v] = if f16 {
+                                    _mm256_cvtph_ps(raw)
+                                } else {
+                                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
+                                };
                             }
                             for r in 0..R {
                                 let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));

@@ -44,6 +44,10 @@ pub enum QKind {
     Q4,
     /// 8-bit signed quants (Q8_0, and Q5_0 / Q5_1 / Q5_K widened).
     Q8,
+    /// IEEE half-precision weights (scale 1, no offsets).
+    F16,
+    /// bfloat16 weights (scale 1, no offsets).
+    Bf16,
 }
 
 /// A repacked quantized matrix, `n` rows (outputs) of `k` inputs, in the panel layout.
@@ -90,6 +94,7 @@ impl QMatrix {
         match kind {
             QKind::Q4 => bl / 2,
             QKind::Q8 => bl,
+            QKind::F16 | QKind::Bf16 => 2 * bl,
         }
     }
 
@@ -174,6 +179,14 @@ impl QMatrix {
                             bytes[base + e * P] = (col.q)(b, e) as i8 as u8;
                         }
                     }
+                    QKind::F16 | QKind::Bf16 => {
+                        // The element's 16 bits; 8 columns' elements are 16 consecutive bytes.
+                        let base = at + head + 2 * j;
+                        for e in 0..bl {
+                            let bits = ((col.q)(b, e) as u16).to_le_bytes();
+                            bytes[base + 2 * e * P..base + 2 * e * P + 2].copy_from_slice(&bits);
+                        }
+                    }
                 }
             }
         }
@@ -199,9 +212,26 @@ impl QMatrix {
                         (if e < 16 { byte & 0xF } else { byte >> 4 }) as i32
                     }
                     QKind::Q8 => qs[blk * 32 + e] as i8 as i32,
+                    QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights are built by from_halves"),
                 }
             }),
         })
+    }
+
+    /// A matrix of 16-bit float weights (`bits`: `n × k` row-major, F16 or BF16 bit patterns), in blocks
+    /// of 32 with scale 1; `None` unless `k` is a multiple of 32.
+    pub fn from_halves(kind: QKind, bits: &[u16], n: usize, k: usize) -> Option<QMatrix> {
+        if !matches!(kind, QKind::F16 | QKind::Bf16) || !k.is_multiple_of(QK) || bits.len() != n * k {
+            return None;
+        }
+        let ones = vec![1f32; k / QK];
+        let zeros = vec![0f32; k / QK];
+        let (ones, zeros) = (&ones, &zeros);
+        Some(Self::build(kind, n, k, QK, |c| Column {
+            d: ones,
+            m: zeros,
+            q: Box::new(move |b, e| bits[c * k + b * QK + e] as i32),
+        }))
     }
 
     fn from_gguf(
@@ -260,7 +290,7 @@ impl QMatrix {
         Self::from_gguf(data, n, k, 34, QKind::Q8, |b| (f16le(b), 0.0, &b[2..34]))
     }
 
-    /// The quant of column `c`, block `b`, element `e`.
+    /// The quant of column `c`, block `b`, element `e` (for 16-bit kinds, the weight's bits).
     fn quant(&self, c: usize, b: usize, e: usize) -> i32 {
         let base = self.record(c / P, b) + self.head + c % P;
         let bytes = self.bytes_slice();
@@ -270,6 +300,20 @@ impl QMatrix {
                 (if e.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }) as i32
             }
             QKind::Q8 => bytes[base + e * P] as i8 as i32,
+            QKind::F16 | QKind::Bf16 => {
+                let at = base + c % P + 2 * e * P;
+                u16::from_le_bytes([bytes[at], bytes[at + 1]]) as i32
+            }
+        }
+    }
+
+    /// The weight before its block's scale and offset: the quant, or the 16-bit float's value.
+    pub(super) fn weight(&self, c: usize, b: usize, e: usize) -> f32 {
+        let q = self.quant(c, b, e);
+        match self.kind {
+            QKind::Q4 | QKind::Q8 => q as f32,
+            QKind::F16 => half::f16::from_bits(q as u16).to_f32(),
+            QKind::Bf16 => f32::from_bits((q as u32) << 16),
         }
     }
 
@@ -306,6 +350,14 @@ impl QMatrix {
             .iter()
             .map(|&(i, c)| (0..nb).map(|b| parts[i].scale_offset(c, b)).unzip())
             .collect();
+        if matches!(first.kind, QKind::F16 | QKind::Bf16) {
+            // Rebuilt through `from_halves` (the builder's column closure carries bits, not quants).
+            let bits: Vec<u16> = owner
+                .iter()
+                .flat_map(|&(i, c)| (0..k).map(move |e| parts[i].quant(c, e / QK, e % QK) as u16))
+                .collect();
+            return Self::from_halves(first.kind, &bits, owner.len(), k);
+        }
         Some(Self::build(first.kind, owner.len(), k, first.bl, |c| {
             let (i, src) = owner[c];
             Column {
@@ -334,7 +386,7 @@ impl QMatrix {
     /// The dequantized value of row `r`, element `i` (tests).
     pub fn value(&self, r: usize, i: usize) -> f32 {
         let (d, m) = self.scale_offset(r, i / self.bl);
-        (self.quant(r, i / self.bl, i % self.bl) as f32).mul_add(d, m)
+        self.weight(r, i / self.bl, i % self.bl).mul_add(d, m)
     }
 
     /// `x` is `rows × k`; returns `rows × n`.

@@ -44,6 +44,15 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let q = data.iter().cycle().take(n * k).map(|&b| (b % 64) as i8 - 32).collect();
             QMatrix::from_blocks16(n, k, d, q)
         }
+        "f16" | "bf16" => {
+            let vals = (0..n * k).map(|i| ((i * 7919 % 2003) as f32 - 1000.0) / 1500.0);
+            let (kind, bits): (QKind, Vec<u16>) = if kind == "f16" {
+                (QKind::F16, vals.map(|v| half::f16::from_f32(v).to_bits()).collect())
+            } else {
+                (QKind::Bf16, vals.map(|v| half::bf16::from_f32(v).to_bits()).collect())
+            };
+            QMatrix::from_halves(kind, &bits, n, k).unwrap()
+        }
         _ => QMatrix::from_q8_0(&data, n, k),
     }
 }
@@ -56,7 +65,7 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6", "f16", "bf16"] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -131,6 +140,13 @@ fn stacked_matrices_equal_their_parts() {
         assert_eq!(&yab[r * 34 + 13..(r + 1) * 34], &yb[r * 21..(r + 1) * 21]);
     }
     assert!(QMatrix::concat(&[&a, &matrix("q8_0", 4, k, 3)]).is_none());
+    let (a, b) = (matrix("bf16", 9, k, 1), matrix("bf16", 5, k, 2));
+    let ab = QMatrix::concat(&[&a, &b]).unwrap();
+    let (ya, yb, yab) = (a.matmul(&x, 3), b.matmul(&x, 3), ab.matmul(&x, 3));
+    for r in 0..3 {
+        assert_eq!(&yab[r * 14..r * 14 + 9], &ya[r * 9..(r + 1) * 9]);
+        assert_eq!(&yab[r * 14 + 9..(r + 1) * 14], &yb[r * 5..(r + 1) * 5]);
+    }
 }
 
 #[test]
