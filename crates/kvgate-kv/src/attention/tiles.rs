@@ -28,7 +28,8 @@ fn tiles(query: &AttnQuery) -> Vec<(usize, usize)> {
     out
 }
 
-/// Per-task buffers, reused across the tasks a thread runs.
+/// Per-task buffers, kept per thread across tasks and calls: a long prompt's scores are megabytes,
+/// and a fresh allocation of that size costs page faults on every call.
 #[derive(Default)]
 struct Scratch {
     decoded: Vec<f32>,
