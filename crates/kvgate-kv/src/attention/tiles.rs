@@ -3,13 +3,13 @@
 //! task reads every K and V block it needs once for the whole tile instead of once per row: a
 //! 2,500-token prompt re-read its whole K/V for every row before.
 //!
-//! Each row's arithmetic is exactly the untiled one: its scores by [`dot8`] (the same result whichever
-//! keys share the call), its softmax over its own scores, its output accumulated over positions in
+//! Each row's arithmetic is exactly the untiled one: its scores by [`dot2x4`] (each score by
+//! [`super::dot8`]'s arithmetic, whichever keys and heads share the call), its softmax over its own scores, its output accumulated over positions in
 //! ascending order. So a row's output does not depend on its tile, its batch or the thread split.
 
 use rayon::prelude::*;
 
-use super::{axpy_many, dot8, softmax_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
+use super::{axpy_many, dot2x4, softmax_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
 use crate::storage::{KvCache, LayerCache, Which};
 
 /// Rows per tile.
@@ -99,23 +99,30 @@ fn tile_head(
                 continue;
             };
             let n = pos + 1 - start;
-            // Keys eight at a time; a short group is padded with zero keys.
+            // Keys four at a time (a short group padded with zero keys) against query heads two at a
+            // time (an odd last head paired with itself, its copy discarded).
             let mut j0 = f;
             while j0 <= l {
-                let cnt = (l + 1 - j0).min(8);
-                let mut ks: [&[f32]; 8] = [zeros.as_slice(); 8];
+                let cnt = (l + 1 - j0).min(4);
+                let mut ks: [&[f32]; 4] = [zeros.as_slice(); 4];
                 for (j, k) in ks.iter_mut().enumerate().take(cnt) {
                     *k = &keys[(j0 + j) * hd..(j0 + j + 1) * hd];
                 }
                 let idx = blk * bs + j0 - start;
-                for g in 0..group {
-                    let s8 = dot8(qrow(i, g), &ks);
-                    for (j, &v) in s8.iter().enumerate().take(cnt) {
-                        let mut s = v * p.scale;
-                        if let Some(cap) = p.softcap {
-                            s = cap * (s / cap).tanh();
+                for g in (0..group).step_by(2) {
+                    let g1 = (g + 1).min(group - 1);
+                    let s8 = dot2x4(qrow(i, g), qrow(i, g1), &ks);
+                    for (h, half) in [(g, &s8[..4]), (g + 1, &s8[4..])] {
+                        if h >= group {
+                            continue;
                         }
-                        scores[at[i] + g * n + idx + j] = s;
+                        for (j, &v) in half.iter().enumerate().take(cnt) {
+                            let mut s = v * p.scale;
+                            if let Some(cap) = p.softcap {
+                                s = cap * (s / cap).tanh();
+                            }
+                            scores[at[i] + h * n + idx + j] = s;
+                        }
                     }
                 }
                 j0 += cnt;
