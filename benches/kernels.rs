@@ -43,29 +43,10 @@ fn main() {
     pool.install(run);
 }
 
-fn run() {
-    println!("| kernel | shape | rows | time | GFLOP/s |\n|---|---|---|---|---|");
-    for (n, k) in [(256usize, 512usize), (1536usize, 576usize), (576, 1536), (4864, 896)] {
-        let w = QMatrix::from_q4_1(&q4_1_data(n, k), n, k);
-        for rows in [1usize, 4, 16, 64, 512] {
-            let x: Vec<f32> = (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
-            let t = time(
-                || {
-                    std::hint::black_box(w.matmul(&x, rows));
-                },
-                0.5,
-            );
-            let gf = 2.0 * (n * k * rows) as f64 / t / 1e9;
-            println!("| q4_1 matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
-        }
-    }
-    // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
-    let (n, k) = (1536usize, 576usize);
-    let bits: Vec<u16> = (0..n * k)
-        .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) / 300.0).to_bits())
-        .collect();
-    let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
-    for rows in [1usize, 16, 512] {
+/// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows.
+fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize]) {
+    let (n, k) = (w.rows(), w.cols());
+    for &rows in batch {
         let x: Vec<f32> = (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
         let t = time(
             || {
@@ -74,8 +55,23 @@ fn run() {
             0.5,
         );
         let gf = 2.0 * (n * k * rows) as f64 / t / 1e9;
-        println!("| bf16 matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
+        println!("| {name} matmul | {n}x{k} | {rows} | {:.1} us | {gf:.1} |", t * 1e6);
     }
+}
+
+fn run() {
+    println!("| kernel | shape | rows | time | GFLOP/s |\n|---|---|---|---|---|");
+    for (n, k) in [(256usize, 512usize), (1536usize, 576usize), (576, 1536), (4864, 896)] {
+        let w = QMatrix::from_q4_1(&q4_1_data(n, k), n, k);
+        matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512]);
+    }
+    // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
+    let (n, k) = (1536usize, 576usize);
+    let bits: Vec<u16> = (0..n * k)
+        .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) / 300.0).to_bits())
+        .collect();
+    let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
+    matmul_rows("bf16", &w, &[1, 16, 512]);
     println!("\n| attention (16 decode rows, 9 q / 3 kv heads, head_dim 64) | context | K/V elements/s | GB/s of K/V read |\n|---|---|---|---|");
     for dtype in KvDtype::ALL {
         let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap();

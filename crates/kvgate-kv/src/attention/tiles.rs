@@ -28,6 +28,15 @@ fn tiles(query: &AttnQuery) -> Vec<(usize, usize)> {
     out
 }
 
+/// The blocks covering positions `lo..=hi`: `(block index, first, last)` with `first..=last` the
+/// offsets inside the block.
+fn blocks(lo: usize, hi: usize, bs: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    (lo / bs..=hi / bs).map(move |blk| {
+        let first = if blk == lo / bs { lo % bs } else { 0 };
+        (blk, first, (hi - blk * bs).min(bs - 1))
+    })
+}
+
 /// Per-task buffers, kept per thread across tasks and calls: a long prompt's scores are megabytes,
 /// and a fresh allocation of that size costs page faults on every call.
 #[derive(Default)]
@@ -89,10 +98,7 @@ fn tile_head(
         let b = (blk * bs + last).min(pos);
         (a <= b).then(|| (a - blk * bs, b - blk * bs))
     };
-    let mut t = lo;
-    while t <= hi {
-        let (blk, first) = (t / bs, t % bs);
-        let last = (hi - blk * bs).min(bs - 1);
+    for (blk, first, last) in blocks(lo, hi, bs) {
         let keys = lc.block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, decoded);
         for (i, &(start, pos)) in span.iter().enumerate() {
             let Some((f, l)) = part(i, blk, first, last) else {
@@ -128,7 +134,6 @@ fn tile_head(
                 j0 += cnt;
             }
         }
-        t = blk * bs + last + 1;
     }
     for (i, &(start, pos)) in span.iter().enumerate() {
         let n = pos + 1 - start;
@@ -137,10 +142,7 @@ fn tile_head(
         }
     }
     let mut out = vec![0f32; span.len() * group * hd];
-    let mut t = lo;
-    while t <= hi {
-        let (blk, first) = (t / bs, t % bs);
-        let last = (hi - blk * bs).min(bs - 1);
+    for (blk, first, last) in blocks(lo, hi, bs) {
         let vals = lc.block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, decoded);
         for (i, &(start, pos)) in span.iter().enumerate() {
             let Some((f, l)) = part(i, blk, first, last) else {
@@ -154,7 +156,6 @@ fn tile_head(
                 axpy_many(&mut o[g * hd..(g + 1) * hd], ws, &vals[f * hd..(l + 1) * hd]);
             }
         }
-        t = blk * bs + last + 1;
     }
     out
 }
