@@ -8,6 +8,10 @@
 //! - prefill tok/s = prompt tokens / time of a request with `max_tokens: 1` (every prompt starts with a
 //!   number no other request used, so neither server's prefix cache helps).
 //!
+//! Both servers run at once and are measured in alternating rounds (`ANCHOR_ROUNDS`, default 3: kvgate's
+//! whole set, then llama.cpp's, and again), each figure the median over the rounds, with the per-round
+//! ratios printed beside it: on a shared 2-core machine a slow minute then hits both sides alike.
+//!
 //! The anchor comes from `../shared/anchors/llama-cpp.sh` (`--env` prints `LLAMA_SERVER` and
 //! `ANCHOR_MODELS`); without it, kvgate's column is printed alone with a line saying why. `KVGATE_SERVE`
 //! measures another build of `serve` (before/after), `ANCHOR_CASES=qwen` one model only. Run with
@@ -134,18 +138,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Single-stream decode tok/s.
 fn decode_1(port: u16, salt: &mut usize) -> f64 {
-    let rates = (0..3)
-        .map(|_| {
-            *salt += 1;
-            let p = fresh_prompt(16, *salt);
-            let (t1, _, n1) = complete(port, &p, 16);
-            *salt += 1;
-            let p = fresh_prompt(16, *salt);
-            let (t2, _, n2) = complete(port, &p, 144);
-            (n2 - n1) as f64 / (t2 - t1)
-        })
-        .collect();
-    median(rates)
+    *salt += 1;
+    let p = fresh_prompt(16, *salt);
+    let (t1, _, n1) = complete(port, &p, 16);
+    *salt += 1;
+    let p = fresh_prompt(16, *salt);
+    let (t2, _, n2) = complete(port, &p, 144);
+    (n2 - n1) as f64 / (t2 - t1)
 }
 
 /// Aggregate tok/s of `k` concurrent streams of `n` tokens.
@@ -169,21 +168,17 @@ fn decode_k(port: u16, k: usize, n: usize, salt: &mut usize) -> f64 {
 
 /// Prefill tok/s of a prompt of about `words` words; returns (tok/s, prompt tokens).
 fn prefill(port: u16, words: usize, salt: &mut usize) -> (f64, usize) {
-    let mut rates = vec![];
-    let mut toks = 0;
-    for _ in 0..3 {
-        *salt += 1;
-        let (t, p, _) = complete(port, &fresh_prompt(words, *salt), 1);
-        rates.push(p as f64 / t);
-        toks = p;
-    }
-    (median(rates), toks)
+    *salt += 1;
+    let (t, p, _) = complete(port, &fresh_prompt(words, *salt), 1);
+    (p as f64 / t, p)
 }
 
 struct Row {
     name: String,
     ours: f64,
     theirs: Option<f64>,
+    /// kvgate ÷ llama.cpp in each round.
+    ratios: Vec<f64>,
 }
 
 fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
@@ -301,30 +296,46 @@ fn main() {
             continue;
         };
         let mut salt = 0;
-        let ours = {
-            let k = kvgate(&path);
-            measure(k.port, streams, &mut salt)
-        };
-        let theirs = anchor.as_ref().map(|a| {
-            let l = llama(a, &path, streams);
-            measure(l.port, streams, &mut salt)
-        });
-        let rows: Vec<Row> = ours
-            .into_iter()
-            .enumerate()
-            .map(|(i, (n, v))| Row {
-                name: n,
-                ours: v,
-                theirs: theirs.as_ref().map(|t| t[i].1),
+        let rounds: usize = std::env::var("ANCHOR_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3)
+            .max(1);
+        let k = kvgate(&path);
+        let l = anchor.as_ref().map(|a| llama(a, &path, streams));
+        let (mut ours, mut theirs) = (vec![], vec![]);
+        for _ in 0..rounds {
+            ours.push(measure(k.port, streams, &mut salt));
+            if let Some(l) = &l {
+                theirs.push(measure(l.port, streams, &mut salt));
+            }
+        }
+        drop((k, l));
+        let rows: Vec<Row> = (0..ours[0].len())
+            .map(|i| Row {
+                name: ours[0][i].0.clone(),
+                ours: median(ours.iter().map(|r| r[i].1).collect()),
+                theirs: (!theirs.is_empty()).then(|| median(theirs.iter().map(|r| r[i].1).collect())),
+                ratios: ours.iter().zip(&theirs).map(|(o, t)| o[i].1 / t[i].1).collect(),
             })
             .collect();
         println!("\n{name} ({})\n", path.display());
-        println!("| workload | kvgate | llama.cpp | ratio |\n|---|---|---|---|");
+        println!("| workload | kvgate | llama.cpp | ratio | per round |\n|---|---|---|---|---|");
         let decode_1 = rows.first().map(|r| (r.ours, r.theirs));
         for r in rows {
             match r.theirs {
-                Some(t) => println!("| {} | {:.1} | {:.1} | {:.2}× |", r.name, r.ours, t, r.ours / t),
-                None => println!("| {} | {:.1} | — | — |", r.name, r.ours),
+                Some(t) => {
+                    let per: Vec<String> = r.ratios.iter().map(|x| format!("{x:.2}")).collect();
+                    println!(
+                        "| {} | {:.1} | {:.1} | {:.2}× | {} |",
+                        r.name,
+                        r.ours,
+                        t,
+                        r.ours / t,
+                        per.join(" ")
+                    );
+                }
+                None => println!("| {} | {:.1} | — | — | — |", r.name, r.ours),
             }
         }
         // What bounds single-stream decode: the weights kvgate streams per token at the copy bandwidth.
