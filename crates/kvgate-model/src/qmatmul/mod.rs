@@ -350,14 +350,6 @@ impl QMatrix {
             .iter()
             .map(|&(i, c)| (0..nb).map(|b| parts[i].scale_offset(c, b)).unzip())
             .collect();
-        if matches!(first.kind, QKind::F16 | QKind::Bf16) {
-            // Rebuilt through `from_halves` (the builder's column closure carries bits, not quants).
-            let bits: Vec<u16> = owner
-                .iter()
-                .flat_map(|&(i, c)| (0..k).map(move |e| parts[i].quant(c, e / QK, e % QK) as u16))
-                .collect();
-            return Self::from_halves(first.kind, &bits, owner.len(), k);
-        }
         Some(Self::build(first.kind, owner.len(), k, first.bl, |c| {
             let (i, src) = owner[c];
             Column {
