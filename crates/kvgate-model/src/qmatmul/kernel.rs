@@ -150,26 +150,24 @@ macro_rules! simd {
                     }
                     let xb = x.add(b * bl);
                     if q4 {
-                        for i in 0..bl / 2 {
-                            let mut wi = [_mm256_setzero_si256(); V];
-                            let mut q = [_mm256_setzero_ps(); V];
+                        // One 32-byte chunk per 8 inputs (see `QMatrix::q4_at`): input `8c + e` of the
+                        // 8 columns is one shift and mask of the chunk's lanes.
+                        for c in 0..bl / 8 {
+                            let mut wv = [_mm256_setzero_si256(); V];
                             for v in 0..V {
-                                wi[v] = _mm256_cvtepu8_epi32(_mm_loadl_epi64(qp[v].add(i * P) as *const __m128i));
-                                q[v] = _mm256_cvtepi32_ps(_mm256_and_si256(wi[v], mask));
+                                wv[v] = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
                             }
-                            for r in 0..R {
-                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + 2 * i));
+                            for e in 0..8 {
+                                let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
+                                let mut q = [_mm256_setzero_ps(); V];
                                 for v in 0..V {
-                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                    q[v] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(wv[v], sh), mask));
                                 }
-                            }
-                            for v in 0..V {
-                                q[v] = _mm256_cvtepi32_ps(_mm256_srli_epi32(wi[v], 4));
-                            }
-                            for r in 0..R {
-                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + 2 * i + 1));
-                                for v in 0..V {
-                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                for r in 0..R {
+                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + 8 * c + e));
+                                    for v in 0..V {
+                                        s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                    }
                                 }
                             }
                         }

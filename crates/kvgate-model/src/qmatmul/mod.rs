@@ -103,6 +103,16 @@ impl QMatrix {
         self.k / self.bl
     }
 
+    /// Where a 4-bit quant lives in its record's quants: the byte offset and the nibble's shift of
+    /// input `e` of the panel's column `j`. Each 32-byte chunk holds 8 inputs of the 8 columns, column
+    /// `j` in bytes `4j .. 4j + 4` (one 32-bit lane): low nibbles inputs `8i .. 8i + 4`, high nibbles
+    /// `8i + 4 .. 8i + 8` — four consecutive inputs of one column per lane, as an integer dot product
+    /// wants them, and one shift-and-mask per input for the f32 kernel.
+    #[inline]
+    fn q4_at(j: usize, e: usize) -> (usize, u32) {
+        (32 * (e / 8) + 4 * j + e % 4, 4 * ((e % 8) / 4) as u32)
+    }
+
     /// Byte offset of the record of panel `p`, block `b`.
     #[inline]
     fn record(&self, p: usize, b: usize) -> usize {
@@ -169,9 +179,9 @@ impl QMatrix {
                 let base = at + head + j;
                 match kind {
                     QKind::Q4 => {
-                        for i in 0..bl / 2 {
-                            let (lo, hi) = ((col.q)(b, 2 * i), (col.q)(b, 2 * i + 1));
-                            bytes[base + i * P] = (lo as u8 & 0xF) | ((hi as u8 & 0xF) << 4);
+                        for e in 0..bl {
+                            let (off, shift) = Self::q4_at(j, e);
+                            bytes[at + head + off] |= ((col.q)(b, e) as u8 & 0xF) << shift;
                         }
                     }
                     QKind::Q8 => {
@@ -296,8 +306,8 @@ impl QMatrix {
         let bytes = self.bytes_slice();
         match self.kind {
             QKind::Q4 => {
-                let byte = bytes[base + (e / 2) * P];
-                (if e.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }) as i32
+                let (at, shift) = Self::q4_at(c % P, e);
+                ((bytes[self.record(c / P, b) + self.head + at] >> shift) & 0xF) as i32
             }
             QKind::Q8 => bytes[base + e * P] as i8 as i32,
             QKind::F16 | QKind::Bf16 => {
