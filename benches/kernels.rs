@@ -43,14 +43,21 @@ fn main() {
     pool.install(run);
 }
 
-/// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows.
-fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize]) {
+/// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows (with
+/// `int8`, every row through the opt-in 8-bit-activation kernel, quantization included).
+fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize], int8: bool) {
     let (n, k) = (w.rows(), w.cols());
+    let name = if int8 {
+        format!("{name} int8-act")
+    } else {
+        name.to_string()
+    };
     for &rows in batch {
         let x: Vec<f32> = (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 50.0).collect();
+        let mask = vec![int8; rows];
         let t = time(
             || {
-                std::hint::black_box(w.matmul(&x, rows));
+                std::hint::black_box(w.matmul_rows(&x, rows, &mask));
             },
             0.5,
         );
@@ -63,15 +70,27 @@ fn run() {
     println!("| kernel | shape | rows | time | GFLOP/s |\n|---|---|---|---|---|");
     for (n, k) in [(256usize, 512usize), (1536usize, 576usize), (576, 1536), (4864, 896)] {
         let w = QMatrix::from_q4_1(&q4_1_data(n, k), n, k);
-        matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512]);
+        matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512], false);
+        matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512], true);
     }
+    // Q8_0 (SmolLM2's tied output, Qwen's Q5_0 layers once widened): the bytes of a q4_1 matrix twice
+    // over reinterpreted as 34-byte blocks.
+    let (n, k) = (4864usize, 896usize);
+    let mut data = q4_1_data(2 * n, k);
+    data.truncate(n * k / 32 * 34);
+    for b in data.chunks_exact_mut(34) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+    }
+    let w = QMatrix::from_q8_0(&data, n, k);
+    matmul_rows("q8_0", &w, &[1, 4, 16, 512], false);
+    matmul_rows("q8_0", &w, &[1, 4, 16, 512], true);
     // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
     let (n, k) = (1536usize, 576usize);
     let bits: Vec<u16> = (0..n * k)
         .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) / 300.0).to_bits())
         .collect();
     let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
-    matmul_rows("bf16", &w, &[1, 16, 512]);
+    matmul_rows("bf16", &w, &[1, 16, 512], false);
     println!("\n| attention (16 decode rows, 9 q / 3 kv heads, head_dim 64) | context | K/V elements/s | GB/s of K/V read |\n|---|---|---|---|");
     for dtype in KvDtype::ALL {
         let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap();

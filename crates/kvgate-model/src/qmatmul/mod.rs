@@ -21,7 +21,9 @@
 //! thread count or the instruction set, so a row's result never depends on the batch (batch invariance)
 //! and the AVX2, AVX-512 and scalar paths give the same bits (tested).
 
+mod acts;
 mod kernel;
+mod kernel_int;
 
 use rayon::prelude::*;
 
@@ -391,10 +393,25 @@ impl QMatrix {
         self.weight(r, i / self.bl, i % self.bl).mul_add(d, m)
     }
 
-    /// `x` is `rows × k`; returns `rows × n`.
+    /// `x` is `rows × k`; returns `rows × n` (f32 activations).
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul_rows(x, rows, &[])
+    }
+
+    /// Whether the opt-in 8-bit-activation kernel exists for this matrix (4- and 8-bit quants).
+    pub fn has_int8(&self) -> bool {
+        matches!(self.kind, QKind::Q4 | QKind::Q8) && self.k.is_multiple_of(QK)
+    }
+
+    /// As [`QMatrix::matmul`], with the rows marked in `int8` (one flag per row, or empty for none)
+    /// computed from 8-bit activations by the integer kernel ([`kernel_int`]) when the matrix has one
+    /// ([`QMatrix::has_int8`]); every other row as `matmul` computes it, bit for bit.
+    pub fn matmul_rows(&self, x: &[f32], rows: usize, int8: &[bool]) -> Vec<f32> {
         let (n, k, nb) = (self.n, self.k, self.nb());
         assert_eq!(x.len(), rows * k, "activations are rows × k");
+        assert!(int8.is_empty() || int8.len() == rows, "one flag per row");
+        let int8 = Some(int8).filter(|m| self.has_int8() && m.iter().any(|&v| v));
+        let quant = int8.map(|m| acts::QuantRows::new(x, k, m, self.kind == QKind::Q8));
         let mut out = vec![0f32; rows * n];
         if rows == 0 || n == 0 {
             return out;
@@ -415,16 +432,21 @@ impl QMatrix {
             let r1 = ((chunk + 1) * ROW_CHUNK).min(rows);
             let mut r = chunk * ROW_CHUNK;
             while r < r1 {
-                let rr = (r1 - r).min(kernel::max_rows());
+                let mut rr = (r1 - r).min(kernel::max_rows());
                 let mut y: kernel::Acc = [[0f32; P]; kernel::MAX_ROWS * TILE_PANELS];
-                kernel::run(
-                    self,
-                    tile * TILE_PANELS,
-                    &x[r * k..(r + rr) * k],
-                    &xs[r * nb..(r + rr) * nb],
-                    rr,
-                    &mut y,
-                );
+                let (p0, rxs) = (tile * TILE_PANELS, &xs[r * nb..]);
+                match (int8, &quant) {
+                    (Some(m), Some(q)) => {
+                        // a group of consecutive rows of one mode
+                        rr = m[r..r + rr].iter().take_while(|&&v| v == m[r]).count();
+                        if m[r] {
+                            kernel_int::run_int(self, p0, q, r, &rxs[..rr * nb], rr, &mut y);
+                        } else {
+                            kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], rr, &mut y);
+                        }
+                    }
+                    _ => kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], rr, &mut y),
+                }
                 for i in 0..rr {
                     for v in 0..TILE_PANELS {
                         let c0 = (tile * TILE_PANELS + v) * P;

@@ -171,3 +171,72 @@ fn decodes_gguf_blocks() {
     let y = w.matmul(&[1.0; 32], 1);
     assert_eq!(y, vec![16.0 * 14.0]);
 }
+
+#[test]
+fn the_integer_kernel_gives_the_scalar_bits() {
+    let (n, k) = (70, 128);
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6"] {
+        let w = matrix(kind, n, k, 13);
+        assert!(w.has_int8(), "{kind}");
+        let nb = w.nb();
+        for rr in 1..=kernel::max_rows() {
+            // rows 2 .. 2 + rr of a quantized batch (the kernel's row offset)
+            let x = acts(rr + 2, k);
+            let q = acts::QuantRows::new(&x, k, &vec![true; rr + 2], w.kind == QKind::Q8);
+            let xs: Vec<f32> = x[2 * k..]
+                .chunks_exact(w.bl)
+                .map(|b| b.iter().fold(0.0, |s, v| s + v))
+                .collect();
+            for p0 in (0..w.np).step_by(TILE_PANELS) {
+                let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
+                let mut slow = fast;
+                kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut fast);
+                kernel_int::scalar_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut slow);
+                for i in 0..rr * TILE_PANELS {
+                    for j in 0..P {
+                        assert_eq!(
+                            fast[i][j].to_bits(),
+                            slow[i][j].to_bits(),
+                            "{kind} rows {rr} panel {p0}: {i} {j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
+    let (n, k, rows) = (37, 96, 70);
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6", "bf16"] {
+        let w = matrix(kind, n, k, 7);
+        let x = acts(rows, k);
+        // mixed batch: runs of integer and f32 rows
+        let int8: Vec<bool> = (0..rows).map(|r| r % 7 < 4).collect();
+        let y = w.matmul_rows(&x, rows, &int8);
+        let y32 = w.matmul(&x, rows);
+        for r in 0..rows {
+            let row = &y[r * n..(r + 1) * n];
+            if !int8[r] || !w.has_int8() {
+                assert_eq!(row, &y32[r * n..(r + 1) * n], "{kind}: f32 row {r} changed");
+                continue;
+            }
+            assert_ne!(row, &y32[r * n..(r + 1) * n], "{kind}: row {r} took the f32 kernel");
+            for c in 0..n {
+                // each input moves by at most half a step of its group (amax / 254)
+                let bound: f64 = (0..k)
+                    .map(|i| {
+                        let g = &x[r * k + i / 32 * 32..r * k + i / 32 * 32 + 32];
+                        let amax = g.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                        (w.value(c, i) as f64).abs() * amax / 254.0
+                    })
+                    .sum();
+                let err = (row[c] as f64 - y32[r * n + c] as f64).abs();
+                assert!(err <= bound * 1.001 + 1e-5, "{kind} row {r} col {c}: {err} > {bound}");
+            }
+            let alone = w.matmul_rows(&x[r * k..(r + 1) * k], 1, &[true]);
+            assert_eq!(row, alone.as_slice(), "{kind}: integer row {r} depends on the batch");
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Activations quantized to 8 bits for the opt-in integer kernels ([`super::kernel_int`]): each row's
+//! inputs in groups of 32, each group scaled by its own `amax / 127` and rounded to the nearest integer
+//! in `-127..=127` (llama.cpp's `q8_0` for activations). A row's quantization depends on that row alone,
+//! so the integer path keeps batch invariance; it is not f32 accuracy (the rounding error of a group is
+//! up to `amax / 254` per input), which is why it is opt-in.
+
+use rayon::prelude::*;
+
+use super::QK;
+
+/// Quantized rows: values (as bytes for the 4-bit kernel, as 16-bit for the 8-bit one; the same
+/// integers) and one scale per 32 inputs. (The offset term keeps using the exact f32 block sums.)
+#[derive(Debug, Default)]
+pub(super) struct QuantRows {
+    pub(super) q8: Vec<i8>,
+    pub(super) q16: Vec<i16>,
+    pub(super) sx: Vec<f32>,
+}
+
+/// The 8-bit values and scale of one group of 32 inputs.
+fn group(x: &[f32], out: &mut [i16]) -> f32 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (d, id) = if amax > 0.0 {
+        (amax / 127.0, 127.0 / amax)
+    } else {
+        (0.0, 0.0)
+    };
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = (v * id).round().clamp(-127.0, 127.0) as i16;
+    }
+    d
+}
+
+impl QuantRows {
+    /// Quantizes the rows of `x` (`rows × k`, `k` a multiple of 32) marked in `which` (others are
+    /// left zero and never read); `wide` stores 16-bit values, otherwise bytes.
+    pub(super) fn new(x: &[f32], k: usize, which: &[bool], wide: bool) -> QuantRows {
+        let rows = which.len();
+        let groups = k / QK;
+        let mut sx = vec![0f32; rows * groups];
+        let mut q16 = vec![0i16; rows * k];
+        q16.par_chunks_mut(k)
+            .zip(sx.par_chunks_mut(groups))
+            .zip(x.par_chunks(k))
+            .zip(which.par_iter())
+            .filter(|(_, &w)| w)
+            .for_each(|(((q, s), x), _)| {
+                for ((q, s), x) in q.chunks_mut(QK).zip(s.iter_mut()).zip(x.chunks(QK)) {
+                    *s = group(x, q);
+                }
+            });
+        if wide {
+            QuantRows {
+                q8: Vec::new(),
+                q16,
+                sx,
+            }
+        } else {
+            QuantRows {
+                q8: q16.iter().map(|&v| v as i8).collect(),
+                q16: Vec::new(),
+                sx,
+            }
+        }
+    }
+
+    /// The value of row `r`, input `i` (the scalar kernel).
+    pub(super) fn value(&self, k: usize, r: usize, i: usize) -> i32 {
+        if self.q16.is_empty() {
+            self.q8[r * k + i] as i32
+        } else {
+            self.q16[r * k + i] as i32
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_scale_by_their_own_amax() {
+        let mut x = vec![0f32; 64];
+        x[0] = -2.54;
+        x[1] = 1.0;
+        x[40] = 0.5;
+        let q = QuantRows::new(&x, 64, &[true], true);
+        assert_eq!(q.sx, vec![2.54 / 127.0, 0.5 / 127.0]);
+        assert_eq!(
+            (q.value(64, 0, 0), q.value(64, 0, 1), q.value(64, 0, 40)),
+            (-127, 50, 127)
+        );
+        assert_eq!(q.value(64, 0, 2), 0);
+        let b = QuantRows::new(&x, 64, &[true], false);
+        assert_eq!(b.q8[..2], [-127, 50]);
+        // an all-zero group has scale 0 and zeros
+        assert_eq!(QuantRows::new(&[0.0; 32], 32, &[true], true).sx, vec![0.0]);
+    }
+}

@@ -1,0 +1,228 @@
+//! The integer microkernel of the opt-in 8-bit-activation mode ([`super::QMatrix::matmul_rows`] with
+//! rows marked integer): the same panels, records and tiles as [`super::kernel`], with the block's
+//! dot products done exactly in integers against activations quantized per 32 inputs
+//! ([`super::acts`]), then one fixed f32 sequence per block:
+//! `t = S · sx; y = fma(d, t, y); y = fma(m, X, y)` (the offset term with the exact f32 block sum `X`).
+//!
+//! 4-bit weights: `vpmaddubsw` of the unsigned nibbles (four consecutive inputs of a column per 32-bit
+//! lane, see `QMatrix::q4_at`) with the signed activation bytes; a block's 16-bit partial sums stay
+//! below `16 · 15 · 127 = 30,480`, so they are exact without widening until the block ends. 8-bit weights:
+//! a byte shuffle pairs each column's consecutive inputs, `vpmaddwd` against 16-bit activations (no
+//! saturation possible). Integer sums are exact in any order, so AVX2, AVX-512 and the scalar loop give
+//! the same bits (tested), and a row's result depends on that row alone.
+
+use super::acts::QuantRows;
+use super::kernel::{max_rows, Acc, Path, PATH};
+use super::{QKind, QMatrix, P, QK, TILE_PANELS};
+
+/// Outputs of rows `r0 .. r0 + rr` of the quantized activations `q` (their exact block sums in `xs`,
+/// `rr × nb`) for panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
+pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f32], rr: usize, y: &mut Acc) {
+    let (k, groups) = (w.k, w.k / QK);
+    assert!(rr >= 1 && rr <= max_rows() && xs.len() >= rr * w.nb());
+    assert!(p0 + TILE_PANELS <= w.np);
+    assert!(q.sx.len() >= (r0 + rr) * groups);
+    match w.kind {
+        QKind::Q4 => assert!(q.q8.len() >= (r0 + rr) * k),
+        QKind::Q8 => assert!(q.q16.len() >= (r0 + rr) * k),
+        QKind::F16 | QKind::Bf16 => panic!("16-bit weights have no integer kernel"),
+    }
+    let (q8, q16, sx) = (
+        q.q8.as_ptr().wrapping_add(r0 * k),
+        q.q16.as_ptr().wrapping_add(r0 * k),
+        q.sx[r0 * groups..].as_ptr(),
+    );
+    match *PATH {
+        // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above (the
+        // pointer of the buffer the kind does not use is never read).
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        _ => scalar_int(w, p0, q, r0, xs, rr, y),
+    }
+}
+
+/// The portable integer kernel (the tests' reference): the same integer sums and f32 sequence.
+pub(super) fn scalar_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f32], rr: usize, y: &mut Acc) {
+    let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
+    for r in 0..rr {
+        for v in 0..TILE_PANELS {
+            for (j, out) in y[r * TILE_PANELS + v].iter_mut().enumerate() {
+                let c = (p0 + v) * P + j;
+                let mut acc = 0f32;
+                for b in 0..nb {
+                    let s: i32 = (0..bl).map(|e| w.quant(c, b, e) * q.value(k, r0 + r, b * bl + e)).sum();
+                    let t = s as f32 * q.sx[(r0 + r) * groups + b * bl / QK];
+                    let (d, m) = w.scale_offset(c, b);
+                    acc = d.mul_add(t, acc);
+                    if w.offsets {
+                        acc = m.mul_add(xs[r * nb + b], acc);
+                    }
+                }
+                *out = acc;
+            }
+        }
+    }
+}
+
+/// One SIMD implementation, compiled for the target features given.
+macro_rules! simd_int {
+    ($name:ident, $features:literal, $max_rows:literal) => {
+        #[cfg(target_arch = "x86_64")]
+        mod $name {
+            use std::arch::x86_64::*;
+
+            use super::super::kernel::Acc;
+            use super::super::{QKind, QMatrix, P, QK, TILE_PANELS};
+
+            /// SAFETY (caller): the features are available; `q8` (4-bit weights) or `q16` (8-bit) holds
+            /// `rr` rows of `k`, `sx` `rr` rows of `k / 32`, `xs` `rr` rows of `nb`, and panels
+            /// `p0 .. p0 + TILE_PANELS` exist (checked in `run_int`).
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn dispatch(
+                w: &QMatrix,
+                p0: usize,
+                q8: *const i8,
+                q16: *const i16,
+                sx: *const f32,
+                xs: *const f32,
+                rr: usize,
+                y: &mut Acc,
+            ) {
+                let y = y.as_mut_ptr();
+                macro_rules! pairs {
+                    ($r:literal) => {{
+                        panels::<$r, 2>(w, p0, q8, q16, sx, xs, y);
+                        panels::<$r, 2>(w, p0 + 2, q8, q16, sx, xs, y.add(2));
+                    }};
+                }
+                match rr.min($max_rows) {
+                    1 => panels::<1, 4>(w, p0, q8, q16, sx, xs, y),
+                    2 => pairs!(2),
+                    3 => pairs!(3),
+                    4 => pairs!(4),
+                    5 => pairs!(5),
+                    6 => pairs!(6),
+                    7 => pairs!(7),
+                    _ => pairs!(8),
+                }
+            }
+
+            /// `R` rows × `V` panels from panel `p0`. Bounds: panel `p0 + v < np` and block `b < nb`
+            /// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
+            #[target_feature(enable = $features)]
+            unsafe fn panels<const R: usize, const V: usize>(
+                w: &QMatrix,
+                p0: usize,
+                q8: *const i8,
+                q16: *const i16,
+                sx: *const f32,
+                xs: *const f32,
+                y: *mut [f32; P],
+            ) {
+                let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
+                let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
+                let q4 = w.kind == QKind::Q4;
+                let m4 = _mm256_set1_epi8(0x0F);
+                let ones = _mm256_set1_epi16(1);
+                // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
+                let pair = _mm256_setr_epi8(
+                    0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
+                    14, 7, 15,
+                );
+                for b in 0..nb {
+                    let mut acc = [[_mm256_setzero_si256(); V]; R];
+                    let mut qp = [std::ptr::null::<u8>(); V];
+                    for (v, p) in qp.iter_mut().enumerate() {
+                        *p = base.add(w.record(p0 + v, b) + head);
+                    }
+                    if q4 {
+                        for c in 0..bl / 8 {
+                            let mut lo = [_mm256_setzero_si256(); V];
+                            let mut hi = [_mm256_setzero_si256(); V];
+                            for v in 0..V {
+                                let raw = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
+                                lo[v] = _mm256_and_si256(raw, m4);
+                                hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                            }
+                            for r in 0..R {
+                                let xp = q8.add(r * k + b * bl + 8 * c);
+                                let xl = _mm256_set1_epi32((xp as *const i32).read_unaligned());
+                                let xh = _mm256_set1_epi32((xp.add(4) as *const i32).read_unaligned());
+                                for v in 0..V {
+                                    let t = _mm256_add_epi16(
+                                        _mm256_maddubs_epi16(lo[v], xl),
+                                        _mm256_maddubs_epi16(hi[v], xh),
+                                    );
+                                    acc[r][v] = _mm256_add_epi16(acc[r][v], t);
+                                }
+                            }
+                        }
+                        for row in acc.iter_mut() {
+                            for a in row.iter_mut() {
+                                *a = _mm256_madd_epi16(*a, ones);
+                            }
+                        }
+                    } else {
+                        for c in 0..bl / 4 {
+                            let mut w01 = [_mm256_setzero_si256(); V];
+                            let mut w23 = [_mm256_setzero_si256(); V];
+                            for v in 0..V {
+                                let raw = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
+                                let sh = _mm256_shuffle_epi8(raw, pair);
+                                w01[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(sh));
+                                w23[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(sh, 1));
+                            }
+                            for r in 0..R {
+                                let xp = q16.add(r * k + b * bl + 4 * c);
+                                let x01 = _mm256_set1_epi32((xp as *const i32).read_unaligned());
+                                let x23 = _mm256_set1_epi32((xp.add(2) as *const i32).read_unaligned());
+                                for v in 0..V {
+                                    let t = _mm256_add_epi32(
+                                        _mm256_madd_epi16(w01[v], x01),
+                                        _mm256_madd_epi16(w23[v], x23),
+                                    );
+                                    acc[r][v] = _mm256_add_epi32(acc[r][v], t);
+                                }
+                            }
+                        }
+                    }
+                    for v in 0..V {
+                        let rec = qp[v].sub(head);
+                        let load = |at: *const u8| {
+                            if half {
+                                _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+                            } else {
+                                _mm256_loadu_ps(at as *const f32)
+                            }
+                        };
+                        let dv = load(rec);
+                        let mv = if offsets {
+                            load(rec.add(if half { 16 } else { 32 }))
+                        } else {
+                            _mm256_setzero_ps()
+                        };
+                        for r in 0..R {
+                            let yp = y.add(r * TILE_PANELS + v) as *mut f32;
+                            let sxv = _mm256_broadcast_ss(&*sx.add(r * groups + b * bl / QK));
+                            let t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), sxv);
+                            let u = _mm256_fmadd_ps(dv, t, _mm256_loadu_ps(yp));
+                            let u = if offsets {
+                                _mm256_fmadd_ps(mv, _mm256_broadcast_ss(&*xs.add(r * nb + b)), u)
+                            } else {
+                                u
+                            };
+                            _mm256_storeu_ps(yp, u);
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+simd_int!(avx2, "avx2,fma,f16c", 4);
+simd_int!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8);
