@@ -14,7 +14,7 @@
 //!
 //! The anchor comes from `../shared/anchors/llama-cpp.sh` (`--env` prints `LLAMA_SERVER` and
 //! `ANCHOR_MODELS`); without it, kvgate's column is printed alone with a line saying why. `KVGATE_SERVE`
-//! measures another build of `serve` (before/after), `ANCHOR_CASES=qwen` one model only. Run with
+//! measures another build of `serve` (before/after), `KVGATE_ARGS` adds `serve` flags, `ANCHOR_CASES=qwen` one model only. Run with
 //! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
 //! cargo bench --bench anchor`.
 
@@ -64,6 +64,8 @@ fn kvgate(model: &Path) -> Proc {
     let child = Command::new(serve)
         .args(["--model", model.to_str().unwrap(), "--port", &port.to_string()])
         .args(["--threads", "2", "--kv-cache-memory", "2GiB", "--max-model-len", "4096"])
+        // KVGATE_ARGS: extra `serve` flags (e.g. "--activations int8").
+        .args(std::env::var("KVGATE_ARGS").unwrap_or_default().split_whitespace())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -223,6 +225,7 @@ fn weight_bytes_per_token(model: &Path) -> Option<f64> {
         model,
         &kvgate_model::LoadOptions {
             max_model_len: Some(4096),
+            int8_activations: std::env::var("KVGATE_ARGS").is_ok_and(|a| a.contains("int8")),
         },
     )
     .ok()?;

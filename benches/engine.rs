@@ -16,6 +16,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         &path,
         &LoadOptions {
             max_model_len: Some(4096),
+            int8_activations: false,
         },
     )
     .expect("load");
@@ -34,6 +35,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         calculate_kv_scales: false,
         max_model_len: 4096,
         model_name: "bench".into(),
+        int8_activations: false,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

@@ -16,6 +16,7 @@ fn main() {
         &path,
         &LoadOptions {
             max_model_len: Some(4096),
+            int8_activations: false,
         },
     )
     .unwrap();

@@ -25,6 +25,7 @@ pub(crate) fn build(chunks: &[Chunk]) -> Batch {
         seq_of_row: Vec::with_capacity(rows),
         tables: Vec::with_capacity(chunks.len()),
         logit_rows: Vec::new(),
+        int8: Vec::new(),
     };
     for c in chunks {
         let t = b.tables.len() as u32;

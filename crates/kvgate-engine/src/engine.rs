@@ -22,7 +22,7 @@ use crate::backend::{Backend, CpuBackend};
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
-use crate::output::{Active, ChunkLogits, Outcome, OutputProcessor, StepContext};
+use crate::output::{Active, ChunkLogits, Kind, Outcome, OutputProcessor, StepContext};
 use crate::registry::GroupId;
 use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -53,7 +53,16 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Label of every metric series.
     pub model_name: String,
+    /// Completions (never decisions) compute their matmuls from 8-bit activations where the weight
+    /// format has the integer kernel (`kvgate_model::QMatrix::matmul_rows`): opt-in, faster, not f32
+    /// accuracy. Their KV blocks are cached apart from f32-computed ones, so no request ever reads
+    /// blocks computed in the other mode.
+    pub int8_activations: bool,
 }
+
+/// Joined in front of the cache salt of requests computed with 8-bit activations: their blocks never
+/// match an f32-computed prefix (or the reverse).
+const INT8_SALT: &str = "\u{1}int8-activations\u{1}";
 
 /// The engine's state, owned by its thread.
 pub(crate) struct Engine {
@@ -276,7 +285,12 @@ impl Engine {
     fn add_generate(&mut self, id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<Event>) {
         let all = req.params.prompt_logprobs.is_some();
         let salt = req.cache_salt.as_deref().unwrap_or("");
-        let (g, seq) = self.sched.add_generate(req.prompt.clone(), salt, all);
+        let salt = if self.cfg.int8_activations {
+            format!("{INT8_SALT}{salt}")
+        } else {
+            salt.to_string()
+        };
+        let (g, seq) = self.sched.add_generate(req.prompt.clone(), &salt, all);
         self.reqs
             .insert(g, Active::generate(id, seq, req.prompt, req.params, tx));
         self.by_id.insert(id, g);
@@ -368,7 +382,14 @@ impl Engine {
             return Ok(());
         }
         self.backend.copy_blocks(&plan.copies)?;
-        let batch = batch::build(&plan.chunks);
+        let mut batch = batch::build(&plan.chunks);
+        if self.cfg.int8_activations {
+            batch.int8 = plan
+                .chunks
+                .iter()
+                .map(|c| matches!(self.reqs.get(&c.group).map(|a| &a.kind), Some(Kind::Gen(_))))
+                .collect();
+        }
         if !self.calibrated {
             self.calibrate(&batch)?;
         }

@@ -18,6 +18,7 @@ struct Opts {
     prefix: bool,
     max_queue: usize,
     quantized: bool,
+    int8: bool,
 }
 
 impl Default for Opts {
@@ -28,6 +29,7 @@ impl Default for Opts {
             prefix: true,
             max_queue: 1024,
             quantized: false,
+            int8: false,
         }
     }
 }
@@ -51,6 +53,7 @@ fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         calculate_kv_scales: false,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
+        int8_activations: o.int8,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
@@ -213,6 +216,73 @@ fn quantized_weights_are_batch_invariant_too() {
         let ps = prompts(&tok, 12);
         let alone = run_all(&h, &ps, 16, false).await;
         assert_eq!(run_all(&h, &ps, 16, true).await, alone);
+    });
+}
+
+#[test]
+fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
+    rt().block_on(async {
+        let mk = |int8| {
+            engine(Opts {
+                quantized: true,
+                int8,
+                ..Default::default()
+            })
+        };
+        let ((f, tok), (q, _)) = (mk(false), mk(true));
+        let ps = prompts(&tok, 8);
+        let alone = run_all(&q, &ps, 16, false).await;
+        assert_eq!(
+            run_all(&q, &ps, 16, true).await,
+            alone,
+            "int8 completions are batch-invariant"
+        );
+        assert_ne!(
+            run_all(&f, &ps, 16, false).await,
+            alone,
+            "the int8 engine computes differently"
+        );
+        // A decision over a prefix an int8 completion just computed: f32 (equal to the f32 engine's,
+        // bit for bit) and no block of the other mode is reused; int8 completions do share blocks.
+        let fresh = tok
+            .encode(
+                "Another opening, about rivers and mountains, that nothing before shared.",
+                false,
+            )
+            .unwrap();
+        let req = || GenerateRequest {
+            prompt: fresh.clone(),
+            params: greedy(2),
+            cache_salt: None,
+        };
+        let (_, first) = collect(&q, req()).await;
+        let (_, again) = collect(&q, req()).await;
+        assert_eq!(first.cached_tokens, 0);
+        assert!(again.cached_tokens > 0, "int8 completions share their blocks");
+        let decide = |h: &EngineHandle| {
+            let mut prompt = fresh.clone();
+            prompt.extend(tok.encode(" Is it urgent? Answer yes or no.", false).unwrap());
+            let labels = vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()];
+            let s = h.decide(DecideRequest {
+                reads: vec![DecisionRead { prompt, labels }],
+                cache_salt: None,
+                keep_alive: None,
+            });
+            async move {
+                match s.unwrap().next().await.unwrap() {
+                    Event::Decision { reads, usage } => (reads, usage),
+                    e => panic!("{e:?}"),
+                }
+            }
+        };
+        let (on_q, usage) = decide(&q).await;
+        assert_eq!(usage.cached_tokens, 0, "a decision never reads int8-computed blocks");
+        assert_eq!(
+            on_q,
+            decide(&f).await.0,
+            "decisions compute in f32 whatever the engine's mode"
+        );
+        assert_pool_clean(&q).await;
     });
 }
 

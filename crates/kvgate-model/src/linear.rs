@@ -49,16 +49,23 @@ pub struct Linear {
 impl Linear {
     /// A layer over a quantized tensor of shape `(out, in)`.
     pub fn quantized(q: Arc<QTensor>, bias: Option<Vec<f32>>) -> Result<Linear> {
+        Self::quantized_for(q, bias, false)
+    }
+
+    /// As [`Linear::quantized`]; `five_bit` keeps 5-bit formats (Q5_0, Q5_1, Q5_K) at 5 bits, the
+    /// layout the 8-bit-activation mode streams best (f32 activations read it more slowly than the
+    /// widened 8-bit layout).
+    pub fn quantized_for(q: Arc<QTensor>, bias: Option<Vec<f32>>, five_bit: bool) -> Result<Linear> {
         let (out_dim, in_dim) = q.shape().dims2()?;
         if in_dim % crate::qmatmul::QK == 0 {
             let packed = match q.dtype() {
                 GgmlDType::Q4_0 => Some(QMatrix::from_q4_0(&q.data()?, out_dim, in_dim)),
                 GgmlDType::Q4_1 => Some(QMatrix::from_q4_1(&q.data()?, out_dim, in_dim)),
                 GgmlDType::Q8_0 => Some(QMatrix::from_q8_0(&q.data()?, out_dim, in_dim)),
-                GgmlDType::Q5_0 => crate::repack::q5_0(&q.data()?, out_dim, in_dim),
-                GgmlDType::Q5_1 => crate::repack::q5_1(&q.data()?, out_dim, in_dim),
+                GgmlDType::Q5_0 => crate::repack::q5_0(&q.data()?, out_dim, in_dim, five_bit),
+                GgmlDType::Q5_1 => crate::repack::q5_1(&q.data()?, out_dim, in_dim, five_bit),
                 GgmlDType::Q4K => crate::repack::q4_k(&q.data()?, out_dim, in_dim),
-                GgmlDType::Q5K => crate::repack::q5_k(&q.data()?, out_dim, in_dim),
+                GgmlDType::Q5K => crate::repack::q5_k(&q.data()?, out_dim, in_dim, five_bit),
                 GgmlDType::Q6K => crate::repack::q6_k(&q.data()?, out_dim, in_dim),
                 GgmlDType::F16 => QMatrix::from_halves(QKind::F16, &halves(&q.data()?), out_dim, in_dim),
                 GgmlDType::BF16 => QMatrix::from_halves(QKind::Bf16, &halves(&q.data()?), out_dim, in_dim),
@@ -185,9 +192,16 @@ impl Linear {
 
     /// `x` is `rows × in`; returns `rows × out`.
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
+        self.forward_rows(x, rows, &[])
+    }
+
+    /// As [`Linear::forward`], with the rows flagged in `int8` (one flag per row, or empty) through the
+    /// opt-in 8-bit-activation kernel where the weight has one ([`QMatrix::has_int8`]); other weights
+    /// and unflagged rows compute exactly as `forward` does.
+    pub fn forward_rows(&self, x: &[f32], rows: usize, int8: &[bool]) -> Result<Vec<f32>> {
         debug_assert_eq!(x.len(), rows * self.in_dim);
         let mut y = match &self.weight {
-            Weight::Packed(p) => p.matmul(x, rows),
+            Weight::Packed(p) => p.matmul_rows(x, rows, int8),
             Weight::Quant(q) => {
                 let t = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
                 q.forward(&t)?.flatten_all()?.to_vec1::<f32>()?

@@ -73,6 +73,8 @@ impl GgufMeta {
 struct Reader {
     content: Content,
     file: BufReader<File>,
+    /// Keep 5-bit formats at 5 bits ([`Linear::quantized_for`]).
+    five_bit: bool,
 }
 
 impl Reader {
@@ -102,7 +104,7 @@ impl Reader {
     fn linear(&mut self, name: &str) -> Result<Linear> {
         let w = Arc::new(self.q(&format!("{name}.weight"))?);
         let b = self.opt_vec(&format!("{name}.bias"))?;
-        Linear::quantized(w, b)
+        Linear::quantized_for(w, b, self.five_bit)
     }
 }
 
@@ -197,8 +199,8 @@ fn config_from_meta(m: &GgufMeta, vocab: usize) -> Result<ModelConfig> {
     })
 }
 
-/// Loads config, weights and metadata from a GGUF file.
-pub fn load_gguf(path: &Path) -> Result<(ModelConfig, Weights, GgufMeta)> {
+/// Loads config, weights and metadata from a GGUF file (`five_bit`: see [`Linear::quantized_for`]).
+pub fn load_gguf(path: &Path, five_bit: bool) -> Result<(ModelConfig, Weights, GgufMeta)> {
     let f = File::open(path).map_err(|source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -208,7 +210,11 @@ pub fn load_gguf(path: &Path) -> Result<(ModelConfig, Weights, GgufMeta)> {
     let meta = GgufMeta {
         values: content.metadata.clone(),
     };
-    let mut r = Reader { content, file };
+    let mut r = Reader {
+        content,
+        file,
+        five_bit,
+    };
     let embed_q = r.q("token_embd.weight")?;
     let (vocab, dim) = embed_q.shape().dims2()?;
     let cfg = config_from_meta(&meta, vocab)?;
@@ -216,7 +222,7 @@ pub fn load_gguf(path: &Path) -> Result<(ModelConfig, Weights, GgufMeta)> {
     let lm_head = if r.has("output.weight") {
         r.linear("output")?
     } else {
-        Linear::quantized(Arc::new(embed_q), None)?
+        Linear::quantized_for(Arc::new(embed_q), None, five_bit)?
     };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {

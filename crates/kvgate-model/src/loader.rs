@@ -56,6 +56,9 @@ pub struct LoadedModel {
 pub struct LoadOptions {
     /// Serve at most this many tokens per sequence (default: the model's context length).
     pub max_model_len: Option<usize>,
+    /// Lay weights out for the opt-in 8-bit-activation mode (5-bit GGUF formats stay 5-bit; see
+    /// [`crate::Linear::quantized_for`]): the same weights, their products rounded differently in f32.
+    pub int8_activations: bool,
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -147,7 +150,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             defaults_from(gc.as_ref()),
         )
     } else {
-        let (cfg, weights, meta) = load_gguf(path)?;
+        let (cfg, weights, meta) = load_gguf(path, opts.int8_activations)?;
         let side = path.with_file_name("tokenizer.json");
         let tokenizer = if side.exists() {
             Tokenizer::from_file(&side)?

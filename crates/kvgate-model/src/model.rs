@@ -29,6 +29,9 @@ pub struct Batch {
     pub tables: Vec<Vec<u32>>,
     /// Rows whose logits are wanted, in the order the logits are returned.
     pub logit_rows: Vec<usize>,
+    /// Per sequence (index as `tables`): whether its rows take the opt-in 8-bit-activation kernels
+    /// (see [`crate::QMatrix::matmul_rows`]); empty for none.
+    pub int8: Vec<bool>,
 }
 
 impl Batch {
@@ -53,6 +56,7 @@ impl Batch {
             seq_of_row: vec![0; n],
             tables: vec![(0..n.div_ceil(block_size) as u32).collect()],
             logit_rows: (0..n).collect(),
+            int8: Vec::new(),
         }
     }
 }
@@ -221,18 +225,31 @@ impl Model {
             .map(|(&s, &p)| AttnRow { table: s, pos: p })
             .collect();
         let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
+        // Per row: the 8-bit-activation flag of its sequence (empty when no sequence asks).
+        let int8: Vec<bool> = if b.int8.iter().any(|&v| v) {
+            b.seq_of_row
+                .iter()
+                .map(|&s| b.int8.get(s as usize).copied().unwrap_or(false))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut h = vec![0f32; n * d];
         let mut attn_out = vec![0f32; n * nh * hd];
         for (li, l) in self.w.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, c.rms_eps, c.norm_plus_one, &mut h);
             let (mut q, mut k, v) = match &self.fused[li].qkv {
                 Some(f) => {
-                    let y = f.forward(&h, n)?;
+                    let y = f.forward_rows(&h, n, &int8)?;
                     let mut parts = split_cols(&y, n, &[l.q.out_dim(), l.k.out_dim(), l.v.out_dim()]).into_iter();
                     let (q, k, v) = (parts.next(), parts.next(), parts.next());
                     (q.unwrap_or_default(), k.unwrap_or_default(), v.unwrap_or_default())
                 }
-                None => (l.q.forward(&h, n)?, l.k.forward(&h, n)?, l.v.forward(&h, n)?),
+                None => (
+                    l.q.forward_rows(&h, n, &int8)?,
+                    l.k.forward_rows(&h, n, &int8)?,
+                    l.v.forward_rows(&h, n, &int8)?,
+                ),
             };
             if let Some(w) = &l.q_norm {
                 rms_norm_inplace(&mut q, w, c.rms_eps, c.norm_plus_one);
@@ -266,7 +283,7 @@ impl Model {
                 tables: &tables,
             };
             attn.attend(cache, li, &query, &params, &mut attn_out);
-            let mut o = l.o.forward(&attn_out, n)?;
+            let mut o = l.o.forward_rows(&attn_out, n, &int8)?;
             if let Some(w) = &l.post_attn_norm {
                 rms_norm_inplace(&mut o, w, c.rms_eps, c.norm_plus_one);
             }
@@ -274,14 +291,14 @@ impl Model {
             rms_norm(&x, &l.ffn_norm, c.rms_eps, c.norm_plus_one, &mut h);
             let (mut g, u) = match &self.fused[li].gate_up {
                 Some(f) => {
-                    let y = f.forward(&h, n)?;
+                    let y = f.forward_rows(&h, n, &int8)?;
                     let mut parts = split_cols(&y, n, &[l.gate.out_dim(), l.up.out_dim()]).into_iter();
                     (parts.next().unwrap_or_default(), parts.next().unwrap_or_default())
                 }
-                None => (l.gate.forward(&h, n)?, l.up.forward(&h, n)?),
+                None => (l.gate.forward_rows(&h, n, &int8)?, l.up.forward_rows(&h, n, &int8)?),
             };
             gated_activation(&mut g, &u, c.activation);
-            let mut m = l.down.forward(&g, n)?;
+            let mut m = l.down.forward_rows(&g, n, &int8)?;
             if let Some(w) = &l.post_ffn_norm {
                 rms_norm_inplace(&mut m, w, c.rms_eps, c.norm_plus_one);
             }
@@ -295,7 +312,12 @@ impl Model {
             sel.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
         rms_norm_inplace(&mut sel, &self.w.final_norm, c.rms_eps, c.norm_plus_one);
-        let mut logits = self.w.lm_head.forward(&sel, b.logit_rows.len())?;
+        let head_int8: Vec<bool> = if int8.is_empty() {
+            Vec::new()
+        } else {
+            b.logit_rows.iter().map(|&r| int8[r]).collect()
+        };
+        let mut logits = self.w.lm_head.forward_rows(&sel, b.logit_rows.len(), &head_int8)?;
         if let Some(cap) = c.final_logit_softcap {
             softcap_inplace(&mut logits, cap);
         }

@@ -1,10 +1,12 @@
 //! Load-time repacking of more GGUF formats into the two layouts kvgate's own kernel streams
 //! ([`QMatrix`]: blocks of 32 (Q6_K: 16) weights with a scale `d` and offset `m`, 4-bit or 8-bit quants), so
 //! that they too keep f32 activations and go through the packed kernel instead of candle's:
-//! - Q5_0 (`d·(q − 16)`) and Q5_1 (`d·q + m`), 5-bit quants → the 8-bit layout;
+//! - Q5_0 (`d·(q − 16)`) and Q5_1 (`d·q + m`), 5-bit quants → the 8-bit layout, or with `five` (the
+//!   8-bit-activation mode, whose integer kernel unpacks them cheaply) the 5-bit layout, Q5_0 as
+//!   `d·q − 16d`;
 //! - Q4_K (super-blocks of 256: eight sub-blocks of 32 with 6-bit scales and mins, `d·sc·q − dmin·mn`)
 //!   → the 4-bit layout, one (scale, offset) pair per sub-block;
-//! - Q5_K (the same with a fifth bit) → the 8-bit layout;
+//! - Q5_K (the same with a fifth bit) → the 8-bit layout (with `five`, the 5-bit one);
 //! - Q6_K (super-blocks of 256: sixteen sub-blocks of 16 with int8 scales, `d·sc·(q − 32)`) → the 8-bit
 //!   layout in blocks of 16, scale `d·sc` (exact in f32), quant `q − 32`, no offsets.
 //!
@@ -54,18 +56,35 @@ fn q5_quants(qh: &[u8], qs: &[u8]) -> [u8; 32] {
     q
 }
 
-/// Q5_0 (`d: f16, qh: [u8; 4], qs: [u8; 16]`): `d · (q − 16)`, as signed 8-bit quants.
-pub(crate) fn q5_0(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-    build(data, n, k, 22, QK, QKind::Q8, |b, d, m, qs| {
-        d.push(f16le(b));
-        m.push(0.0);
-        qs.extend(q5_quants(&b[2..6], &b[6..22]).iter().map(|&q| (q as i8 - 16) as u8));
+/// The layout 5-bit formats go to.
+fn five_kind(five: bool) -> QKind {
+    if five {
+        QKind::Q5
+    } else {
+        QKind::Q8
+    }
+}
+
+/// Q5_0 (`d: f16, qh: [u8; 4], qs: [u8; 16]`): `d · (q − 16)`, as signed 8-bit quants (`five`: 5-bit
+/// quants `q` with offset `−16d`).
+pub(crate) fn q5_0(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
+    build(data, n, k, 22, QK, five_kind(five), |b, d, m, qs| {
+        let dd = f16le(b);
+        d.push(dd);
+        let q = q5_quants(&b[2..6], &b[6..22]);
+        if five {
+            m.push(-16.0 * dd);
+            qs.extend(q);
+        } else {
+            m.push(0.0);
+            qs.extend(q.iter().map(|&q| (q as i8 - 16) as u8));
+        }
     })
 }
 
 /// Q5_1 (`d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]`): `d · q + m`.
-pub(crate) fn q5_1(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-    build(data, n, k, 24, QK, QKind::Q8, |b, d, m, qs| {
+pub(crate) fn q5_1(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
+    build(data, n, k, 24, QK, five_kind(five), |b, d, m, qs| {
         d.push(f16le(b));
         m.push(f16le(&b[2..4]));
         qs.extend(q5_quants(&b[4..8], &b[8..24]));
@@ -112,8 +131,8 @@ pub(crate) fn q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
 
 /// Q5_K (`d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`): as Q4_K, with the fifth bit
 /// of sub-block `j`'s element `l` in bit `j` of `qh[l]`.
-pub(crate) fn q5_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-    build(data, n, k, 176, QK_K, QKind::Q8, |b, d, m, qs| {
+pub(crate) fn q5_k(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
+    build(data, n, k, 176, QK_K, five_kind(five), |b, d, m, qs| {
         let sm = k_scales(b);
         let (qh, q) = (&b[16..48], &b[48..176]);
         for (j, &(dd, mm)) in sm.iter().enumerate() {
@@ -203,12 +222,14 @@ mod tests {
 
     #[test]
     fn q5_0_matches_ggml() {
-        check(GgmlDType::Q5_0, q5_0);
+        check(GgmlDType::Q5_0, |d, n, k| q5_0(d, n, k, false));
+        check(GgmlDType::Q5_0, |d, n, k| q5_0(d, n, k, true));
     }
 
     #[test]
     fn q5_1_matches_ggml() {
-        check(GgmlDType::Q5_1, q5_1);
+        check(GgmlDType::Q5_1, |d, n, k| q5_1(d, n, k, false));
+        check(GgmlDType::Q5_1, |d, n, k| q5_1(d, n, k, true));
     }
 
     #[test]
@@ -218,7 +239,8 @@ mod tests {
 
     #[test]
     fn q5_k_matches_ggml() {
-        check(GgmlDType::Q5K, q5_k);
+        check(GgmlDType::Q5K, |d, n, k| q5_k(d, n, k, false));
+        check(GgmlDType::Q5K, |d, n, k| q5_k(d, n, k, true));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Args, ConfigError, Device, KvCacheDtype, LogFormat};
+use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::AppState;
 use crate::systemone::labels::LabelTable;
@@ -273,6 +273,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         calculate_kv_scales: args.calculate_kv_scales && !(scaled && loaded.kv_scales.is_some()),
         max_model_len,
         model_name: served_names[0].clone(),
+        int8_activations: args.activations == Activations::Int8,
     };
     let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
@@ -349,6 +350,7 @@ async fn run(args: Args) -> Result<(), StartError> {
     }
     let opts = LoadOptions {
         max_model_len: args.max_model_len,
+        int8_activations: args.activations == Activations::Int8,
     };
     let p2 = path.clone();
     let load_error = |msg: String| StartError::Load {
@@ -380,6 +382,7 @@ async fn run(args: Args) -> Result<(), StartError> {
         metrics,
         test_hooks: std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1"),
     };
+    let int8 = args.activations == Activations::Int8;
     let built = build(args, loaded, opts)?;
     let addr = format!("{host}:{port}");
     let listener = tokio::net::TcpListener::bind(&addr)
@@ -409,6 +412,9 @@ async fn run(args: Args) -> Result<(), StartError> {
         built.shape.bytes_per_block(),
         built.kv_bytes as f64 / (1 << 20) as f64
     );
+    if int8 {
+        info!("activations: int8 for completions (opt-in; decisions stay f32)");
+    }
     info!("{}", built.policy.describe());
     info!(
         "auth: {}",

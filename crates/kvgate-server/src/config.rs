@@ -104,6 +104,39 @@ impl std::fmt::Display for Device {
 }
 string_setting!(Device);
 
+/// `--activations`: the precision completions compute their matmuls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Activations {
+    /// f32 activations (the default: every result equals a matmul against the dequantized weights up
+    /// to f32 rounding).
+    F32,
+    /// 8-bit activations (per 32 inputs) and integer dot products for 4- and 8-bit weights, as
+    /// llama.cpp computes; completions only, decisions stay f32.
+    Int8,
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Ok(Activations::F32),
+            "int8" | "q8" => Ok(Activations::Int8),
+            _ => Err(format!("{s:?} is not an activation precision: expected f32 or int8")),
+        }
+    }
+}
+
+impl std::fmt::Display for Activations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Activations::F32 => "f32",
+            Activations::Int8 => "int8",
+        })
+    }
+}
+string_setting!(Activations);
+
 /// `--log-format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -255,6 +288,11 @@ pub struct Args {
     /// Waiting requests before new ones get 429
     #[arg(long, env = "KVGATE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,
+
+    /// Precision of completions' matmul activations: f32, or int8 (opt-in: faster on 4/8-bit GGUF
+    /// weights, as llama.cpp computes; decisions always stay f32)
+    #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "f32")]
+    pub activations: Activations,
 
     /// Compute threads [default: all cores]
     #[arg(long, env = "KVGATE_THREADS")]

@@ -9,57 +9,81 @@ use rayon::prelude::*;
 use super::QK;
 
 /// Quantized rows: values (as bytes for the 4-bit kernel, as 16-bit for the 8-bit one; the same
-/// integers) and one scale per 32 inputs. (The offset term keeps using the exact f32 block sums.)
+/// integers), one scale per 32 inputs, and each group's `sx · Σ q` (the offset term's block sum).
 #[derive(Debug, Default)]
 pub(super) struct QuantRows {
     pub(super) q8: Vec<i8>,
     pub(super) q16: Vec<i16>,
     pub(super) sx: Vec<f32>,
+    pub(super) sums: Vec<f32>,
 }
 
-/// The 8-bit values and scale of one group of 32 inputs.
-fn group(x: &[f32], out: &mut [i16]) -> f32 {
+/// The 8-bit values of one group of 32 inputs; returns its scale and `scale · Σ q` (ties round to
+/// even, as the vector instructions round).
+#[inline]
+fn group<T: From<i8>>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let (d, id) = if amax > 0.0 {
         (amax / 127.0, 127.0 / amax)
     } else {
         (0.0, 0.0)
     };
+    let mut sum = 0i32;
     for (o, v) in out.iter_mut().zip(x) {
-        *o = (v * id).round().clamp(-127.0, 127.0) as i16;
+        let q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
+        sum += q as i32;
+        *o = T::from(q);
     }
-    d
+    (d, sum as f32 * d)
+}
+
+/// Quantizes the marked rows of `x` into `q` (`rows × k`), `sx` and `sums` (`rows × k/32`).
+fn quantize<T: From<i8> + Copy + Default + Send>(
+    x: &[f32],
+    k: usize,
+    which: &[bool],
+    sx: &mut [f32],
+    sums: &mut [f32],
+) -> Vec<T> {
+    let groups = k / QK;
+    let mut q = vec![T::default(); which.len() * k];
+    q.par_chunks_mut(k)
+        .zip(sx.par_chunks_mut(groups))
+        .zip(sums.par_chunks_mut(groups))
+        .zip(x.par_chunks(k))
+        .zip(which.par_iter())
+        .with_min_len(8)
+        .filter(|(_, &w)| w)
+        .for_each(|((((q, s), sum), x), _)| {
+            let groups = q.chunks_exact_mut(QK).zip(s.iter_mut().zip(sum.iter_mut()));
+            for ((q, (s, sum)), x) in groups.zip(x.chunks_exact(QK)) {
+                (*s, *sum) = group(x, q);
+            }
+        });
+    q
 }
 
 impl QuantRows {
     /// Quantizes the rows of `x` (`rows × k`, `k` a multiple of 32) marked in `which` (others are
     /// left zero and never read); `wide` stores 16-bit values, otherwise bytes.
     pub(super) fn new(x: &[f32], k: usize, which: &[bool], wide: bool) -> QuantRows {
-        let rows = which.len();
-        let groups = k / QK;
-        let mut sx = vec![0f32; rows * groups];
-        let mut q16 = vec![0i16; rows * k];
-        q16.par_chunks_mut(k)
-            .zip(sx.par_chunks_mut(groups))
-            .zip(x.par_chunks(k))
-            .zip(which.par_iter())
-            .filter(|(_, &w)| w)
-            .for_each(|(((q, s), x), _)| {
-                for ((q, s), x) in q.chunks_mut(QK).zip(s.iter_mut()).zip(x.chunks(QK)) {
-                    *s = group(x, q);
-                }
-            });
+        let mut sx = vec![0f32; which.len() * (k / QK)];
+        let mut sums = sx.clone();
         if wide {
+            let q16 = quantize::<i16>(x, k, which, &mut sx, &mut sums);
             QuantRows {
                 q8: Vec::new(),
                 q16,
                 sx,
+                sums,
             }
         } else {
+            let q8 = quantize::<i8>(x, k, which, &mut sx, &mut sums);
             QuantRows {
-                q8: q16.iter().map(|&v| v as i8).collect(),
+                q8,
                 q16: Vec::new(),
                 sx,
+                sums,
             }
         }
     }

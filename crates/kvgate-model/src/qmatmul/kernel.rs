@@ -140,7 +140,8 @@ macro_rules! simd {
             ) {
                 let (k, nb, bl) = (w.k, w.nb(), w.bl);
                 let mask = _mm256_set1_epi32(0x0F);
-                let q4 = w.kind == QKind::Q4;
+                let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
+                let b4 = _mm256_set1_epi32(0x10);
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
                 for b in 0..nb {
                     let mut s = [[_mm256_setzero_ps(); V]; R];
@@ -149,9 +150,16 @@ macro_rules! simd {
                         *p = base.add(w.record(p0 + v, b) + head);
                     }
                     let xb = x.add(b * bl);
-                    if q4 {
+                    if q4 || q5 {
                         // One 32-byte chunk per 8 inputs (see `QMatrix::q4_at`): input `8c + e` of the
-                        // 8 columns is one shift and mask of the chunk's lanes.
+                        // 8 columns is one shift and mask of the chunk's lanes; a 5-bit quant's fifth
+                        // bit (`QMatrix::q5_high_at`) one more shift and mask of the high plane.
+                        let mut hp = [_mm256_setzero_si256(); V];
+                        if q5 {
+                            for v in 0..V {
+                                hp[v] = _mm256_loadu_si256(qp[v].add(128) as *const __m256i);
+                            }
+                        }
                         for c in 0..bl / 8 {
                             let mut wv = [_mm256_setzero_si256(); V];
                             for v in 0..V {
@@ -159,9 +167,20 @@ macro_rules! simd {
                             }
                             for e in 0..8 {
                                 let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
+                                // the fifth bit's position in the lane
+                                let at = (8 * (e % 4) + c + 4 * (e / 4)) as i32;
                                 let mut q = [_mm256_setzero_ps(); V];
                                 for v in 0..V {
-                                    q[v] = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srl_epi32(wv[v], sh), mask));
+                                    let mut qi = _mm256_and_si256(_mm256_srl_epi32(wv[v], sh), mask);
+                                    if q5 {
+                                        let h = if at >= 4 {
+                                            _mm256_srl_epi32(hp[v], _mm_cvtsi32_si128(at - 4))
+                                        } else {
+                                            _mm256_sll_epi32(hp[v], _mm_cvtsi32_si128(4 - at))
+                                        };
+                                        qi = _mm256_or_si256(qi, _mm256_and_si256(h, b4));
+                                    }
+                                    q[v] = _mm256_cvtepi32_ps(qi);
                                 }
                                 for r in 0..R {
                                     let xv = _mm256_broadcast_ss(&*xb.add(r * k + 8 * c + e));

@@ -2,7 +2,8 @@
 //! rows marked integer): the same panels, records and tiles as [`super::kernel`], with the block's
 //! dot products done exactly in integers against activations quantized per 32 inputs
 //! ([`super::acts`]), then one fixed f32 sequence per block:
-//! `t = S · sx; y = fma(d, t, y); y = fma(m, X, y)` (the offset term with the exact f32 block sum `X`).
+//! `t = S · sx; y = fma(d, t, y); y = fma(m, X, y)`, where `X = sx · Σ q` is the block sum of the
+//! quantized activations (the caller's `xs`), so that each weight `d·q + m` meets one quantized input.
 //!
 //! 4-bit weights: `vpmaddubsw` of the unsigned nibbles (four consecutive inputs of a column per 32-bit
 //! lane, see `QMatrix::q4_at`) with the signed activation bytes; a block's 16-bit partial sums stay
@@ -15,7 +16,7 @@ use super::acts::QuantRows;
 use super::kernel::{max_rows, Acc, Path, PATH};
 use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
-/// Outputs of rows `r0 .. r0 + rr` of the quantized activations `q` (their exact block sums in `xs`,
+/// Outputs of rows `r0 .. r0 + rr` of the quantized activations `q` (their block sums in `xs`,
 /// `rr × nb`) for panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
 pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f32], rr: usize, y: &mut Acc) {
     let (k, groups) = (w.k, w.k / QK);
@@ -23,7 +24,7 @@ pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f3
     assert!(p0 + TILE_PANELS <= w.np);
     assert!(q.sx.len() >= (r0 + rr) * groups);
     match w.kind {
-        QKind::Q4 => assert!(q.q8.len() >= (r0 + rr) * k),
+        QKind::Q4 | QKind::Q5 => assert!(q.q8.len() >= (r0 + rr) * k),
         QKind::Q8 => assert!(q.q16.len() >= (r0 + rr) * k),
         QKind::F16 | QKind::Bf16 => panic!("16-bit weights have no integer kernel"),
     }
@@ -125,8 +126,9 @@ macro_rules! simd_int {
             ) {
                 let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
-                let q4 = w.kind == QKind::Q4;
+                let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
                 let m4 = _mm256_set1_epi8(0x0F);
+                let b4 = _mm256_set1_epi8(0x10);
                 let ones = _mm256_set1_epi16(1);
                 // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
                 let pair = _mm256_setr_epi8(
@@ -139,7 +141,17 @@ macro_rules! simd_int {
                     for (v, p) in qp.iter_mut().enumerate() {
                         *p = base.add(w.record(p0 + v, b) + head);
                     }
-                    if q4 {
+                    if q4 || q5 {
+                        // 5-bit: the high plane (see `QMatrix::q5_high_at`); chunk `c`'s fifth bits are
+                        // bit `c` (low nibbles) and `4 + c` (high) of each byte, moved to bit 4. Their
+                        // pair sums reach 2·31·127, so the 16-bit sums are widened every two chunks.
+                        let mut hp = [_mm256_setzero_si256(); V];
+                        let mut wide = [[_mm256_setzero_si256(); V]; R];
+                        if q5 {
+                            for v in 0..V {
+                                hp[v] = _mm256_loadu_si256(qp[v].add(128) as *const __m256i);
+                            }
+                        }
                         for c in 0..bl / 8 {
                             let mut lo = [_mm256_setzero_si256(); V];
                             let mut hi = [_mm256_setzero_si256(); V];
@@ -147,6 +159,12 @@ macro_rules! simd_int {
                                 let raw = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
                                 lo[v] = _mm256_and_si256(raw, m4);
                                 hi[v] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                                if q5 {
+                                    let up = _mm256_sll_epi16(hp[v], _mm_cvtsi32_si128(4 - c as i32));
+                                    let down = _mm256_srl_epi16(hp[v], _mm_cvtsi32_si128(c as i32));
+                                    lo[v] = _mm256_or_si256(lo[v], _mm256_and_si256(up, b4));
+                                    hi[v] = _mm256_or_si256(hi[v], _mm256_and_si256(down, b4));
+                                }
                             }
                             for r in 0..R {
                                 let xp = q8.add(r * k + b * bl + 8 * c);
@@ -160,10 +178,23 @@ macro_rules! simd_int {
                                     acc[r][v] = _mm256_add_epi16(acc[r][v], t);
                                 }
                             }
+                            if q5 && c % 2 == 1 {
+                                for r in 0..R {
+                                    for v in 0..V {
+                                        let t = _mm256_madd_epi16(acc[r][v], ones);
+                                        wide[r][v] = _mm256_add_epi32(wide[r][v], t);
+                                        acc[r][v] = _mm256_setzero_si256();
+                                    }
+                                }
+                            }
                         }
-                        for row in acc.iter_mut() {
-                            for a in row.iter_mut() {
-                                *a = _mm256_madd_epi16(*a, ones);
+                        for r in 0..R {
+                            for v in 0..V {
+                                acc[r][v] = if q5 {
+                                    wide[r][v]
+                                } else {
+                                    _mm256_madd_epi16(acc[r][v], ones)
+                                };
                             }
                         }
                     } else {

@@ -1,25 +1,31 @@
-//! kvgate's own matmul for packed GGUF weights (Q4_0, Q4_1, Q8_0 directly; Q5_0, Q5_1, Q4_K, Q5_K
-//! through [`crate::repack`]): the weight stays 4- or 8-bit, the activations stay f32 (they are not
-//! quantized, unlike llama.cpp's and candle's `q8_1` path), so the result equals a matmul against the
-//! dequantized weights up to f32 rounding while reading a quarter of the bytes.
+//! kvgate's own matmul for packed GGUF weights (Q4_0, Q4_1, Q8_0 directly; Q5_0, Q5_1, Q4_K, Q5_K,
+//! Q6_K through [`crate::repack`]; F16/BF16): the weight stays 4-, 5-, 8- or 16-bit. By default the
+//! activations stay f32 (they are not quantized, unlike llama.cpp's and candle's `q8_1` path), so the
+//! result equals a matmul against the dequantized weights up to f32 rounding while reading a quarter of
+//! the bytes. Rows flagged for the opt-in 8-bit-activation mode ([`QMatrix::matmul_rows`]) go through
+//! the integer kernel instead ([`kernel_int`], activations quantized per 32 inputs as llama.cpp does).
 //!
 //! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
 //! `b` (32 inputs) is one record: its 8 scales `d`, its 8 offsets `m` (left out when every offset of
-//! the matrix is 0, as in Q8_0 and Q5_0), each f16 when every value of the matrix is exactly an f16 (as
-//! in the formats whose GGUF scales are f16) and f32 otherwise (K-quants' `d · sc`), then its quants interleaved across the panel's columns, input by input (4-bit: one byte holds inputs `2i`
-//! and `2i + 1` of a column; 8-bit: one signed byte). Records are stored tile by tile ([`TILE_PANELS`]
-//! panels, the unit of one parallel task), block by block, panel by panel, so a task reads one
-//! sequential stream. A kernel step loads the quants of 8 columns at one input, converts them, and
-//! multiplies them with one broadcast activation of each row in flight: a register-blocked GEMM
-//! microkernel (rows × panels of accumulators in registers, the decoded weights reused by every row of
-//! the group). Panels are padded to a multiple of [`TILE_PANELS`] with zero columns.
+//! the matrix is 0, as in Q8_0), each f16 when every value of the matrix is exactly an f16 (as in the
+//! formats whose GGUF scales are f16) and f32 otherwise (K-quants' `d · sc`), then its quants. 4-bit:
+//! one 32-byte chunk per 8 inputs, each column's 32-bit lane holding four consecutive inputs in its
+//! low nibbles and the next four in its high nibbles (`QMatrix::q4_at`); 5-bit: the same plus a
+//! 32-byte plane of fifth bits; 8-bit: one signed byte per column, input by input; 16-bit: two bytes
+//! per column, input by input. Records are stored tile by tile ([`TILE_PANELS`] panels, the unit of
+//! one parallel task), block by block, panel by panel, so a task reads one sequential stream. A kernel
+//! step decodes the quants of 8 columns at one input and multiplies them with one broadcast activation
+//! of each row in flight: a register-blocked GEMM microkernel (rows × panels of accumulators in
+//! registers, the decoded weights reused by every row of the group). Panels are padded to a multiple
+//! of [`TILE_PANELS`] with zero columns.
 //!
 //! **Arithmetic.** For output `(r, c)` and each block `b` in ascending order: `S = Σ_e q_e · x_e`
 //! (a sequential FMA chain over the block's inputs, from 0), then `y = fma(m_b, X_b, fma(d_b, S, y))`
 //! where `X_b` is the sum of the row's 32 activations of the block (computed once per call). Every
 //! output is one fixed scalar sequence of f32 operations whatever the number of rows, the tiling, the
 //! thread count or the instruction set, so a row's result never depends on the batch (batch invariance)
-//! and the AVX2, AVX-512 and scalar paths give the same bits (tested).
+//! and the AVX2, AVX-512 and scalar paths give the same bits (tested). The integer kernel keeps the same
+//! guarantees with its own fixed sequence.
 
 mod acts;
 mod kernel;
@@ -46,6 +52,9 @@ pub enum QKind {
     Q4,
     /// 8-bit signed quants (Q8_0, and Q5_0 / Q5_1 / Q5_K widened).
     Q8,
+    /// 5-bit unsigned quants (Q5_0 / Q5_1 / Q5_K kept at 5 bits, for the 8-bit-activation mode): the
+    /// 4-bit layout plus a plane of high bits.
+    Q5,
     /// IEEE half-precision weights (scale 1, no offsets).
     F16,
     /// bfloat16 weights (scale 1, no offsets).
@@ -96,6 +105,7 @@ impl QMatrix {
         match kind {
             QKind::Q4 => bl / 2,
             QKind::Q8 => bl,
+            QKind::Q5 => bl / 2 + bl / 8,
             QKind::F16 | QKind::Bf16 => 2 * bl,
         }
     }
@@ -113,6 +123,14 @@ impl QMatrix {
     #[inline]
     fn q4_at(j: usize, e: usize) -> (usize, u32) {
         (32 * (e / 8) + 4 * j + e % 4, 4 * ((e % 8) / 4) as u32)
+    }
+
+    /// Where the fifth bit of a 5-bit quant lives: the byte offset in its record's quants (after the
+    /// 128 bytes of nibbles, a 32-byte plane laid out like one nibble chunk) and the bit. Byte `4j + t`
+    /// holds bit 4 of input `8c + t` at bit `c` and of input `8c + 4 + t` at bit `4 + c` (chunk `c`).
+    #[inline]
+    fn q5_high_at(j: usize, e: usize) -> (usize, u32) {
+        (128 + 4 * j + e % 4, (e / 8 + 4 * ((e % 8) / 4)) as u32)
     }
 
     /// Byte offset of the record of panel `p`, block `b`.
@@ -180,10 +198,15 @@ impl QMatrix {
                 }
                 let base = at + head + j;
                 match kind {
-                    QKind::Q4 => {
+                    QKind::Q4 | QKind::Q5 => {
                         for e in 0..bl {
+                            let q = (col.q)(b, e) as u8;
                             let (off, shift) = Self::q4_at(j, e);
-                            bytes[at + head + off] |= ((col.q)(b, e) as u8 & 0xF) << shift;
+                            bytes[at + head + off] |= (q & 0xF) << shift;
+                            if kind == QKind::Q5 {
+                                let (off, bit) = Self::q5_high_at(j, e);
+                                bytes[at + head + off] |= ((q >> 4) & 1) << bit;
+                            }
                         }
                     }
                     QKind::Q8 => {
@@ -207,11 +230,12 @@ impl QMatrix {
 
     /// A matrix from block-major per-block scales, offsets and packed quants (see [`crate::repack`]):
     /// 4-bit blocks hold elements `j` and `j + 16` in the low and high nibble of byte `j`, 8-bit blocks
-    /// one signed byte per element.
+    /// one signed byte per element, 5-bit blocks one byte (`0..32`) per element.
     pub(crate) fn from_parts(kind: QKind, n: usize, k: usize, d: Vec<f32>, m: Vec<f32>, qs: Vec<u8>) -> QMatrix {
         let nb = k / QK;
         assert_eq!(d.len(), n * nb, "one scale per block");
-        assert_eq!(qs.len(), d.len() * Self::bytes_per_block(kind, QK), "quant bytes");
+        let per_block = if kind == QKind::Q4 { QK / 2 } else { QK };
+        assert_eq!(qs.len(), d.len() * per_block, "quant bytes");
         let (d, m, qs) = (&d, &m, &qs);
         Self::build(kind, n, k, QK, |c| Column {
             d: &d[c * nb..(c + 1) * nb],
@@ -224,6 +248,7 @@ impl QMatrix {
                         (if e < 16 { byte & 0xF } else { byte >> 4 }) as i32
                     }
                     QKind::Q8 => qs[blk * 32 + e] as i8 as i32,
+                    QKind::Q5 => (qs[blk * 32 + e] & 31) as i32,
                     QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights are built by from_halves"),
                 }
             }),
@@ -307,9 +332,15 @@ impl QMatrix {
         let base = self.record(c / P, b) + self.head + c % P;
         let bytes = self.bytes_slice();
         match self.kind {
-            QKind::Q4 => {
+            QKind::Q4 | QKind::Q5 => {
+                let rec = self.record(c / P, b) + self.head;
                 let (at, shift) = Self::q4_at(c % P, e);
-                ((bytes[self.record(c / P, b) + self.head + at] >> shift) & 0xF) as i32
+                let mut q = (bytes[rec + at] >> shift) & 0xF;
+                if self.kind == QKind::Q5 {
+                    let (at, bit) = Self::q5_high_at(c % P, e);
+                    q |= ((bytes[rec + at] >> bit) & 1) << 4;
+                }
+                q as i32
             }
             QKind::Q8 => bytes[base + e * P] as i8 as i32,
             QKind::F16 | QKind::Bf16 => {
@@ -323,7 +354,7 @@ impl QMatrix {
     pub(super) fn weight(&self, c: usize, b: usize, e: usize) -> f32 {
         let q = self.quant(c, b, e);
         match self.kind {
-            QKind::Q4 | QKind::Q8 => q as f32,
+            QKind::Q4 | QKind::Q8 | QKind::Q5 => q as f32,
             QKind::F16 => half::f16::from_bits(q as u16).to_f32(),
             QKind::Bf16 => f32::from_bits((q as u32) << 16),
         }
@@ -400,7 +431,7 @@ impl QMatrix {
 
     /// Whether the opt-in 8-bit-activation kernel exists for this matrix (4- and 8-bit quants).
     pub fn has_int8(&self) -> bool {
-        matches!(self.kind, QKind::Q4 | QKind::Q8) && self.k.is_multiple_of(QK)
+        matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5) && self.k.is_multiple_of(QK)
     }
 
     /// As [`QMatrix::matmul`], with the rows marked in `int8` (one flag per row, or empty for none)
@@ -417,13 +448,22 @@ impl QMatrix {
             return out;
         }
         // The per-row sums of each block's activations (the offset term), one fixed sequence each.
-        let xs: Vec<f32> = if self.offsets {
+        let mut xs: Vec<f32> = if self.offsets {
             x.chunks_exact(self.bl)
                 .map(|b| b.iter().fold(0.0, |s, v| s + v))
                 .collect()
         } else {
             vec![0.0; rows * nb]
         };
+        // An integer row's offset term sums its quantized activations (the weight `d·q + m` times the
+        // quantized input, as llama.cpp's `q8_1` does): with the exact sum instead, the error of the
+        // `d·q` part would lose the cancellation the offset gives it.
+        if let (Some(m), Some(q), true) = (int8, &quant, self.offsets) {
+            assert_eq!(self.bl, QK, "matrices with offsets have blocks of 32");
+            for (r, _) in m.iter().enumerate().filter(|(_, &v)| v) {
+                xs[r * nb..(r + 1) * nb].copy_from_slice(&q.sums[r * nb..(r + 1) * nb]);
+            }
+        }
         let tiles = self.np / TILE_PANELS;
         let chunks = rows.div_ceil(ROW_CHUNK);
         let dst = Out(out.as_mut_ptr());

@@ -39,6 +39,14 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let qs = data.chunks_exact(34).flat_map(|b| b[2..18].to_vec()).collect();
             QMatrix::from_parts(QKind::Q4, n, k, d, m, qs)
         }
+        "q5" => {
+            // 5-bit quants 0..31 with scales and offsets (Q5_1 / Q5_K kept at 5 bits)
+            let blocks = n * k / QK;
+            let d = (0..blocks).map(|i| 0.01 + i as f32 * 1.1e-5).collect();
+            let m = (0..blocks).map(|i| -0.03 - i as f32 * 0.7e-5).collect();
+            let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
+            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs)
+        }
         "q6" => {
             let d = (0..n * k / 16).map(|i| 0.002 + i as f32 * 1.3e-6).collect();
             let q = data.iter().cycle().take(n * k).map(|&b| (b % 64) as i8 - 32).collect();
@@ -65,7 +73,7 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6", "f16", "bf16"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "f16", "bf16"] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -97,11 +105,11 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 #[test]
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5"] {
         let w = matrix(kind, n, k, 11);
         assert_eq!(
             (w.half, w.offsets),
-            (kind != "f32", kind != "q8_0"),
+            (!matches!(kind, "f32" | "q5"), kind != "q8_0"),
             "{kind}: record format"
         );
         let nb = k / QK;
@@ -175,7 +183,7 @@ fn decodes_gguf_blocks() {
 #[test]
 fn the_integer_kernel_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6"] {
         let w = matrix(kind, n, k, 13);
         assert!(w.has_int8(), "{kind}");
         let nb = w.nb();
@@ -209,7 +217,7 @@ fn the_integer_kernel_gives_the_scalar_bits() {
 #[test]
 fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
     let (n, k, rows) = (37, 96, 70);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q6", "bf16"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "bf16"] {
         let w = matrix(kind, n, k, 7);
         let x = acts(rows, k);
         // mixed batch: runs of integer and f32 rows
@@ -223,6 +231,19 @@ fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
                 continue;
             }
             assert_ne!(row, &y32[r * n..(r + 1) * n], "{kind}: row {r} took the f32 kernel");
+            // exactly the matmul of the dequantized weights with the dequantized activations (up to
+            // f32 rounding): every weight `d·q + m` meets the same quantized input
+            let q = acts::QuantRows::new(&x[r * k..(r + 1) * k], k, &[true], true);
+            for (c, &got) in row.iter().enumerate() {
+                let (mut want, mut mag) = (0f64, 0f64);
+                for i in 0..k {
+                    let t = w.value(c, i) as f64 * q.value(k, 0, i) as f64 * q.sx[i / 32] as f64;
+                    want += t;
+                    mag += t.abs();
+                }
+                let err = (got as f64 - want).abs();
+                assert!(err <= 1e-5 * (1.0 + mag), "{kind} row {r} col {c}: {got} vs {want}");
+            }
             for c in 0..n {
                 // each input moves by at most half a step of its group (amax / 254)
                 let bound: f64 = (0..k)
