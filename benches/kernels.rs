@@ -46,6 +46,9 @@ fn main() {
 /// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows (with
 /// `int8`, every row through the opt-in 8-bit-activation kernel, quantization included).
 fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize], int8: bool) {
+    if !selected(name) {
+        return;
+    }
     let (n, k) = (w.rows(), w.cols());
     let name = if int8 {
         format!("{name} int8-act")
@@ -66,6 +69,21 @@ fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize], int8: bool) {
     }
 }
 
+/// `KERNELS=word`: only the tables whose name contains it.
+fn selected(name: &str) -> bool {
+    std::env::var("KERNELS").map_or(true, |f| name.contains(f.as_str()))
+}
+
+/// A Q8_0 matrix: the bytes of a q4_1 matrix twice over reinterpreted as 34-byte blocks.
+fn q8_0(n: usize, k: usize) -> QMatrix {
+    let mut data = q4_1_data(2 * n, k);
+    data.truncate(n * k / 32 * 34);
+    for b in data.chunks_exact_mut(34) {
+        b[..2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+    }
+    QMatrix::from_q8_0(&data, n, k)
+}
+
 fn run() {
     println!("| kernel | shape | rows | time | GFLOP/s |\n|---|---|---|---|---|");
     for (n, k) in [(256usize, 512usize), (1536usize, 576usize), (576, 1536), (4864, 896)] {
@@ -73,17 +91,18 @@ fn run() {
         matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512], false);
         matmul_rows("q4_1", &w, &[1, 4, 16, 64, 512], true);
     }
-    // Q8_0 (SmolLM2's tied output, Qwen's Q5_0 layers once widened): the bytes of a q4_1 matrix twice
-    // over reinterpreted as 34-byte blocks.
-    let (n, k) = (4864usize, 896usize);
-    let mut data = q4_1_data(2 * n, k);
-    data.truncate(n * k / 32 * 34);
-    for b in data.chunks_exact_mut(34) {
-        b[..2].copy_from_slice(&half::f16::from_f32(0.002).to_le_bytes());
+    // Q8_0 (SmolLM2's tied output, Qwen's Q5_0 layers once widened).
+    if selected("q8_0") {
+        let w = q8_0(4864, 896);
+        matmul_rows("q8_0", &w, &[1, 4, 16, 512], false);
+        matmul_rows("q8_0", &w, &[1, 4, 16, 512], true);
     }
-    let w = QMatrix::from_q8_0(&data, n, k);
-    matmul_rows("q8_0", &w, &[1, 4, 16, 512], false);
-    matmul_rows("q8_0", &w, &[1, 4, 16, 512], true);
+    // Qwen2.5-0.5B's output matrix (146 MB: streamed from memory, not cache).
+    if selected("q8_0 output") {
+        let w = q8_0(151_936, 896);
+        matmul_rows("q8_0 output", &w, &[1, 8], false);
+        matmul_rows("q8_0 output", &w, &[1, 8], true);
+    }
     // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
     let (n, k) = (1536usize, 576usize);
     let bits: Vec<u16> = (0..n * k)
@@ -91,6 +110,9 @@ fn run() {
         .collect();
     let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
     matmul_rows("bf16", &w, &[1, 16, 512], false);
+    if !selected("attention") {
+        return;
+    }
     println!("\n| attention (16 decode rows, 9 q / 3 kv heads, head_dim 64) | context | K/V elements/s | GB/s of K/V read |\n|---|---|---|---|");
     for dtype in KvDtype::ALL {
         let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap();

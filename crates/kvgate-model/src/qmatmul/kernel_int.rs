@@ -94,28 +94,57 @@ macro_rules! simd_int {
                 y: &mut Acc,
             ) {
                 let y = y.as_mut_ptr();
-                macro_rules! pairs {
+                // One instantiation per weight kind, so each gets its own register allocation.
+                match w.kind {
+                    QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, rr, y),
+                    QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, rr, y),
+                    _ => rows::<2>(w, p0, q8, q16, sx, xs, rr, y),
+                }
+            }
+
+            /// `rr` rows of the tile for weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit).
+            #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn rows<const K: u8>(
+                w: &QMatrix,
+                p0: usize,
+                q8: *const i8,
+                q16: *const i16,
+                sx: *const f32,
+                xs: *const f32,
+                rr: usize,
+                y: *mut [f32; P],
+            ) {
+                macro_rules! group {
                     ($r:literal) => {{
-                        panels::<$r, 2>(w, p0, q8, q16, sx, xs, y);
-                        panels::<$r, 2>(w, p0 + 2, q8, q16, sx, xs, y.add(2));
+                        if K == 1 && $max_rows == 4 && $r >= 3 {
+                            // 5-bit on 16 registers: one panel at a time (its 16-bit and widened sums
+                            // would not fit for two)
+                            for v in 0..TILE_PANELS {
+                                panels::<$r, 1, K>(w, p0 + v, q8, q16, sx, xs, y.add(v));
+                            }
+                        } else {
+                            panels::<$r, 2, K>(w, p0, q8, q16, sx, xs, y);
+                            panels::<$r, 2, K>(w, p0 + 2, q8, q16, sx, xs, y.add(2));
+                        }
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4>(w, p0, q8, q16, sx, xs, y),
-                    2 => pairs!(2),
-                    3 => pairs!(3),
-                    4 => pairs!(4),
-                    5 => pairs!(5),
-                    6 => pairs!(6),
-                    7 => pairs!(7),
-                    _ => pairs!(8),
+                    1 => panels::<1, 4, K>(w, p0, q8, q16, sx, xs, y),
+                    2 => group!(2),
+                    3 => group!(3),
+                    4 => group!(4),
+                    5 => group!(5),
+                    6 => group!(6),
+                    7 => group!(7),
+                    _ => group!(8),
                 }
             }
 
             /// `R` rows × `V` panels from panel `p0`. Bounds: panel `p0 + v < np` and block `b < nb`
             /// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
             #[target_feature(enable = $features)]
-            unsafe fn panels<const R: usize, const V: usize>(
+            unsafe fn panels<const R: usize, const V: usize, const K: u8>(
                 w: &QMatrix,
                 p0: usize,
                 q8: *const i8,
@@ -126,7 +155,7 @@ macro_rules! simd_int {
             ) {
                 let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
-                let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
+                let (q4, q5) = (K == 0, K == 1);
                 let m4 = _mm256_set1_epi8(0x0F);
                 let b4 = _mm256_set1_epi8(0x10);
                 let ones = _mm256_set1_epi16(1);
