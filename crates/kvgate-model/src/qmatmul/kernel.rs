@@ -143,7 +143,18 @@ macro_rules! simd {
                 let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
                 let b4 = _mm256_set1_epi32(0x10);
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
+                // As in the integer kernel: the tile's first call prefetches whole record groups.
+                const AHEAD: usize = 4;
+                let first = p0 % TILE_PANELS == 0 && V < TILE_PANELS;
+                let group = TILE_PANELS * w.rec;
+                let tile0 = p0 - p0 % TILE_PANELS;
                 for b in 0..nb {
+                    if first && b + AHEAD < nb {
+                        let at = base.add(w.record(tile0, b + AHEAD));
+                        for line in (0..group).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(at.add(line) as *const i8);
+                        }
+                    }
                     let mut s = [[_mm256_setzero_ps(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
