@@ -1,6 +1,7 @@
 //! A linear layer `y = x · Wᵀ (+ b)` whose weight stays in its storage format: Q4_0 / Q4_1 / Q8_0, F16
 //! and BF16, and Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K repacked at load ([`crate::repack`]), through
-//! kvgate's own kernel ([`crate::qmatmul`]: packed weights, f32 activations), the other GGUF formats
+//! kvgate's own kernel ([`crate::qmatmul`]: packed weights, f32 activations, or 8-bit ones for the
+//! rows flagged in [`Linear::forward_rows`]), the other GGUF formats
 //! (Q2_K, Q3_K) through candle's quantized matmul (the weight never dequantized), f32 weights through kvgate's own
 //! fixed-order matmul ([`crate::dense`]).
 //!
