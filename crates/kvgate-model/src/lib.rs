@@ -18,6 +18,7 @@ mod model;
 mod ops;
 mod qmatmul;
 mod repack;
+mod spm;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod tiny;
 mod tokenizer;

@@ -56,6 +56,12 @@ impl GgufMeta {
         a.iter().map(|v| v.to_string().ok().cloned()).collect()
     }
 
+    /// A float array.
+    pub fn floats(&self, key: &str) -> Option<Vec<f32>> {
+        let a = self.values.get(key)?.to_vec().ok()?;
+        a.iter().map(|v| v.to_f32().ok()).collect()
+    }
+
     /// An integer array.
     pub fn ints(&self, key: &str) -> Option<Vec<i64>> {
         let a = self.values.get(key)?.to_vec().ok()?;
@@ -196,6 +202,19 @@ fn config_from_meta(m: &GgufMeta, vocab: usize) -> Result<ModelConfig> {
         attn_logit_softcap: m.f32(&format!("{a}.attn_logit_softcapping")),
         bos_token_id: m.u32("tokenizer.ggml.bos_token_id"),
         eos_token_ids: m.u32("tokenizer.ggml.eos_token_id").into_iter().collect(),
+    })
+}
+
+/// Reads only the metadata of a GGUF file (no tensors).
+pub fn read_meta(path: &Path) -> Result<GgufMeta> {
+    let f = File::open(path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let content =
+        Content::read(&mut BufReader::new(f)).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    Ok(GgufMeta {
+        values: content.metadata,
     })
 }
 

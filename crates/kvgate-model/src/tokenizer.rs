@@ -1,6 +1,6 @@
 //! The tokenizer: a Hugging Face `tokenizer.json`, or, for a GGUF that ships none, one built from the
 //! GGUF's own byte-level BPE vocabulary and merges with the pre-tokenizer its `tokenizer.ggml.pre`
-//! names (the same regexes llama.cpp uses). Special tokens (`<|im_start|>`…) are parsed out of text.
+//! names (the same regexes llama.cpp uses), or from its SentencePiece vocabulary ([`crate::spm`]). Special tokens (`<|im_start|>`…) are parsed out of text.
 //!
 //! Also the incremental detokenizer used for streaming: it only releases text once it is stable (no
 //! dangling partial UTF-8 sequence), so concatenated stream deltas equal the full decode.
@@ -45,18 +45,25 @@ impl Tokenizer {
         Tokenizer { inner }
     }
 
-    /// Builds the tokenizer a GGUF describes (byte-level BPE, `tokenizer.ggml.model = gpt2`).
+    /// Builds the tokenizer a GGUF describes: byte-level BPE (`tokenizer.ggml.model = gpt2`) or
+    /// SentencePiece (`llama`, see [`crate::spm`]).
     pub fn from_gguf(meta: &GgufMeta) -> Result<Tokenizer> {
         let model = meta.str("tokenizer.ggml.model").unwrap_or("");
-        if model != "gpt2" {
+        if model != "gpt2" && model != "llama" {
             return Err(ModelError::Unsupported(format!(
-                "GGUF tokenizer model '{model}': kvgate builds byte-level BPE ('gpt2') vocabularies itself; \
-                 for others put the model's tokenizer.json next to the .gguf file"
+                "GGUF tokenizer model '{model}': kvgate builds byte-level BPE ('gpt2') and SentencePiece \
+                 ('llama') vocabularies itself; for others put the model's tokenizer.json next to the .gguf file"
             )));
         }
         let tokens = meta
             .strings("tokenizer.ggml.tokens")
             .ok_or_else(|| ModelError::Invalid("GGUF lacks tokenizer.ggml.tokens".into()))?;
+        if model == "llama" {
+            let types = meta.ints("tokenizer.ggml.token_type").unwrap_or_default();
+            return Ok(Tokenizer {
+                inner: crate::spm::from_gguf(meta, &tokens, &types)?,
+            });
+        }
         let merges = meta
             .strings("tokenizer.ggml.merges")
             .ok_or_else(|| ModelError::Invalid("GGUF lacks tokenizer.ggml.merges".into()))?;
@@ -109,6 +116,11 @@ impl Tokenizer {
         inner.add_special_tokens(specials).map_err(tok_err)?;
         inner.add_tokens(user).map_err(tok_err)?;
         Ok(Tokenizer { inner })
+    }
+
+    /// The tokenizer of a GGUF file, from its metadata alone.
+    pub fn from_gguf_file(path: &Path) -> Result<Tokenizer> {
+        Self::from_gguf(&crate::load_gguf::read_meta(path)?)
     }
 
     /// Token ids of `text`. `add_special` adds the model's BOS etc. as its post-processor says;

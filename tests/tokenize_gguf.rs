@@ -1,0 +1,57 @@
+//! GGUF vocabularies built by kvgate against llama.cpp's own `/tokenize` (tests/fixtures/
+//! tokenize-llamacpp.json, made by scripts/tokenize-fixture.py): Gemma 3 (SentencePiece, add_bos) and
+//! Qwen2.5 (byte-level BPE), with and without the model's special tokens added. The GGUFs are the
+//! anchor's (`ANCHOR_MODELS`, see ../shared/anchors/llama-cpp.sh); without them the test says so and
+//! checks nothing.
+
+use std::path::PathBuf;
+
+use kvgate_model::Tokenizer;
+use serde_json::Value;
+
+#[test]
+fn gguf_tokenizers_match_llama_cpp() {
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenize-llamacpp.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let Some(dir) = std::env::var_os("ANCHOR_MODELS").map(PathBuf::from) else {
+        eprintln!("ANCHOR_MODELS is not set: the Gemma and Qwen GGUFs are not here, nothing checked");
+        return;
+    };
+    let (mut failures, mut checked) = (Vec::new(), 0);
+    for (name, m) in fixture["models"].as_object().unwrap() {
+        let path = dir.join(m["file"].as_str().unwrap());
+        if !path.is_file() {
+            eprintln!("{}: not found, skipped", path.display());
+            continue;
+        }
+        let tok = Tokenizer::from_gguf_file(&path).unwrap();
+        for case in m["cases"].as_array().unwrap() {
+            let text = case["text"].as_str().unwrap();
+            for (key, special) in [("ids", false), ("ids_with_special", true)] {
+                let want: Vec<u32> = case[key]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_u64().unwrap() as u32)
+                    .collect();
+                let got = tok.encode(text, special).unwrap();
+                checked += 1;
+                if got != want {
+                    failures.push(format!("{name} {key} {text:?}: {got:?} vs llama.cpp {want:?}"));
+                }
+            }
+        }
+    }
+    eprintln!("{checked} tokenizations compared with llama.cpp");
+    assert!(
+        failures.is_empty(),
+        "{} differences:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
