@@ -1,8 +1,8 @@
 //! GGUF vocabularies built by kvgate against llama.cpp's own `/tokenize` (tests/fixtures/
 //! tokenize-llamacpp.json, made by scripts/tokenize-fixture.py): Gemma 3 (SentencePiece, add_bos) and
-//! Qwen2.5 (byte-level BPE), with and without the model's special tokens added. The GGUFs are the
-//! anchor's (`ANCHOR_MODELS`, see ../shared/anchors/llama-cpp.sh); without them the test says so and
-//! checks nothing.
+//! Qwen2.5 (byte-level BPE), with and without the model's special tokens added. The GGUFs are fetched
+//! by `scripts/fetch-test-models.sh` (run by `scripts/test.sh`, which exports `KVGATE_TEST_MODELS`), or
+//! taken from the anchor's `ANCHOR_MODELS`; without either the test says so and checks nothing.
 
 use std::path::PathBuf;
 
@@ -18,8 +18,9 @@ fn gguf_tokenizers_match_llama_cpp() {
         .unwrap(),
     )
     .unwrap();
-    let Some(dir) = std::env::var_os("ANCHOR_MODELS").map(PathBuf::from) else {
-        eprintln!("ANCHOR_MODELS is not set: the Gemma and Qwen GGUFs are not here, nothing checked");
+    let dir = std::env::var_os("KVGATE_TEST_MODELS").or_else(|| std::env::var_os("ANCHOR_MODELS"));
+    let Some(dir) = dir.map(PathBuf::from) else {
+        eprintln!("neither KVGATE_TEST_MODELS nor ANCHOR_MODELS is set: no Gemma/Qwen GGUF here, nothing checked");
         return;
     };
     let (mut failures, mut checked) = (Vec::new(), 0);
