@@ -513,10 +513,12 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
     rt().block_on(async {
         let (h, tok) = engine(Opts::default());
         let prompt = tok.encode("hello there", false).unwrap();
+        // long enough that the request cannot finish before the injected panic arrives, even on a
+        // loaded machine (50 tokens could, and the test then saw `Done` instead of the error)
         let mut s = h
             .generate(GenerateRequest {
                 prompt: prompt.clone(),
-                params: greedy(50),
+                params: greedy(1000),
                 cache_salt: None,
             })
             .unwrap();

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Regenerates tests/fixtures/gguf-llamacpp-logprobs.json: llama.cpp's next-token top-10 logprobs (and
+the prompt's ids, special tokens added as llama.cpp adds them) for a fixed prompt set on the real-weight
+test GGUFs, the oracle of tests/gguf_real_weights.rs. Needs the anchor built; kvgate's tests only read
+the output.
+
+    eval "$(../shared/anchors/llama-cpp.sh --env)"
+    LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS python3 scripts/logprobs-fixture.py
+"""
+import json
+import os
+import subprocess
+import time
+import urllib.request
+
+PROMPTS = {
+    "gemma": [
+        "The capital of France is",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "Once upon a time, in a small village by the sea,",
+        "The three primary colors are red, blue and",
+        "Water boils at a temperature of",
+    ],
+    "qwen": [
+        "The capital of France is",
+        "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+        "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+        "The three primary colors are red, blue and",
+        "import numpy as np\nx = np.",
+    ],
+}
+MODELS = {
+    "gemma": "gemma-3-270m-q4_k_m.gguf",
+    "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+
+
+def post(port, path, body):
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+def main():
+    server, models = os.environ["LLAMA_SERVER"], os.environ["ANCHOR_MODELS"]
+    out = {"llama_cpp": "llama-server /completion n_probs=10, 2 threads, commit "
+           + os.environ.get("LLAMA_COMMIT", "0c1e57098"), "models": {}}
+    port = 8398
+    for name, file in MODELS.items():
+        proc = subprocess.Popen(
+            [server, "-m", os.path.join(models, file), "--port", str(port), "--host", "127.0.0.1",
+             "-t", "2", "-c", "1024", "--no-warmup"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health")
+                    break
+                except Exception:
+                    time.sleep(0.2)
+            cases = []
+            for prompt in PROMPTS[name]:
+                ids = post(port, "/tokenize", {"content": prompt, "add_special": True})["tokens"]
+                r = post(port, "/completion", {"prompt": ids, "n_predict": 1, "temperature": 0,
+                                               "n_probs": 10, "cache_prompt": False})
+                top = [{"id": t["id"], "logprob": round(t["logprob"], 5)}
+                       for t in r["completion_probabilities"][0]["top_logprobs"]]
+                cases.append({"prompt": prompt, "ids": ids, "top10": top})
+            out["models"][name] = {"file": file, "cases": cases}
+        finally:
+            proc.kill()
+            proc.wait()
+    dst = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "gguf-llamacpp-logprobs.json")
+    with open(dst, "w") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"wrote {dst}")
+
+
+if __name__ == "__main__":
+    main()
