@@ -13,7 +13,7 @@
 //! logprob bound is 0.7; its top-1s are checked as Qwen's. The GGUFs come from scripts/fetch-test-models.sh
 //! (`KVGATE_TEST_MODELS`) or the anchor's `ANCHOR_MODELS`; without them the test says so.
 
-use std::path::PathBuf;
+mod common;
 
 use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::{load, Batch, LoadOptions};
@@ -29,16 +29,8 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn real_gguf_weights_agree_with_llama_cpp() {
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf-llamacpp-logprobs.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let dir = std::env::var_os("KVGATE_TEST_MODELS").or_else(|| std::env::var_os("ANCHOR_MODELS"));
-    let Some(dir) = dir.map(PathBuf::from) else {
-        eprintln!("neither KVGATE_TEST_MODELS nor ANCHOR_MODELS is set: no Gemma/Qwen GGUF here, nothing checked");
+    let fixture = common::fixture("gguf-llamacpp-logprobs.json");
+    let Some(dir) = common::test_models_dir() else {
         return;
     };
     for (name, m) in fixture["models"].as_object().unwrap() {

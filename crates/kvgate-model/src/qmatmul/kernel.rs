@@ -88,6 +88,27 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
     }
 }
 
+/// Blocks ahead that [`prefetch_ahead`] fetches.
+const AHEAD: usize = 4;
+
+/// When registers hold only `v < TILE_PANELS` panels per call, a tile is walked in several calls and
+/// the first (panel `p0` the tile's first) streams it from memory while the later ones find it in
+/// cache. That call fetches the whole record group of block `b + AHEAD` (all the tile's panels), so
+/// its strided reads of some panels' records do not wait on memory one line at a time.
+#[inline]
+pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if p0.is_multiple_of(TILE_PANELS) && v < TILE_PANELS && b + AHEAD < w.nb() {
+        let at = w.base().wrapping_add(w.record(p0, b + AHEAD));
+        for line in (0..TILE_PANELS * w.rec).step_by(64) {
+            // SAFETY: a prefetch never faults; the addresses are inside `w`'s records anyway.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.wrapping_add(line) as *const i8)
+            };
+        }
+    }
+}
+
 /// One SIMD implementation, compiled for the target features given.
 macro_rules! simd {
     ($name:ident, $features:literal, $max_rows:literal) => {
@@ -143,18 +164,8 @@ macro_rules! simd {
                 let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
                 let b4 = _mm256_set1_epi32(0x10);
                 let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
-                // As in the integer kernel: the tile's first call prefetches whole record groups.
-                const AHEAD: usize = 4;
-                let first = p0 % TILE_PANELS == 0 && V < TILE_PANELS;
-                let group = TILE_PANELS * w.rec;
-                let tile0 = p0 - p0 % TILE_PANELS;
                 for b in 0..nb {
-                    if first && b + AHEAD < nb {
-                        let at = base.add(w.record(tile0, b + AHEAD));
-                        for line in (0..group).step_by(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(at.add(line) as *const i8);
-                        }
-                    }
+                    super::prefetch_ahead(w, p0, V, b);
                     let mut s = [[_mm256_setzero_ps(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {

@@ -164,21 +164,8 @@ macro_rules! simd_int {
                     0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
                     14, 7, 15,
                 );
-                // The first call of a tile streams it from memory while the later ones (the other
-                // panels, as registers allow only some at a time) find it in cache: that call fetches
-                // the whole record group of a block `AHEAD` blocks early, so the strided reads of one
-                // panel's records do not wait on memory one line at a time.
-                const AHEAD: usize = 4;
-                let first = p0 % TILE_PANELS == 0 && V < TILE_PANELS;
-                let group = TILE_PANELS * w.rec;
-                let tile0 = p0 - p0 % TILE_PANELS;
                 for b in 0..nb {
-                    if first && b + AHEAD < nb {
-                        let at = base.add(w.record(tile0, b + AHEAD));
-                        for line in (0..group).step_by(64) {
-                            _mm_prefetch::<_MM_HINT_T0>(at.add(line) as *const i8);
-                        }
-                    }
+                    super::super::kernel::prefetch_ahead(w, p0, V, b);
                     let mut acc = [[_mm256_setzero_si256(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
