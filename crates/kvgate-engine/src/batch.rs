@@ -29,7 +29,13 @@ pub(crate) fn build(chunks: &[Chunk]) -> Batch {
     };
     for c in chunks {
         let t = b.tables.len() as u32;
-        b.tables.push(c.table.iter().map(|&blk| u32::from(blk)).collect());
+        // A released block is outside every query's window, so attention never reads its entry.
+        b.tables.push(
+            c.table
+                .iter()
+                .map(|blk| blk.map_or(kvgate_model::RELEASED_BLOCK, u32::from))
+                .collect(),
+        );
         let first_logit = c.len - logit_rows(c);
         for i in 0..c.len {
             if i >= first_logit {
@@ -56,6 +62,7 @@ mod tests {
             max_num_batched_tokens: 64,
             block_size: 4,
             prefix_caching: true,
+            release_window: None,
         };
         let mut s = Scheduler::new(cfg, 16);
         let (_, a) = s.add_generate((10..16).collect(), "", false);
@@ -69,7 +76,10 @@ mod tests {
         assert_eq!(batch.logit_rows, [5, 6, 7, 8]);
         assert_eq!((plan.chunks[0].seq, plan.chunks[1].seq), (a, b));
         for (c, table) in plan.chunks.iter().zip(&batch.tables) {
-            assert_eq!(*table, c.table.iter().map(|&x| u32::from(x)).collect::<Vec<_>>());
+            assert_eq!(
+                *table,
+                c.table.iter().map(|x| u32::from(x.unwrap())).collect::<Vec<_>>()
+            );
         }
         // each slot is block · block_size + offset in the row's own table
         for r in 0..batch.len() {

@@ -130,6 +130,11 @@ pub fn start_with_backend(
         num_blocks: cfg.num_blocks,
         block_size: cfg.block_size,
         vocab_size: backend.vocab_size(),
+        // the live span of a windowed sequence: from its first read position, rounded down to a
+        // block, to the end of the chunk being written
+        window_blocks: backend
+            .attention_span()
+            .map(|w| (w + cfg.max_num_batched_tokens).div_ceil(cfg.block_size) + 2),
     };
     let shared = Arc::new(Shared {
         queued: AtomicUsize::new(0),
@@ -143,6 +148,7 @@ pub fn start_with_backend(
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             block_size: cfg.block_size,
             prefix_caching: cfg.prefix_caching,
+            release_window: backend.attention_span(),
         },
         cfg.num_blocks,
     );

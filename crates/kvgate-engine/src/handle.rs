@@ -25,6 +25,9 @@ pub struct Limits {
     pub block_size: usize,
     /// Vocabulary size (token ids must be below it).
     pub vocab_size: usize,
+    /// Blocks one sequence holds at most when every layer's attention is windowed (the window plus a
+    /// step's chunk; slid-out blocks are given back), `None` when a sequence keeps all its blocks.
+    pub window_blocks: Option<usize>,
 }
 
 impl Limits {
@@ -233,7 +236,11 @@ impl EngineHandle {
                 max_model_len: l.max_model_len,
             });
         }
-        let needed = blocks_for_choices(l.block_size, req.prompt.len(), p.n, req.prompt.len() + p.max_tokens);
+        let mut needed = blocks_for_choices(l.block_size, req.prompt.len(), p.n, req.prompt.len() + p.max_tokens);
+        if let Some(per_seq) = l.window_blocks {
+            // each choice holds at most its window (+1 for a copy-on-write), however long it runs
+            needed = needed.min(p.n.max(1) * (per_seq + 1));
+        }
         if needed > l.num_blocks {
             return Err(EngineError::DoesNotFit {
                 needed,
@@ -316,6 +323,7 @@ mod tests {
             num_blocks: 4,
             block_size: 4,
             vocab_size: 100,
+            window_blocks: None,
         };
         assert!(l.fits(10) && !l.fits(11));
         // a completion needs room for one output token; a decision read only for its prompt

@@ -1,14 +1,21 @@
 //! Block tables of sequences over the [`BlockPool`]: prefix-cache matching, growing a table for the
 //! next chunk (all or nothing), copy-on-write of a shared partial block, registering full blocks in the
-//! prefix cache, forking, and release. Pure bookkeeping over integer ids.
+//! prefix cache, forking, releasing the blocks that slid out of a windowed model's reach, and release.
+//! Pure bookkeeping over integer ids.
 
 use crate::block_pool::{BlockId, BlockPool, BlockRef};
 
 /// A sequence's block table and how much of it is registered in the prefix cache.
+///
+/// Logical block `i` covers tokens `i·block_size..(i+1)·block_size`. The first `released` logical blocks
+/// are no longer held (every layer's attention window has slid past them, see
+/// [`KvManager::release_slid`]); `live` holds the physical ids of the rest, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeqBlocks {
-    /// Logical → physical block ids.
-    pub(crate) blocks: Vec<BlockId>,
+    /// Leading logical blocks given back.
+    released: usize,
+    /// Physical ids of logical blocks `released..`.
+    live: Vec<BlockId>,
     /// Leading blocks already registered (or found) in the prefix cache.
     registered: usize,
     /// Identity of the last registered block (the parent of the next one).
@@ -19,7 +26,36 @@ impl SeqBlocks {
     #[cfg(test)]
     /// True when the table holds no block.
     pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
+        self.live.is_empty()
+    }
+
+    /// Logical length of the table (released blocks included).
+    pub fn len(&self) -> usize {
+        self.released + self.live.len()
+    }
+
+    /// The physical block of logical block `i`: `None` if released or beyond the table.
+    pub fn get(&self, i: usize) -> Option<BlockId> {
+        i.checked_sub(self.released).and_then(|j| self.live.get(j)).copied()
+    }
+
+    /// The blocks still held, in logical order.
+    pub fn live(&self) -> &[BlockId] {
+        &self.live
+    }
+
+    /// Leading logical blocks given back.
+    #[cfg(test)]
+    pub fn released(&self) -> usize {
+        self.released
+    }
+
+    /// The table as the model reads it: `None` for a released block (never read: outside every
+    /// layer's window).
+    pub fn table(&self) -> Vec<Option<BlockId>> {
+        let mut t = vec![None; self.released];
+        t.extend(self.live.iter().copied().map(Some));
+        t
     }
 }
 
@@ -109,7 +145,7 @@ impl KvManager {
             match self.pool.lookup(sb.last_ref, &tokens[i * bs..(i + 1) * bs], extra) {
                 Some(b) => {
                     self.pool.incref(b);
-                    sb.blocks.push(b);
+                    sb.live.push(b);
                     sb.last_ref = self.pool.block_ref(b);
                     sb.registered += 1;
                 }
@@ -117,7 +153,7 @@ impl KvManager {
             }
         }
         if count {
-            self.stats.hits += (sb.blocks.len() * bs) as u64;
+            self.stats.hits += (sb.live.len() * bs) as u64;
         }
         sb
     }
@@ -126,7 +162,7 @@ impl KvManager {
     pub fn blocks_needed(&self, sb: &SeqBlocks, computed: usize, upto: usize) -> usize {
         let bs = self.block_size;
         let want = upto.div_ceil(bs);
-        let grow = want.saturating_sub(sb.blocks.len());
+        let grow = want.saturating_sub(sb.len());
         grow + usize::from(self.needs_cow(sb, computed, upto))
     }
 
@@ -134,10 +170,7 @@ impl KvManager {
         let bs = self.block_size;
         upto > computed
             && !computed.is_multiple_of(bs)
-            && sb
-                .blocks
-                .get(computed / bs)
-                .is_some_and(|&b| self.pool.ref_count(b) > 1)
+            && sb.get(computed / bs).is_some_and(|b| self.pool.ref_count(b) > 1)
     }
 
     /// Makes `computed..upto` writable: copies a shared partial block (recording the copy) and appends
@@ -148,16 +181,17 @@ impl KvManager {
         }
         let bs = self.block_size;
         if self.needs_cow(sb, computed, upto) {
-            let i = computed / bs;
-            let src = sb.blocks[i];
+            // needs_cow found the block live, so it is past `released`
+            let i = computed / bs - sb.released;
+            let src = sb.live[i];
             let dst = self.pool.allocate().expect("checked free count");
             copies.push(BlockCopy { src, dst });
             self.pool.decref(src);
-            sb.blocks[i] = dst;
+            sb.live[i] = dst;
         }
-        while sb.blocks.len() < upto.div_ceil(bs) {
+        while sb.len() < upto.div_ceil(bs) {
             let b = self.pool.allocate().expect("checked free count");
-            sb.blocks.push(b);
+            sb.live.push(b);
         }
         true
     }
@@ -169,10 +203,13 @@ impl KvManager {
             return;
         }
         let bs = self.block_size;
-        let full = (computed / bs).min(sb.blocks.len());
+        let full = (computed / bs).min(sb.len());
         while sb.registered < full {
             let i = sb.registered;
-            let b = sb.blocks[i];
+            // release_slid never gives back an unregistered block while prefix caching is on
+            let Some(b) = sb.get(i) else {
+                return;
+            };
             let holder = self.pool.register(b, sb.last_ref, &tokens[i * bs..(i + 1) * bs], extra);
             if decision && holder == b {
                 self.pool.mark_decision_warmed(b);
@@ -182,9 +219,32 @@ impl KvManager {
         }
     }
 
+    /// Gives back the leading blocks no future query of the sequence can read: with every layer
+    /// attending at most `window` tokens back and `computed` tokens in the cache, the next query (at
+    /// position `computed` or later) reads positions `≥ computed + 1 − window`, so every block that ends
+    /// before that is done. Registered blocks stay in the prefix cache as evictable (free and cached), so
+    /// a later request with the same prefix can still find them; with prefix caching on, a block not yet
+    /// registered is kept until it is. Returns how many blocks were given back.
+    pub fn release_slid(&mut self, sb: &mut SeqBlocks, computed: usize, window: usize) -> usize {
+        let first_read = (computed + 1).saturating_sub(window);
+        let mut upto = (first_read / self.block_size).min(sb.len());
+        if self.prefix_caching {
+            upto = upto.min(sb.registered);
+        }
+        let n = upto.saturating_sub(sb.released).min(sb.live.len());
+        // Freed while the sequence's later blocks are still held, so under memory pressure a windowed
+        // prefix is evicted head first and a later match stops there (it stays correct, it only finds
+        // less). Matching on the last window alone, as vLLM's sliding-window manager does, is not done.
+        for b in sb.live.drain(..n) {
+            self.pool.decref(b);
+        }
+        sb.released += n;
+        n
+    }
+
     /// A second table sharing every block of `sb` (one more reference each).
     pub fn fork(&mut self, sb: &SeqBlocks) -> SeqBlocks {
-        for &b in &sb.blocks {
+        for &b in &sb.live {
             self.pool.incref(b);
         }
         sb.clone()
@@ -193,7 +253,7 @@ impl KvManager {
     /// Returns every block of the table to the pool.
     pub fn release(&mut self, sb: &mut SeqBlocks) {
         // Release in reverse so that a prefix's tail blocks are evicted before its head.
-        for &b in sb.blocks.iter().rev() {
+        for &b in sb.live.iter().rev() {
             self.pool.decref(b);
         }
         *sb = SeqBlocks::default();
@@ -226,19 +286,19 @@ mod tests {
         assert!(a.is_empty());
         let mut copies = vec![];
         assert!(m.reserve(&mut a, 0, 10, &mut copies));
-        assert_eq!(a.blocks.len(), 3);
+        assert_eq!(a.len(), 3);
         m.commit(&mut a, &toks, 10, "", false);
         // a second sequence with the same 8-token prefix hits two blocks
         let mut b = m.match_prefix(&toks, 2, "", true);
-        assert_eq!(b.blocks, a.blocks[..2].to_vec());
+        assert_eq!(b.live(), &a.live()[..2]);
         assert_eq!(m.stats(), PrefixStats { queries: 20, hits: 8 });
         // fork a, then writing at position 10 (partial block 2) copies it
         let mut c = m.fork(&a);
         assert_eq!(m.blocks_needed(&c, 10, 11), 1);
         assert!(m.reserve(&mut c, 10, 11, &mut copies));
         assert_eq!(copies.len(), 1);
-        assert_eq!(copies[0].src, a.blocks[2]);
-        assert_ne!(c.blocks[2], a.blocks[2]);
+        assert_eq!(copies[0].src, a.live()[2]);
+        assert_ne!(c.live()[2], a.live()[2]);
         // the original is now the only owner: no copy
         assert!(m.reserve(&mut a, 10, 11, &mut copies));
         assert_eq!(copies.len(), 1);
@@ -249,6 +309,40 @@ mod tests {
         assert_eq!(counts.used, 0);
         assert_eq!(counts.cached_free, 2);
         m.pool().check_invariants();
+    }
+
+    #[test]
+    fn slid_blocks_are_given_back_and_stay_matchable() {
+        let mut m = KvManager::new(BlockPool::new(8), 4, true);
+        let toks: Vec<u32> = (0..20).collect();
+        let mut a = SeqBlocks::default();
+        assert!(m.reserve(&mut a, 0, 20, &mut vec![]));
+        // not registered yet: nothing is given back while prefix caching is on
+        assert_eq!(m.release_slid(&mut a, 20, 6), 0);
+        m.commit(&mut a, &toks, 20, "", false);
+        // the next query (position 20) reads 15..=20: blocks 0..3 (tokens 0..12) are done
+        assert_eq!(m.release_slid(&mut a, 20, 6), 3);
+        assert_eq!((a.len(), a.released(), a.live().len()), (5, 3, 2));
+        assert_eq!(a.get(2), None);
+        assert!(a.get(3).is_some());
+        assert_eq!(a.table()[..3], [None, None, None]);
+        assert_eq!(m.release_slid(&mut a, 20, 6), 0, "idempotent");
+        assert_eq!(m.pool().counts().used, 2);
+        // the given-back blocks are still in the prefix cache: the whole prefix matches
+        let mut b = m.match_prefix(&toks, 5, "", true);
+        assert_eq!(b.len(), 5);
+        m.release(&mut b);
+        m.release(&mut a);
+        assert_eq!(m.pool().counts().used, 0);
+        m.pool().check_invariants();
+        // without prefix caching blocks go back as soon as they slide out
+        let mut m = KvManager::new(BlockPool::new(8), 4, false);
+        let mut c = SeqBlocks::default();
+        assert!(m.reserve(&mut c, 0, 20, &mut vec![]));
+        assert_eq!(m.release_slid(&mut c, 19, 1), 4, "position 19 is still read");
+        assert_eq!(m.pool().counts().used, 1);
+        assert_eq!(m.release_slid(&mut c, 20, 1), 1);
+        assert_eq!(m.pool().counts().used, 0);
     }
 
     #[test]

@@ -53,6 +53,7 @@ impl Sim {
             max_num_batched_tokens: rng.random_range(3..80),
             block_size: bs,
             prefix_caching: rng.random_bool(0.85),
+            release_window: rng.random_bool(0.3).then(|| rng.random_range(1..24)),
         };
         let pool = if collide {
             BlockPool::with_hasher(blocks, constant_hash)
@@ -143,7 +144,7 @@ impl Sim {
         for c in &plan.chunks {
             let seq = self.s.seq(c.seq).expect("scheduled seq exists");
             assert_eq!(c.group, seq.group);
-            assert_eq!(c.table, seq.blocks.blocks, "the plan carries the table");
+            assert_eq!(c.table, seq.blocks.table(), "the plan carries the table");
             assert_eq!(
                 c.tokens,
                 seq.tokens[c.start..c.start + c.len],
@@ -151,8 +152,18 @@ impl Sim {
             );
             assert_eq!(c.at_end, c.start + c.len == seq.tokens.len());
             let salt = &self.kind[&seq.group].3;
-            for p in 0..c.start {
-                let slot = c.table[p / self.bs].index() * self.bs + p % self.bs;
+            // With a release window, only what the chunk's queries can read must still be there.
+            let first_read = self
+                .s
+                .config()
+                .release_window
+                .map_or(0, |w| (c.start + 1).saturating_sub(w));
+            for p in first_read..c.start {
+                let slot = c.table[p / self.bs]
+                    .expect("a block in the window was given back")
+                    .index()
+                    * self.bs
+                    + p % self.bs;
                 assert_eq!(
                     self.cache[slot],
                     prefix_id(&seq.tokens[..=p], salt),
@@ -164,7 +175,8 @@ impl Sim {
             let seq = self.s.seq(c.seq).expect("exists");
             let salt = self.kind[&seq.group].3.clone();
             for (i, p) in (c.start..c.start + c.len).enumerate() {
-                let slot = c.table[p / self.bs].index() * self.bs + p % self.bs;
+                let slot =
+                    c.table[p / self.bs].expect("a written block was given back").index() * self.bs + p % self.bs;
                 assert_eq!(c.slots[i], slot, "the plan's slot of position {p}");
                 self.cache[slot] = prefix_id(&seq.tokens[..=p], &salt);
             }
@@ -296,6 +308,7 @@ fn prefix_hits_happen() {
         max_num_batched_tokens: 64,
         block_size: 4,
         prefix_caching: true,
+        release_window: None,
     };
     let mut s = Scheduler::new(cfg, 32);
     let prompt: Vec<u32> = (0..21).collect();
@@ -316,6 +329,41 @@ fn prefix_hits_happen() {
     let p = s.schedule().unwrap();
     assert_eq!(p.chunks[0].start, 0, "a different cache_salt never hits");
     assert_eq!(s.usage(g3).cached_tokens, 0);
+}
+
+#[test]
+fn a_windowed_sequence_holds_only_its_window() {
+    let cfg = SchedulerConfig {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 16,
+        block_size: 4,
+        prefix_caching: true,
+        release_window: Some(10),
+    };
+    // 8 blocks = 32 tokens of cache, a 40-token prompt and 60 generated tokens
+    let mut s = Scheduler::new(cfg, 8);
+    let (g, seq) = s.add_generate((0..40).collect(), "", false);
+    let mut most = 0;
+    for step in 0..200 {
+        let p = s.schedule().unwrap();
+        assert!(p.failed.is_empty() && p.preempted.is_empty(), "step {step}");
+        for c in &p.chunks {
+            s.advance(c).unwrap();
+            if c.at_end {
+                s.append_token(c.seq, 7).unwrap();
+            }
+        }
+        s.check_invariants();
+        most = most.max(s.pool().counts().used);
+        if s.seq(seq).unwrap().tokens.len() == 100 {
+            break;
+        }
+    }
+    assert_eq!(s.seq(seq).unwrap().tokens.len(), 100);
+    // the window (10) plus a 16-token chunk spans at most 8 blocks of 4; never the whole 100 tokens
+    assert!(most <= 8, "{most} blocks held at once");
+    s.finish_group(g);
+    assert_eq!(s.pool().counts().used, 0);
 }
 
 /// Runs one decision to its end (each read finishes at its logits); returns the tokens computed.
@@ -344,6 +392,7 @@ fn decision_computes_the_shared_prefix_once() {
         max_num_batched_tokens: 4096,
         block_size: 16,
         prefix_caching: true,
+        release_window: None,
     };
     let mut s = Scheduler::new(cfg, 256);
     let state: Vec<u32> = (0..2000).map(|i| i % 97).collect();

@@ -19,6 +19,7 @@ struct Opts {
     max_queue: usize,
     quantized: bool,
     int8: bool,
+    window: Option<usize>,
 }
 
 impl Default for Opts {
@@ -30,6 +31,7 @@ impl Default for Opts {
             max_queue: 1024,
             quantized: false,
             int8: false,
+            window: None,
         }
     }
 }
@@ -37,6 +39,7 @@ impl Default for Opts {
 fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let m = tiny_model(TinySpec {
         quantized: o.quantized,
+        sliding_window: o.window,
         ..Default::default()
     })
     .unwrap();
@@ -202,6 +205,64 @@ fn greedy_is_invariant_to_batching_chunking_caching_and_preemption() {
         assert_eq!(run_all(&h, &ps, 24, true).await, reference, "with preemption");
         let s = h.stats().await.unwrap();
         assert!(s.preemptions > 0, "preemption was exercised: {s:?}");
+        assert_pool_clean(&h).await;
+    });
+}
+
+#[test]
+fn sliding_window_in_every_layer_gives_back_blocks_and_stays_invariant() {
+    rt().block_on(async {
+        let window = Some(10);
+        let (base, tok) = engine(Opts {
+            prefix: false,
+            window,
+            ..Default::default()
+        });
+        let ps = prompts(&tok, 12);
+        assert!(ps.iter().all(|p| p.len() > 30), "prompts longer than the window");
+        let reference = run_all(&base, &ps, 24, false).await;
+        let (full, _) = engine(Opts {
+            prefix: false,
+            ..Default::default()
+        });
+        assert_ne!(
+            run_all(&full, &ps, 24, false).await,
+            reference,
+            "the window changes what the model computes"
+        );
+        for budget in [4, 16, 2048] {
+            let (h, _) = engine(Opts {
+                budget,
+                window,
+                ..Default::default()
+            });
+            assert_eq!(
+                run_all(&h, &ps, 24, false).await,
+                reference,
+                "budget {budget}, prefix hits"
+            );
+            assert_eq!(
+                run_all(&h, &ps, 24, true).await,
+                reference,
+                "budget {budget}, concurrent"
+            );
+            let s = h.stats().await.unwrap();
+            assert!(s.prefix_hits > 0, "prefix cache was exercised");
+            assert_pool_clean(&h).await;
+        }
+        // 12 blocks of 4 tokens hold 48 tokens: each request needs ~60 positions but only its window
+        // (10 tokens) plus the chunk being written, so one at a time they all run
+        let (h, _) = engine(Opts {
+            blocks: 12,
+            budget: 8,
+            window,
+            ..Default::default()
+        });
+        assert_eq!(
+            run_all(&h, &ps[..3], 24, false).await,
+            reference[..3].to_vec(),
+            "tiny cache"
+        );
         assert_pool_clean(&h).await;
     });
 }

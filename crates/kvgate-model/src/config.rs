@@ -217,19 +217,34 @@ impl ModelConfig {
                 (t, f, get_f32(v, "rope_local_base_freq"))
             }
         };
-        let sliding_window = get_usize(v, "sliding_window")
-            .filter(|_| gemma || v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false));
+        // Which layers slide, as transformers decides it: Gemma 3 always (every 6th layer global);
+        // Mistral whenever `sliding_window` is set (7B v0.1: 4096 in every layer); Qwen2/3 only with
+        // `use_sliding_window`, from layer `max_window_layers` on; Llama never. `layer_types`, when
+        // present, names each layer.
+        let qwen = matches!(arch, Arch::Qwen2 | Arch::Qwen3);
+        let uses_window = match model_type {
+            "mistral" => true,
+            _ if gemma => true,
+            _ if qwen => v.get("use_sliding_window").and_then(Value::as_bool).unwrap_or(false),
+            _ => false,
+        };
+        let sliding_window = get_usize(v, "sliding_window").filter(|_| uses_window);
         let sliding_layers: Vec<bool> = match v.get("layer_types").and_then(Value::as_array) {
             Some(types) if sliding_window.is_some() => {
                 types.iter().map(|t| t.as_str() == Some("sliding_attention")).collect()
             }
-            _ if gemma && sliding_window.is_some() => {
+            _ if sliding_window.is_none() => vec![false; num_layers],
+            _ if gemma => {
                 let pattern = get_usize(v, "sliding_window_pattern")
                     .or_else(|| get_usize(v, "_sliding_window_pattern"))
                     .unwrap_or(6);
                 (0..num_layers).map(|i| (i + 1) % pattern != 0).collect()
             }
-            _ => vec![false; num_layers],
+            _ if qwen => {
+                let from = get_usize(v, "max_window_layers").unwrap_or(28);
+                (0..num_layers).map(|i| i >= from).collect()
+            }
+            _ => vec![true; num_layers],
         };
         if sliding_layers.len() != num_layers {
             return Err(ModelError::Invalid(format!(
@@ -281,6 +296,13 @@ impl ModelConfig {
             bos_token_id: v.get("bos_token_id").and_then(Value::as_u64).map(|x| x as u32),
             eos_token_ids: id_list(v.get("eos_token_id")),
         })
+    }
+
+    /// How many tokens back the widest layer reads, when every layer has a sliding window (`None` when
+    /// some layer attends to the whole context, as Gemma 3's global layers do).
+    pub fn attention_span(&self) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| !self.sliding_layers.is_empty() && self.sliding_layers.iter().all(|&s| s))
     }
 
     /// The shape of this model's KV cache in blocks of `block_size` tokens stored as `dtype` (refused
@@ -347,6 +369,46 @@ mod tests {
         assert_eq!(g.sliding_window, Some(8));
         assert!((g.attn_scale - 1.0 / 32f32.sqrt()).abs() < 1e-9);
         assert_eq!(g.activation, Activation::GeluTanh);
+    }
+
+    #[test]
+    fn which_layers_slide() {
+        let g = ModelConfig::from_hf_json(&fixture("gemma3_text")).unwrap();
+        assert_eq!(g.attention_span(), None, "Gemma 3's global layer reads everything");
+        let mut m = fixture("llama");
+        m["model_type"] = serde_json::json!("mistral");
+        m["sliding_window"] = serde_json::json!(4096);
+        let c = ModelConfig::from_hf_json(&m).unwrap();
+        assert_eq!(
+            (c.sliding_layers.clone(), c.attention_span()),
+            (vec![true; 3], Some(4096))
+        );
+        m["sliding_window"] = Value::Null;
+        assert_eq!(ModelConfig::from_hf_json(&m).unwrap().attention_span(), None);
+        let mut l = fixture("llama");
+        l["sliding_window"] = serde_json::json!(16);
+        assert_eq!(
+            ModelConfig::from_hf_json(&l).unwrap().sliding_window,
+            None,
+            "Llama has none"
+        );
+        let mut q = fixture("qwen2");
+        q["sliding_window"] = serde_json::json!(32);
+        assert_eq!(
+            ModelConfig::from_hf_json(&q).unwrap().sliding_window,
+            None,
+            "use_sliding_window off"
+        );
+        q["use_sliding_window"] = serde_json::json!(true);
+        q["max_window_layers"] = serde_json::json!(1);
+        q.as_object_mut().unwrap().remove("layer_types");
+        let c = ModelConfig::from_hf_json(&q).unwrap();
+        assert_eq!(
+            (c.sliding_layers, c.sliding_window),
+            (vec![false, true, true], Some(32))
+        );
+        q["max_window_layers"] = serde_json::json!(0);
+        assert_eq!(ModelConfig::from_hf_json(&q).unwrap().attention_span(), Some(32));
     }
 
     #[test]

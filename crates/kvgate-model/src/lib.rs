@@ -29,6 +29,6 @@ pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
 pub use load_hf::load_hf_dir;
 pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
-pub use model::{Batch, KvAmax, Model};
+pub use model::{Batch, KvAmax, Model, RELEASED_BLOCK};
 pub use qmatmul::{QKind, QMatrix};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -14,6 +14,10 @@ use crate::linear::Linear;
 use crate::ops::{add_inplace, gated_activation, rms_norm, rms_norm_inplace, softcap_inplace, Rope};
 use crate::weights::Weights;
 
+/// A block-table entry for a block given back because every layer's sliding window has passed it: no
+/// row of the table reads it (the engine's backends check that before a step).
+pub const RELEASED_BLOCK: u32 = u32::MAX;
+
 /// One engine step's worth of token rows.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Batch {
@@ -25,7 +29,8 @@ pub struct Batch {
     pub slots: Vec<usize>,
     /// Index into `tables` of each row's sequence.
     pub seq_of_row: Vec<u32>,
-    /// Block table of each sequence in the batch.
+    /// Block table of each sequence in the batch ([`RELEASED_BLOCK`] for a block outside every
+    /// layer's window).
     pub tables: Vec<Vec<u32>>,
     /// Rows whose logits are wanted, in the order the logits are returned.
     pub logit_rows: Vec<usize>,

@@ -110,6 +110,8 @@ pub struct TinySpec {
     pub quantized: bool,
     /// Context length.
     pub max_len: usize,
+    /// A sliding window of this many tokens in every layer (Mistral-style), if any.
+    pub sliding_window: Option<usize>,
 }
 
 impl Default for TinySpec {
@@ -119,6 +121,7 @@ impl Default for TinySpec {
             layers: 2,
             quantized: false,
             max_len: 1024,
+            sliding_window: None,
         }
     }
 }
@@ -152,8 +155,8 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel> {
         sandwich_norms: false,
         activation: Activation::Silu,
         attn_scale: 1.0 / (head_dim as f32).sqrt(),
-        sliding_window: None,
-        sliding_layers: vec![false; spec.layers],
+        sliding_window: spec.sliding_window,
+        sliding_layers: vec![spec.sliding_window.is_some(); spec.layers],
         final_logit_softcap: None,
         attn_logit_softcap: None,
         bos_token_id: None,

@@ -25,7 +25,12 @@ impl CpuBackend {
     }
 
     fn check(&self, b: &Batch) -> Result<(), BackendError> {
-        check_batch(b, self.cache.num_blocks(), self.cache.shape().block_size())
+        check_batch(
+            b,
+            self.cache.num_blocks(),
+            self.cache.shape().block_size(),
+            self.attention_span(),
+        )
     }
 }
 
@@ -52,6 +57,10 @@ impl Backend for CpuBackend {
 
     fn max_positions(&self) -> usize {
         self.model.max_positions()
+    }
+
+    fn attention_span(&self) -> Option<usize> {
+        self.model.config().attention_span()
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {

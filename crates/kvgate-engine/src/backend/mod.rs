@@ -62,6 +62,10 @@ pub trait Backend: Send {
     /// Positions the model can run (the longest sequence).
     fn max_positions(&self) -> usize;
 
+    /// How far back any layer reads when every layer's attention is windowed (sliding window in all
+    /// layers): the scheduler gives back blocks past it. `None` when some layer reads the whole context.
+    fn attention_span(&self) -> Option<usize>;
+
     /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;
 
@@ -79,7 +83,12 @@ pub trait Backend: Send {
 
 /// Checks a batch against a cache of `num_blocks` blocks of `block_size` tokens: every table entry and
 /// slot in range, every row's table index and every logit row valid.
-pub(crate) fn check_batch(b: &Batch, num_blocks: usize, block_size: usize) -> Result<(), BackendError> {
+pub(crate) fn check_batch(
+    b: &Batch,
+    num_blocks: usize,
+    block_size: usize,
+    window: Option<usize>,
+) -> Result<(), BackendError> {
     let n = b.tokens.len();
     if b.positions.len() != n || b.slots.len() != n || b.seq_of_row.len() != n {
         return Err(BackendError::Batch(format!(
@@ -89,8 +98,20 @@ pub(crate) fn check_batch(b: &Batch, num_blocks: usize, block_size: usize) -> Re
             b.seq_of_row.len()
         )));
     }
-    for t in &b.tables {
-        if let Some(&blk) = t.iter().find(|&&x| x as usize >= num_blocks) {
+    // A released entry is allowed only before the first position any of its rows reads.
+    let mut first_read = vec![usize::MAX; b.tables.len()];
+    for (&t, &p) in b.seq_of_row.iter().zip(&b.positions) {
+        if let (Some(f), Some(w)) = (first_read.get_mut(t as usize), window) {
+            *f = (*f).min((p as usize + 1).saturating_sub(w));
+        }
+    }
+    for (ti, t) in b.tables.iter().enumerate() {
+        let released_ok = |i: usize| first_read[ti] != usize::MAX && (i + 1) * block_size <= first_read[ti];
+        if let Some((_, &blk)) = t
+            .iter()
+            .enumerate()
+            .find(|&(i, &x)| x as usize >= num_blocks && !(x == kvgate_model::RELEASED_BLOCK && released_ok(i)))
+        {
             return Err(BackendError::BlockOutOfRange {
                 block: blk as usize,
                 num_blocks,
@@ -128,9 +149,9 @@ mod tests {
     #[test]
     fn check_batch_refuses_out_of_range_ids() {
         let ok = Batch::single_sequence(&[1, 2, 3, 4, 5], 4);
-        assert_eq!(check_batch(&ok, 2, 4), Ok(()));
+        assert_eq!(check_batch(&ok, 2, 4, None), Ok(()));
         assert_eq!(
-            check_batch(&ok, 1, 4),
+            check_batch(&ok, 1, 4, None),
             Err(BackendError::BlockOutOfRange {
                 block: 1,
                 num_blocks: 1
@@ -139,14 +160,41 @@ mod tests {
         let mut bad = ok.clone();
         bad.slots[4] = 99;
         assert_eq!(
-            check_batch(&bad, 2, 4),
+            check_batch(&bad, 2, 4, None),
             Err(BackendError::SlotOutOfRange { slot: 99, num_slots: 8 })
         );
         let mut bad = ok.clone();
         bad.seq_of_row[0] = 3;
-        assert!(matches!(check_batch(&bad, 2, 4), Err(BackendError::Batch(_))));
+        assert!(matches!(check_batch(&bad, 2, 4, None), Err(BackendError::Batch(_))));
         let mut bad = ok;
         bad.logit_rows.push(5);
-        assert!(matches!(check_batch(&bad, 2, 4), Err(BackendError::Batch(_))));
+        assert!(matches!(check_batch(&bad, 2, 4, None), Err(BackendError::Batch(_))));
+    }
+
+    #[test]
+    fn released_entries_only_where_no_row_reads() {
+        use kvgate_model::RELEASED_BLOCK;
+        // one row at position 12 with a window of 5 reads positions 8..=12: blocks 0 and 1 are done
+        let b = Batch {
+            tokens: vec![1],
+            positions: vec![12],
+            slots: vec![4 * 4],
+            seq_of_row: vec![0],
+            tables: vec![vec![RELEASED_BLOCK, RELEASED_BLOCK, 2, 4]],
+            logit_rows: vec![0],
+            int8: vec![],
+        };
+        assert_eq!(check_batch(&b, 5, 4, Some(5)), Ok(()));
+        assert!(check_batch(&b, 5, 4, None).is_err(), "no window: every entry is read");
+        assert!(
+            check_batch(&b, 5, 4, Some(6)).is_err(),
+            "a window of 6 reads position 7"
+        );
+        let mut early = b.clone();
+        early.tokens.push(1);
+        early.positions.push(7);
+        early.slots.push(3 * 4);
+        early.seq_of_row.push(0);
+        assert!(check_batch(&early, 5, 4, Some(5)).is_err(), "a row at 7 reads block 0");
     }
 }

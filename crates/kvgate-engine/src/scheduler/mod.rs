@@ -187,6 +187,9 @@ impl Scheduler {
         let decision = matches!(grp.kind, GroupKind::Decide(_));
         let s = self.reg.seq_mut(c.seq)?;
         self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
+        if let Some(w) = self.cfg.release_window {
+            self.kv.release_slid(&mut s.blocks, s.computed, w);
+        }
         Ok(())
     }
 
@@ -224,7 +227,8 @@ impl Scheduler {
     pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> Result<usize> {
         let s = self.reg.seq(seq)?;
         let n = tokens.min(s.computed) / self.cfg.block_size;
-        let blocks = s.blocks.blocks[..n.min(s.blocks.blocks.len())].to_vec();
+        // Released blocks (slid out of a windowed model's reach) cannot be pinned; the rest can.
+        let blocks: Vec<_> = (0..n).filter_map(|i| s.blocks.get(i)).collect();
         self.kv.pin(&blocks);
         let n = blocks.len();
         self.pins.add(until, blocks);
@@ -263,12 +267,16 @@ impl Scheduler {
         let mut refs = vec![0u32; self.kv.pool().total()];
         for s in self.reg.seqs() {
             let mut seen = HashSet::new();
-            for &b in &s.blocks.blocks {
+            for &b in s.blocks.live() {
                 assert!(seen.insert(b), "block {b} twice in one table");
                 refs[b.index()] += 1;
             }
             assert!(s.computed <= s.tokens.len());
-            assert!(s.blocks.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
+            assert!(s.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
+            if let Some(w) = self.cfg.release_window {
+                // nothing a future query can read was given back
+                assert!(s.blocks.released() * self.cfg.block_size <= (s.computed + 1).saturating_sub(w));
+            }
         }
         for b in self.pins.blocks() {
             refs[b.index()] += 1;

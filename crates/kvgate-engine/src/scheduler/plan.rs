@@ -40,8 +40,9 @@ pub struct Chunk {
     pub tokens: Vec<u32>,
     /// The cache slot (`block · block_size + offset`) of each token.
     pub slots: Vec<usize>,
-    /// The sequence's block table (covers `start + len` tokens).
-    pub table: Vec<BlockId>,
+    /// The sequence's block table (covers `start + len` tokens); `None` for a block given back because
+    /// every layer's window has slid past it (the chunk's queries never read it).
+    pub table: Vec<Option<BlockId>>,
 }
 
 /// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).
@@ -86,6 +87,10 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// Prefix caching on.
     pub prefix_caching: bool,
+    /// When every layer of the model attends at most this many tokens back (sliding-window attention in
+    /// all layers, as Mistral 7B v0.1): blocks that slid out of the window are given back as the
+    /// sequence advances. `None` when any layer reads the whole context (Gemma 3's global layers).
+    pub release_window: Option<usize>,
 }
 
 /// Work in progress of one scheduling pass.

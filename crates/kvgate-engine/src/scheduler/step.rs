@@ -69,7 +69,7 @@ impl Scheduler {
             s.tokens.len() / self.cfg.block_size
         };
         let sb = self.kv.match_prefix(&s.tokens, max_blocks, &salt, false);
-        let hit = sb.blocks.len() * self.cfg.block_size;
+        let hit = sb.len() * self.cfg.block_size;
         let s = self.reg.seq_mut(sid)?;
         s.blocks = sb;
         s.computed = hit;
@@ -127,7 +127,6 @@ impl Scheduler {
         let slots = (p.start..end)
             .map(|pos| {
                 s.blocks
-                    .blocks
                     .get(pos / bs)
                     .map(|b| b.index() * bs + pos % bs)
                     .ok_or(SchedError::NoBlock { seq: p.seq, pos })
@@ -143,7 +142,7 @@ impl Scheduler {
             at_end: end == s.tokens.len(),
             tokens: s.tokens[p.start..end].to_vec(),
             slots,
-            table: s.blocks.blocks.clone(),
+            table: s.blocks.table(),
         })
     }
 
@@ -283,7 +282,7 @@ impl Scheduler {
             let tokens = s.tokens.len();
             let warmed = s
                 .blocks
-                .blocks
+                .live()
                 .iter()
                 .take(hit / self.cfg.block_size)
                 .filter(|&&b| self.kv.pool().is_decision_warmed(b))
