@@ -1,17 +1,19 @@
-//! Qwen2.5-Coder-0.5B and Gemma-3-270M (Q4_K_M GGUFs, real weights) against llama.cpp on a fixed prompt
-//! set (tests/fixtures/gguf-llamacpp-logprobs.json, made by scripts/logprobs-fixture.py): the prompt's
-//! ids with special tokens added as llama.cpp adds them, the next token's top-1, and llama.cpp's top-5
-//! logprobs. Bound: llama.cpp quantizes activations to 8 bits inside every matmul (kvgate keeps f32),
-//! which on the default model moved its top-5 logprobs up to 0.21 from the f32 reference
-//! (tests/reference.rs), so 0.35 here for tokens of p ≥ 0.7% (logprob ≥ −5) and 0.01 in probability
-//! for the tail; a top-1 whose runner-up is within 0.2 in llama.cpp's own distribution may be either.
+//! Qwen2.5-Coder-0.5B and Gemma-3-270M (Q4_K_M GGUFs, real weights) against two oracles on a fixed prompt
+//! set (tests/fixtures/gguf-llamacpp-logprobs.json, made by scripts/logprobs-fixture.py): 12 short prompts
+//! per model and, for Gemma, one of 927 tokens (past its 512-token sliding window).
 //!
-//! Open (issue 12): on Gemma 3 one prompt ("The three primary colors are red, blue and") differs from
-//! llama.cpp by up to 0.65 in logprob (p 2–14%) while kvgate's own 8-bit-activation mode agrees with its
-//! f32 result, so it is not llama.cpp's activation quantization; the other Gemma prompts agree within
-//! 0.15 and Qwen's within 0.08. Until that is explained (an f32 reference for Gemma is needed), Gemma's
-//! logprob bound is 0.7; its top-1s are checked as Qwen's. The GGUFs come from scripts/fetch-test-models.sh
-//! (`KVGATE_TEST_MODELS`) or the anchor's `ANCHOR_MODELS`; without them the test says so.
+//! - **Exact arithmetic** (`f32_top10`, scripts/f32-reference.py): a numpy f32 forward written from the
+//!   Hugging Face definitions, on the GGUF's own weights dequantized by llama.cpp's `gguf` package. kvgate
+//!   computes the same function, so its top-10 logprobs must agree to float tolerance (0.005: summation
+//!   order over ~1000 tokens and 18–24 layers).
+//! - **llama.cpp** (`top10`): it quantizes activations to 8 bits in every matmul and keeps K/V in f16, so
+//!   it is not exact; on these prompts it is itself up to 0.66 (Gemma) and 0.21 (Qwen) away from the exact
+//!   result. The bound is therefore per token: |kvgate − llama.cpp| ≤ |llama.cpp − exact| + 0.05. Greedy
+//!   top-1 must equal llama.cpp's on at least 11 of 12 short prompts (the issue's check); the table is
+//!   printed with `--nocapture`.
+//!
+//! The GGUFs come from scripts/fetch-test-models.sh (`KVGATE_TEST_MODELS`) or the anchor's
+//! `ANCHOR_MODELS`; without them the test says so and checks nothing.
 
 mod common;
 
@@ -27,8 +29,16 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+fn top(v: &Value) -> Vec<(u32, f32)> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["id"].as_u64().unwrap() as u32, t["logprob"].as_f64().unwrap() as f32))
+        .collect()
+}
+
 #[test]
-fn real_gguf_weights_agree_with_llama_cpp() {
+fn real_gguf_weights_agree_with_exact_arithmetic_and_llama_cpp() {
     let fixture = common::fixture("gguf-llamacpp-logprobs.json");
     let Some(dir) = common::test_models_dir() else {
         return;
@@ -48,7 +58,8 @@ fn real_gguf_weights_agree_with_llama_cpp() {
         )
         .unwrap();
         let c = lm.model.config().clone();
-        let mut worst = 0f32;
+        let (mut agree, mut short, mut worst_exact, mut worst_llama) = (0, 0, 0f32, 0f32);
+        eprintln!("{name}: prompt | tokens | top-1 kvgate / llama.cpp | max |Δ| vs exact, vs llama.cpp (top-5)");
         for case in m["cases"].as_array().unwrap() {
             let prompt = case["prompt"].as_str().unwrap();
             let want_ids = ids(&case["ids"]);
@@ -62,40 +73,47 @@ fn real_gguf_weights_agree_with_llama_cpp() {
             let mut b = Batch::single_sequence(&want_ids, 16);
             b.logit_rows = vec![want_ids.len() - 1];
             let lp = kvgate_engine::log_softmax(&lm.model.forward(&b, &mut cache, &CpuAttention).unwrap());
-            let top: Vec<(u32, f32)> = case["top10"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| (t["id"].as_u64().unwrap() as u32, t["logprob"].as_f64().unwrap() as f32))
-                .collect();
+            let (exact, llama) = (top(&case["f32_top10"]), top(&case["top10"]));
             let ours = kvgate_engine::top_k_of(&lp, 1)[0].0;
-            let close = top[0].1 - top[1].1 < 0.2;
-            assert!(
-                ours == top[0].0 || (close && ours == top[1].0),
-                "{name}: top-1 for {prompt:?}: {ours} vs llama.cpp {:?}",
-                &top[..2]
-            );
-            for (id, want) in &top[..5] {
-                let got = lp[*id as usize];
-                if *want >= -5.0 {
-                    worst = worst.max((got - want).abs());
-                    let bound = if name == "gemma" { 0.7 } else { 0.35 };
-                    assert!(
-                        (got - want).abs() <= bound,
-                        "{name}: logprob of {id} for {prompt:?}: {got} vs {want}"
-                    );
-                } else {
-                    // the tail (p < 0.7%): a logprob's relative error grows there; compare probabilities
-                    let dp = (got.exp() - want.exp()).abs();
-                    assert!(
-                        dp <= 0.01,
-                        "{name}: p of {id} for {prompt:?}: {} vs {}",
-                        got.exp(),
-                        want.exp()
-                    );
-                }
+            assert_eq!(ours, exact[0].0, "{name}: top-1 for {prompt:?} vs the exact forward");
+            let (mut d_exact, mut d_llama) = (0f32, 0f32);
+            for (id, want) in &exact {
+                let d = (lp[*id as usize] - want).abs();
+                d_exact = d_exact.max(d);
+                assert!(
+                    d <= 0.005,
+                    "{name}: logprob of {id} for {prompt:?}: {} vs exact {want}",
+                    lp[*id as usize]
+                );
             }
+            for (id, want) in &llama[..5] {
+                let got = lp[*id as usize];
+                let Some(&(_, e)) = exact.iter().find(|(i, _)| i == id) else {
+                    continue;
+                };
+                d_llama = d_llama.max((got - want).abs());
+                assert!(
+                    (got - want).abs() <= (want - e).abs() + 0.05,
+                    "{name}: logprob of {id} for {prompt:?}: {got} vs llama.cpp {want} (exact {e})"
+                );
+            }
+            worst_exact = worst_exact.max(d_exact);
+            worst_llama = worst_llama.max(d_llama);
+            if want_ids.len() <= 512 {
+                short += 1;
+                agree += usize::from(ours == llama[0].0);
+            }
+            let p: String = prompt.chars().take(32).collect();
+            eprintln!(
+                "  {p:?} | {} | {ours} / {} | {d_exact:.4} {d_llama:.3}",
+                want_ids.len(),
+                llama[0].0
+            );
         }
-        eprintln!("{name}: max |Δ logprob| over llama.cpp's top-5s: {worst:.3}");
+        eprintln!("{name}: top-1 equal to llama.cpp on {agree}/{short}; max |Δ| vs exact {worst_exact:.4}, vs llama.cpp {worst_llama:.3}");
+        assert!(
+            agree * 12 >= short * 11,
+            "{name}: top-1 equal to llama.cpp on only {agree}/{short}"
+        );
     }
 }

@@ -356,6 +356,7 @@ fn scripted(refuse: Option<EngineError>, fail_with: Option<EngineError>) -> InPr
         num_blocks: 64,
         block_size: 16,
         vocab_size: 300,
+        window_blocks: None,
     };
     InProcess::with_engine(
         &[],

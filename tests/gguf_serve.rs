@@ -1,0 +1,145 @@
+//! `serve` on the real-weight GGUFs (Gemma-3-270M and Qwen2.5-Coder-0.5B Q4_K_M, from
+//! scripts/fetch-test-models.sh): both start and answer; Gemma 3, a base model with no chat template,
+//! serves `/v1/completions` and refuses chat with a 400 that says why; past its 512-token sliding window
+//! the next-token distribution is the exact one (tests/fixtures/gguf-llamacpp-logprobs.json's numpy
+//! reference) whether the prompt is prefilled in chunks of 64 or found in the prefix cache; Qwen's chat
+//! template renders byte for byte as its own Jinja template does in transformers
+//! (tests/fixtures/qwen-chat-template.json, by scripts/chat-template-fixture.py), with and without tools.
+//! Without the GGUFs the tests say so and check nothing.
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+
+fn gguf(file: &str) -> Option<String> {
+    let path = common::test_models_dir()?.join(file);
+    if !path.is_file() {
+        eprintln!("{}: not found, skipped", path.display());
+        return None;
+    }
+    Some(path.to_string_lossy().into_owned())
+}
+
+/// The top-5 logprob values of a legacy completions `logprobs` entry, highest first.
+fn top_values(lp: &Value) -> Vec<f32> {
+    let mut v: Vec<f32> = lp["top_logprobs"][0]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    v.sort_by(|a, b| b.total_cmp(a));
+    v
+}
+
+#[test]
+fn gemma_serves_completions_refuses_chat_and_slides_exactly() {
+    let Some(model) = gguf("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let fx = common::fixture("gguf-llamacpp-logprobs.json");
+    let long = fx["models"]["gemma"]["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["ids"].as_array().unwrap().len() > 512)
+        .expect("a case past the window");
+    let exact: Vec<f32> = long["f32_top10"].as_array().unwrap()[..5]
+        .iter()
+        .map(|t| t["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    let s = Server::start(&[
+        "--model",
+        &model,
+        "--max-num-batched-tokens",
+        "64",
+        "--max-model-len",
+        "2048",
+    ]);
+    let body = json!({"prompt": long["prompt"], "max_tokens": 1, "temperature": 0, "logprobs": 5});
+    let (st, cold) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{cold}");
+    let n = long["ids"].as_array().unwrap().len() as u64;
+    assert_eq!(cold["usage"]["prompt_tokens"], n);
+    let (st, warm) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{warm}");
+    let cached = warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        cached >= 512,
+        "the second read comes from the prefix cache ({cached} tokens)"
+    );
+    let (a, b) = (
+        top_values(&cold["choices"][0]["logprobs"]),
+        top_values(&warm["choices"][0]["logprobs"]),
+    );
+    eprintln!("{n}-token prompt: chunks of 64 {a:?}, from the cache {b:?}, exact {exact:?}");
+    for ((x, y), e) in a.iter().zip(&b).zip(&exact) {
+        assert!((x - y).abs() <= 1e-4, "chunked {x} vs cached {y}");
+        assert!((x - e).abs() <= 0.005, "chunked {x} vs exact {e}");
+    }
+    assert_eq!(
+        cold["choices"][0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        warm["choices"][0]["logprobs"]["top_logprobs"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>()
+    );
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert!(!r["choices"][0]["text"].as_str().unwrap().is_empty());
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    );
+    common::assert_openai_error(st, &r, 400);
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("template"), "{msg}");
+}
+
+#[test]
+fn qwen_serves_chat_and_renders_its_own_template() {
+    let Some(model) = gguf("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
+    let fx = common::fixture("qwen-chat-template.json");
+    let lm = kvgate_model::load(
+        std::path::Path::new(&model),
+        &kvgate_model::LoadOptions {
+            max_model_len: Some(512),
+            int8_activations: false,
+        },
+    )
+    .unwrap();
+    let t = lm.chat_template.as_ref().expect("Qwen's GGUF carries a chat template");
+    for c in fx["cases"].as_array().unwrap() {
+        let got = t
+            .render(
+                &c["messages"],
+                c["add_generation_prompt"].as_bool().unwrap(),
+                c.get("tools"),
+                &Default::default(),
+            )
+            .unwrap();
+        assert_eq!(got, c["rendered"].as_str().unwrap(), "{}", c["name"]);
+    }
+    drop(lm);
+    let s = Server::start(&["--model", &model]);
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let text = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(text.contains('4'), "{text}");
+}
