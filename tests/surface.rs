@@ -158,7 +158,7 @@ fn limits_and_failure_modes() {
         "the limit is named: {r}"
     );
     let (st, r) = s.post("/v1/systemone", &json!({"state": "x".repeat(5000), "questions": {}}));
-    assert_openai_error(st, &r, 413);
+    common::assert_jev_error(st, &r, 413, "request_too_large");
     let (st, _, b) = s
         .raw(
             "POST",
@@ -407,4 +407,110 @@ fn engine_errors_map_to_one_http_shape_each() {
     let (st, r) = s.post("/v1/completions", &completion);
     assert_openai_error(st, &r, 500);
     assert!(r["error"]["message"].as_str().unwrap().contains("boom"), "{r}");
+}
+
+fn noul_request(model: &str, state: &str) -> serde_json::Value {
+    json!({"model": model, "state": state, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}})
+}
+
+#[test]
+fn jev_drop_in_names_models_errors_and_compressed_bodies() {
+    use std::io::Write;
+    let s = InProcess::tiny(&[
+        "--api-key",
+        "k",
+        "--max-request-body",
+        "64KiB",
+        "--model-alias",
+        "jev-latest,router",
+    ]);
+    let auth = ("Authorization", "Bearer k");
+    // /v1/models: OpenAI's data[] and Jev's models[] (served name and aliases, each with the three fields)
+    let (st, _, b) = s.raw("GET", "/v1/models", &[auth], b"").unwrap();
+    assert_eq!(st, 200);
+    let m = common::parse(&b);
+    assert!(m["data"][0]["id"].is_string());
+    let names: Vec<&str> = m["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[1..], ["jev-latest", "router"]);
+    for x in m["models"].as_array().unwrap() {
+        assert!(
+            x["description"].is_string() && x["release_date"].as_str().unwrap().len() == 10,
+            "{x}"
+        );
+    }
+    let post = |body: &[u8], headers: &[(&str, &str)]| {
+        let (st, _, b) = s.raw("POST", "/v1/systemone", headers, body).unwrap();
+        (st, common::parse(&b))
+    };
+    let json_ct = ("Content-Type", "application/json");
+    let plain = noul_request("router", &"payouts fail. ".repeat(40)).to_string();
+    let (st, want) = post(plain.as_bytes(), &[auth, json_ct]);
+    assert_eq!(st, 200, "an alias is the served model: {want}");
+    // the same body compressed, as the Jev SDK sends it (zstd) and as other clients do
+    let gz = {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(plain.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let zl = {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(plain.as_bytes()).unwrap();
+        e.finish().unwrap()
+    };
+    let zs = zstd::encode_all(plain.as_bytes(), 3).unwrap();
+    for (enc, body) in [("zstd", &zs), ("gzip", &gz), ("deflate", &zl)] {
+        let (st, got) = post(body, &[auth, json_ct, ("Content-Encoding", enc)]);
+        assert_eq!(st, 200, "{enc}: {got}");
+        assert_eq!(got["answers"], want["answers"], "{enc}");
+    }
+    // a compressed bomb: small on the wire, over the limit decompressed → 413 naming the limit
+    let bomb = zstd::encode_all(noul_request("router", &"a".repeat(1 << 20)).to_string().as_bytes(), 19).unwrap();
+    assert!(bomb.len() < 64 << 10);
+    let (st, r) = post(&bomb, &[auth, json_ct, ("Content-Encoding", "zstd")]);
+    common::assert_jev_error(st, &r, 413, "request_too_large");
+    assert!(r["detail"]["message"].as_str().unwrap().contains("65536"), "{r}");
+    let (st, r) = post(plain.as_bytes(), &[auth, json_ct, ("Content-Encoding", "snappy")]);
+    common::assert_jev_error(st, &r, 415, "unsupported_media_type");
+    // Jev's error shape on /v1/systemone, OpenAI's elsewhere
+    let (st, r) = post(plain.as_bytes(), &[json_ct]);
+    common::assert_jev_error(st, &r, 401, "authentication_error");
+    let (st, r) = post(plain.as_bytes(), &[("Authorization", "Bearer wrong"), json_ct]);
+    common::assert_jev_error(st, &r, 401, "authentication_error");
+    let (st, r) = post(noul_request("gpt-9", "x").to_string().as_bytes(), &[auth, json_ct]);
+    common::assert_jev_error(st, &r, 404, "not_found");
+    let (st, _, b) = s.raw("GET", "/v1/systemone", &[auth], b"").unwrap();
+    common::assert_jev_error(st, &common::parse(&b), 405, "method_not_allowed");
+    let (st, r) = post(b"{\"state\": 1", &[auth, json_ct]);
+    assert_eq!((st, r["detail"][0]["type"].as_str()), (422, Some("json_invalid")));
+    let (st, _, b) = s.raw("POST", "/v1/completions", &[json_ct], b"{}").unwrap();
+    assert_openai_error(st, &common::parse(&b), 401);
+    let (st, _, b) = s
+        .raw(
+            "POST",
+            "/v1/completions",
+            &[auth, json_ct, ("Content-Encoding", "gzip")],
+            &gz,
+        )
+        .unwrap();
+    assert_ne!(
+        st,
+        415,
+        "compressed bodies are accepted on every route: {}",
+        String::from_utf8_lossy(&b)
+    );
+    // aliases belong to the decision API; the OpenAI routes name only served models
+    let (st, _, b) = s
+        .raw(
+            "POST",
+            "/v1/completions",
+            &[auth, json_ct],
+            br#"{"model": "router", "prompt": "hi", "max_tokens": 1}"#,
+        )
+        .unwrap();
+    assert_openai_error(st, &common::parse(&b), 404);
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_openai_error, Server};
+use common::Server;
 use serde_json::{json, Value};
 
 fn spec_request() -> Value {
@@ -170,24 +170,31 @@ fn spec_examples_shapes_and_errors() {
         "/v1/systemone",
         &json!({"state": "s", "questions": {"q": {"type": "choice", "instructions": "Pick", "criteria": many}}}),
     );
-    assert_openai_error(st, &r, 400);
-    assert!(r["error"]["message"].as_str().unwrap().contains("27 options"), "{r}");
+    common::assert_jev_error(st, &r, 400, "api_usage_error");
+    assert!(r["detail"]["message"].as_str().unwrap().contains("27 options"), "{r}");
     let (st, r) = s.post(
         "/v1/systemone",
         &json!({"state": "x ".repeat(9000), "questions": {"q": {"type": "noul", "instructions": "?"}}}),
     );
-    assert_openai_error(st, &r, 400);
+    common::assert_jev_error(st, &r, 400, "api_usage_error");
     assert!(
-        r["error"]["message"]
+        r["detail"]["message"]
             .as_str()
             .unwrap()
             .contains("maximum context length"),
         "{r}"
     );
     let mut req = spec_request();
-    req["model"] = json!("jev-latest");
+    req["model"] = json!("no-such-model");
     let (st, r) = s.post("/v1/systemone", &req);
-    assert_openai_error(st, &r, 404);
+    common::assert_jev_error(st, &r, 404, "not_found");
+    // the Jev SDKs' default names are the served model
+    for alias in ["jev-latest", "jev-preview"] {
+        req["model"] = json!(alias);
+        let (st, r) = s.post("/v1/systemone", &req);
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["model"], "smollm2-135m-instruct");
+    }
     // metrics
     assert!(s.metric("kvgate:decision_requests_total") >= 2.0);
     assert!(s.metric("kvgate:decision_questions_total") >= 6.0);

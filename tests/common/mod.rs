@@ -322,3 +322,13 @@ pub fn assert_openai_error(status: u16, body: &Value, want: u16) {
     assert!(e.get("param").is_some(), "{body}");
     assert_eq!(e["code"].as_u64(), Some(want as u64), "{body}");
 }
+
+/// Checks a Jev-shaped error (`/v1/systemone`): status and `{"detail": {"error_type", "message"}}`.
+#[allow(dead_code)]
+pub fn assert_jev_error(status: u16, body: &Value, want: u16, error_type: &str) {
+    assert_eq!(status, want, "{body}");
+    let d = &body["detail"];
+    assert_eq!(d["error_type"], error_type, "{body}");
+    assert!(d["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
+}

@@ -24,7 +24,7 @@ pub mod tiny;
 mod tokenizer;
 mod weights;
 
-pub use chat::ChatTemplate;
+pub use chat::{strftime, ChatTemplate};
 pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
 pub use load_hf::load_hf_dir;

@@ -1,6 +1,8 @@
 //! The router: every route with its layers. CORS is outermost (so every response, errors included,
 //! carries the CORS headers for a listed origin, and preflights never reach auth), then the request
-//! log, the panic catcher, API-key auth, and the body limit.
+//! log, the panic catcher, API-key auth, request-body decompression (`Content-Encoding: zstd`, `gzip`,
+//! `deflate`, `br`: the official Jev Python SDK sends zstd bodies) and the body limit, which the
+//! handlers apply to the decompressed bytes, so a small compressed bomb gets a 413, never the memory.
 
 use std::sync::Arc;
 
@@ -9,8 +11,9 @@ use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::decompression::RequestDecompressionLayer;
 
-use crate::middleware::{auth, cors, log, panic_response, CorsPolicy, Keys};
+use crate::middleware::{auth, body_encoding, cors, log, panic_response, CorsPolicy, Keys};
 use crate::state::AppState;
 use crate::{chat, completions, routes, systemone};
 
@@ -38,6 +41,8 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .method_not_allowed_fallback(routes::method_not_allowed)
         .with_state(st)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(RequestDecompressionLayer::new())
+        .layer(from_fn(body_encoding))
         .layer(from_fn_with_state(keys, auth))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(from_fn(log))

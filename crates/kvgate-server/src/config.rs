@@ -302,13 +302,17 @@ pub struct Args {
     #[arg(long, env = "KVGATE_DEVICE", default_value = "cpu")]
     pub device: Device,
 
-    /// Largest request body; larger ones get 413
+    /// Largest request body, after decompression; larger ones get 413
     #[arg(long, env = "KVGATE_MAX_REQUEST_BODY", default_value = "32MiB")]
     pub max_request_body: ByteSize,
 
-    /// Questions per /v1/systemone request
-    #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 64)]
+    /// Questions per /v1/systemone request (permutation-averaging clients send n! of one question)
+    #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 256)]
     pub systemone_max_questions: usize,
+
+    /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
+    #[arg(long, env = "KVGATE_MODEL_ALIAS", num_args = 0.., value_delimiter = ',', default_value = "jev-latest,jev-preview")]
+    pub model_alias: Vec<String>,
 
     /// Log format: text or json
     #[arg(long, env = "KVGATE_LOG_FORMAT", default_value = "text")]

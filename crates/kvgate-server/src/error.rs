@@ -1,8 +1,9 @@
 //! The server's error type and the one place where errors become HTTP responses.
 //!
-//! Everything uses the OpenAI shape `{"error": {"message", "type", "param", "code"}}` except
-//! `/v1/systemone`'s validation errors, which use the System One 422 shape
-//! `{"detail": [{"type", "loc", "msg", "input"}, ...]}`.
+//! Two shapes, chosen by route: the OpenAI routes answer `{"error": {"message", "type", "param", "code"}}`;
+//! `/v1/systemone` (whose clients are Jev clients) answers Jev's `{"detail": {"error_type", "message"}}`
+//! ([`Shape::Jev`]). Validation errors (422) have the System One shape
+//! `{"detail": [{"type", "loc", "msg", "input"}, ...]}` on every route that produces them.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -140,6 +141,69 @@ impl ApiError {
     }
 }
 
+/// Which error body a route answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// `{"detail": {"error_type", "message"}}` (Jev, on `/v1/systemone`).
+    Jev,
+}
+
+impl Shape {
+    /// The shape of errors on `path`.
+    pub fn of_path(path: &str) -> Shape {
+        if path == "/v1/systemone" {
+            Shape::Jev
+        } else {
+            Shape::OpenAi
+        }
+    }
+}
+
+impl ApiError {
+    /// Jev's `error_type` for this error.
+    fn jev_type(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "api_usage_error",
+            ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
+            ApiError::PayloadTooLarge { .. } => "request_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::Unprocessable(_) => "validation_error",
+            ApiError::TooManyRequests { .. } => "rate_limit_error",
+            ApiError::Unavailable(_) => "service_unavailable",
+            ApiError::Internal(_) => "internal_error",
+        }
+    }
+
+    /// The body in `shape` (422s keep the validation shape in both).
+    pub fn body_in(&self, shape: Shape) -> Value {
+        match (shape, self) {
+            (Shape::Jev, e) if !matches!(e, ApiError::Unprocessable(_)) => {
+                json!({"detail": {"error_type": self.jev_type(), "message": self.to_string()}})
+            }
+            _ => self.body(),
+        }
+    }
+
+    /// The response in `shape`: status, body, and `Retry-After` for a 429.
+    pub fn response_in(self, shape: Shape) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        }
+        let mut resp = (status, axum::Json(self.body_in(shape))).into_response();
+        if let ApiError::TooManyRequests { retry_after, .. } = self {
+            if let Ok(v) = HeaderValue::from_str(&retry_after.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         match &e {
@@ -164,16 +228,6 @@ impl From<EngineError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        if status.is_server_error() {
-            tracing::error!(status = status.as_u16(), error = %self, "request failed");
-        }
-        let mut resp = (status, axum::Json(self.body())).into_response();
-        if let ApiError::TooManyRequests { retry_after, .. } = self {
-            if let Ok(v) = HeaderValue::from_str(&retry_after.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
-        }
-        resp
+        self.response_in(Shape::OpenAi)
     }
 }

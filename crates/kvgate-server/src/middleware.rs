@@ -13,7 +13,7 @@ use axum::middleware::Next;
 use axum::response::IntoResponse;
 use subtle::ConstantTimeEq;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Shape};
 
 /// The effective CORS policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,8 +190,35 @@ pub async fn auth(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Re
     if key_ok(req.headers(), &keys.0) {
         return next.run(req).await;
     }
-    ApiError::Unauthorized("Unauthorized: a valid API key is required (Authorization: Bearer <key>)".into())
-        .into_response()
+    let why = if req.headers().contains_key(header::AUTHORIZATION) {
+        "Unauthorized: the API key is not valid (send Authorization: Bearer <key>)"
+    } else {
+        "Unauthorized: an API key is required (Authorization: Bearer <key>)"
+    };
+    ApiError::Unauthorized(why.into()).response_in(Shape::of_path(req.uri().path()))
+}
+
+/// Request-body encodings the decompression layer decodes.
+pub const BODY_ENCODINGS: [&str; 5] = ["identity", "gzip", "deflate", "br", "zstd"];
+
+/// Refuses a request body in an encoding the decompression layer cannot decode with a 415 that names
+/// it (in the route's error shape), instead of the layer's empty 415.
+pub async fn body_encoding(req: Request, next: Next) -> Response<Body> {
+    let bad = req
+        .headers()
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(|e| e.trim().to_ascii_lowercase())
+        .find(|e| !e.is_empty() && !BODY_ENCODINGS.contains(&e.as_str()));
+    match bad {
+        None => next.run(req).await,
+        Some(e) => ApiError::UnsupportedMediaType(format!(
+            "Content-Encoding {e:?} is not supported; send one of {}",
+            BODY_ENCODINGS.join(", ")
+        ))
+        .response_in(Shape::of_path(req.uri().path())),
+    }
 }
 
 /// Structured request log line per request: id, method, route, status, latency.

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 use crate::chat::{normalize_messages, render};
-use crate::error::ApiError;
+use crate::error::{ApiError, Shape};
 use crate::params::Body;
 use crate::state::AppState;
 
@@ -56,7 +56,18 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
             })
         })
         .collect();
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    // Jev's list (its SDKs' `models.list()`): every name `/v1/systemone` accepts, aliases included.
+    let date = kvgate_model::strftime("%Y-%m-%d", st.created as i64);
+    let served = st.model_name();
+    let mut models: Vec<Value> = st
+        .served_names
+        .iter()
+        .map(|n| json!({"name": n, "description": format!("{served}, served by kvgate"), "release_date": date}))
+        .collect();
+    models.extend(st.args.model_alias.iter().filter(|a| !st.served_names.contains(a)).map(
+        |a| json!({"name": a, "description": format!("alias of {served} (System One requests)"), "release_date": date}),
+    ));
+    axum::Json(json!({"object": "list", "data": data, "models": models})).into_response()
 }
 
 /// `POST /tokenize`: `{prompt}` or `{messages}` → `{count, max_model_len, tokens}`.
@@ -145,12 +156,13 @@ pub async fn detokenize(
 
 /// Unknown route: 404 in the OpenAI shape.
 pub async fn not_found(uri: Uri) -> Response {
-    ApiError::NotFound(format!("no route for {}", uri.path())).into_response()
+    ApiError::NotFound(format!("no route for {}", uri.path())).response_in(Shape::of_path(uri.path()))
 }
 
 /// Known route, wrong method: 405 in the OpenAI shape.
 pub async fn method_not_allowed(method: axum::http::Method, uri: Uri) -> Response {
-    ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path())).into_response()
+    ApiError::MethodNotAllowed(format!("method {method} is not allowed on {}", uri.path()))
+        .response_in(Shape::of_path(uri.path()))
 }
 
 /// Test hook (only routed when `KVGATE_TEST_HOOKS=1`): a handler that panics.

@@ -42,6 +42,14 @@ impl AppState {
         &self.served_names[0]
     }
 
+    /// Checks a System One request's `model`: also accepts the aliases (`--model-alias`).
+    pub fn check_decision_model(&self, name: Option<&str>) -> Result<String, ApiError> {
+        match name {
+            Some(n) if self.args.model_alias.iter().any(|a| a == n) => Ok(self.model_name().to_string()),
+            other => self.check_model(other),
+        }
+    }
+
     /// Checks a request's `model` (absent means the served model); unknown names are 404.
     pub fn check_model(&self, name: Option<&str>) -> Result<String, ApiError> {
         match name {

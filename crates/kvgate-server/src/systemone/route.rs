@@ -19,7 +19,7 @@ use super::labels::LabelSet;
 use super::render::{messages, template_kwargs};
 use super::wire::{self, Question, State as StateKind};
 use crate::chat::{normalize_messages, render};
-use crate::error::{ApiError, Detail};
+use crate::error::{ApiError, Detail, Shape};
 use crate::state::{check_json_content_type, AppState};
 
 fn labels_for<'a>(st: &'a AppState, id: &str, q: &Question) -> Result<&'a [super::labels::Label], ApiError> {
@@ -60,16 +60,26 @@ fn labels_for<'a>(st: &'a AppState, id: &str, q: &Question) -> Result<&'a [super
     Ok(&labels[..n])
 }
 
-/// The handler.
+/// The handler: every error in Jev's shape (its clients are Jev clients).
 pub async fn systemone(
     State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    answer_request(st, headers, body)
+        .await
+        .unwrap_or_else(|e| e.response_in(Shape::Jev))
+}
+
+async fn answer_request(
+    st: Arc<AppState>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
     let bytes = body.map_err(|e| st.body_error(e))?;
     let mut req = wire::parse(&bytes, st.args.systemone_max_questions).map_err(ApiError::Unprocessable)?;
-    let model = st.check_model(req.model.as_deref())?;
+    let model = st.check_decision_model(req.model.as_deref())?;
     if let StateKind::Conversation(c) = &req.state {
         let norm = normalize_messages(Some(c), "state").map_err(|e| {
             ApiError::Unprocessable(vec![Detail {
