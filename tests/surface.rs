@@ -514,3 +514,70 @@ fn jev_drop_in_names_models_errors_and_compressed_bodies() {
         .unwrap();
     assert_openai_error(st, &common::parse(&b), 404);
 }
+
+#[test]
+fn choices_of_2_to_255_options() {
+    let s = InProcess::tiny_long(&[], 4096);
+    let state = "The invoice was charged twice; please refund the second charge.";
+    let ask = |n: usize| {
+        let criteria: serde_json::Map<String, serde_json::Value> = (1..=n)
+            .map(|i| {
+                (
+                    format!("q{i}"),
+                    if i % 3 == 0 {
+                        json!(format!("queue {i}"))
+                    } else {
+                        json!(null)
+                    },
+                )
+            })
+            .collect();
+        let (st, r) = s.post(
+            "/v1/systemone",
+            &json!({"state": state, "diagnostics": true,
+                    "questions": {"q": {"type": "choice", "instructions": "Which queue?", "criteria": criteria}}}),
+        );
+        assert_eq!(st, 200, "{n} options: {r}");
+        r
+    };
+    for n in [2, 26, 27, 64, 255] {
+        let r = ask(n);
+        let a = &r["answers"]["q"];
+        let p = a["probabilities"].as_object().unwrap();
+        let names: Vec<String> = (1..=n).map(|i| format!("q{i}")).collect();
+        assert_eq!(
+            p.keys().cloned().collect::<Vec<_>>(),
+            names,
+            "{n}: keys in option order"
+        );
+        let units: u64 = p.values().map(|v| (v.as_f64().unwrap() * 1e6).round() as u64).sum();
+        assert_eq!(units, 1_000_000, "{n}: sums to exactly 1");
+        let best = p
+            .iter()
+            .max_by(|a, b| a.1.as_f64().unwrap().total_cmp(&b.1.as_f64().unwrap()))
+            .unwrap();
+        assert_eq!(a["choice"].as_str(), Some(best.0.as_str()), "{n}: choice is the argmax");
+        if n > 26 {
+            // numbered labels read through their digits: the mass spreads over options past the 26th
+            let beyond = p.values().skip(26).filter(|v| v.as_f64().unwrap() > 0.0).count();
+            assert!(beyond * 2 > n - 26, "{n}: {p:?}");
+        }
+        let again = ask(n);
+        assert_eq!(
+            again["answers"], r["answers"],
+            "{n}: the same answer warm (branch reads from the cache)"
+        );
+        assert!(
+            again["usage"]["input_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+    }
+    let (st, _) = s.post(
+        "/v1/systemone",
+        &json!({"state": state, "questions": {"q": {"type": "choice", "instructions": "Which?",
+                "criteria": (1..=256).map(|i| (format!("q{i}"), json!(null))).collect::<serde_json::Map<_, _>>()}}}),
+    );
+    assert_eq!(st, 422, "256 options is beyond the limit");
+}

@@ -68,6 +68,18 @@ impl InProcess {
         InProcess { inner, port }
     }
 
+    /// Like [`InProcess::tiny`] with a context of `max_len` tokens.
+    #[allow(dead_code)]
+    pub fn tiny_long(args: &[&str], max_len: usize) -> InProcess {
+        let spec = kvgate_model::tiny::TinySpec {
+            max_len,
+            ..Default::default()
+        };
+        let inner = kvgate_server::testing::TestServer::tiny_with(args, spec);
+        let port = inner.port();
+        InProcess { inner, port }
+    }
+
     /// `serve <args>` with a scripted engine behind the HTTP ↔ engine seam.
     pub fn with_engine(args: &[&str], engine: std::sync::Arc<dyn kvgate_server::infer::Inference>) -> InProcess {
         let inner = kvgate_server::testing::TestServer::with_engine(args, engine);

@@ -35,8 +35,13 @@ fn argv(args: &[&str]) -> Vec<String> {
 impl TestServer {
     /// `serve <args>` over the tiny model, with the test hooks routed.
     pub fn tiny(args: &[&str]) -> TestServer {
+        Self::tiny_with(args, TinySpec::default())
+    }
+
+    /// Like [`TestServer::tiny`] with another tiny model (a longer context, say).
+    pub fn tiny_with(args: &[&str], spec: TinySpec) -> TestServer {
         let args = config::load(argv(args)).expect("valid test flags");
-        let loaded = tiny_model(TinySpec::default()).expect("tiny model");
+        let loaded = tiny_model(spec).expect("tiny model");
         let opts = BuildOptions {
             test_hooks: true,
             ..Default::default()

@@ -5,4 +5,5 @@ pub mod answer;
 pub mod labels;
 pub mod render;
 pub mod route;
+pub mod trie;
 pub mod wire;

@@ -12,7 +12,18 @@ use serde_json::{json, Map, Value};
 
 use super::wire::{Content, Question, Request, State};
 
-/// The question text of one read, with its labels (`yes`/`no`, `A`…, `0`…).
+/// The labels of a choice of `n` options: `A`…`Z` up to 26, else numbers from 1 zero-padded to one
+/// width (`01`…`64`, `001`…`255`), so that no label is a prefix of another.
+pub fn choice_labels(n: usize) -> Vec<String> {
+    if n <= 26 {
+        (0..n).map(|i| ((b'A' + i as u8) as char).to_string()).collect()
+    } else {
+        let width = n.to_string().len();
+        (1..=n).map(|i| format!("{i:0width$}")).collect()
+    }
+}
+
+/// The question text of one read, with its labels (`yes`/`no`, `A`… or `01`…, `0`…).
 pub fn question_text(q: &Question) -> String {
     let mut out = String::new();
     let line = |out: &mut String, s: &str| {
@@ -36,14 +47,18 @@ pub fn question_text(q: &Question) -> String {
         }
         Question::Choice { instructions, options } => {
             line(&mut out, &instructions.text());
-            for (i, (name, desc)) in options.iter().enumerate() {
-                let label = (b'A' + i as u8) as char;
+            let labels = choice_labels(options.len());
+            for ((name, desc), label) in options.iter().zip(&labels) {
                 match desc {
                     Some(d) => line(&mut out, &format!("{label}: {name} ({})", d.text())),
                     None => line(&mut out, &format!("{label}: {name}")),
                 }
             }
-            out.push_str("Answer with the letter of one option only.");
+            out.push_str(if options.len() <= 26 {
+                "Answer with the letter of one option only."
+            } else {
+                "Answer with the number of one option only."
+            });
         }
         Question::Score { instructions, levels } => {
             line(&mut out, &instructions.text());
