@@ -581,3 +581,63 @@ fn choices_of_2_to_255_options() {
     );
     assert_eq!(st, 422, "256 options is beyond the limit");
 }
+
+#[test]
+fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
+    let s = InProcess::tiny(&[]);
+    let ask = |criteria: serde_json::Value, read: Option<&str>| {
+        let mut body = json!({"state": "The invoice was charged twice.", "diagnostics": true,
+                              "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria}}});
+        if let Some(r) = read {
+            body["x_read"] = json!(r);
+        }
+        let (st, r) = s.post("/v1/systemone", &body);
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    let listed = [
+        json!({"billing": "payments", "tech": null, "sales": "deals", "legal": null, "ops": null}),
+        json!({"ops": null, "legal": null, "sales": "deals", "tech": null, "billing": "payments"}),
+        json!({"sales": "deals", "billing": "payments", "ops": null, "tech": null, "legal": null}),
+    ];
+    let first = ask(listed[0].clone(), None);
+    let d = &first["diagnostics"]["q"];
+    assert_eq!(
+        (d["read"].as_str(), d["orders"].as_u64()),
+        (Some("ordered"), Some(5)),
+        "{d}"
+    );
+    let probs = |r: &serde_json::Value| {
+        let mut v: Vec<(String, f64)> = r["answers"]["q"]["probabilities"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    for l in &listed[1..] {
+        let r = ask(l.clone(), Some("ordered"));
+        assert_eq!(
+            probs(&r),
+            probs(&first),
+            "the same distribution however the options are listed"
+        );
+        assert_eq!(r["answers"]["q"]["choice"], first["answers"]["q"]["choice"]);
+    }
+    // plain: one read as listed (so the listing can matter)
+    let plain: Vec<_> = listed.iter().map(|l| ask(l.clone(), Some("plain"))).collect();
+    assert_eq!(plain[0]["diagnostics"]["q"]["read"], "plain");
+    assert_eq!(plain[0]["diagnostics"]["q"]["orders"], 1);
+    assert!(
+        plain.iter().any(|r| probs(r) != probs(&plain[0])),
+        "the tiny model's plain read depends on the listing (else this test shows nothing)"
+    );
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": "x", "x_read": "shuffled", "questions": {"q": {"type": "noul", "instructions": "?"}}}),
+    );
+    assert_eq!(st, 422, "{r}");
+    assert_eq!(r["detail"][0]["loc"], json!(["body", "x_read"]));
+}

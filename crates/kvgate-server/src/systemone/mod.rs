@@ -3,6 +3,8 @@
 
 pub mod answer;
 pub mod labels;
+pub mod orders;
+pub mod reads;
 pub mod render;
 pub mod route;
 pub mod trie;

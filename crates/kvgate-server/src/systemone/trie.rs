@@ -143,6 +143,6 @@ mod tests {
         // one-token labels: a single read
         let t = LabelTrie::new(vec![vec![4], vec![9]]).unwrap();
         assert!(t.branches().is_empty());
-        assert_eq!(t.combine(&[0.2, 0.6], &[]), [0.25, 0.75]);
+        assert_eq!(t.combine(&[0.25, 0.75], &[]), [0.25, 0.75]);
     }
 }

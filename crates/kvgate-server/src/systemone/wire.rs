@@ -8,6 +8,7 @@
 
 use serde_json::{Map, Value};
 
+use super::orders::ReadMethod;
 use crate::error::Detail;
 
 /// Text given as a string, or structured content (object/array, rendered as JSON text).
@@ -90,6 +91,8 @@ pub struct Request {
     pub cache_salt: Option<String>,
     /// Add `diagnostics` to the response.
     pub diagnostics: bool,
+    /// How choices are read (`x_read`).
+    pub read: ReadMethod,
 }
 
 /// The longest keep_alive accepted, in seconds.
@@ -453,6 +456,10 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
             false
         }
     };
+    let read = ReadMethod::parse(obj.get("x_read")).unwrap_or_else(|msg| {
+        e.push("literal_error", &["x_read"], msg, &obj["x_read"]);
+        ReadMethod::Ordered
+    });
     if !e.0.is_empty() {
         return Err(e.0);
     }
@@ -464,6 +471,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
         keep_alive,
         cache_salt,
         diagnostics,
+        read,
     })
 }
 

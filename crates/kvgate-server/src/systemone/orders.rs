@@ -1,0 +1,141 @@
+//! How a choice question is read (`x_read`, a kvgate extension): `plain` reads the options once, in the
+//! order listed; `ordered` (the default) makes the answer independent of that order and balances the
+//! model's position bias. The options are put in one canonical order (by name, case-folded), then read
+//! in up to [`MAX_ORDERS`] evenly spaced rotations of it, each one more forked read of the question
+//! (the state is computed once for all), and the per-option probabilities of the reads are averaged.
+//! Two requests that list the same options in different orders read exactly the same texts, so their
+//! answers are identical, not merely close. Choices beyond 26 options (numbered labels) are read in the
+//! canonical order once.
+
+use serde_json::Value;
+
+/// Rotations read per choice question at most (all of them up to this many options).
+pub const MAX_ORDERS: usize = 8;
+
+/// A choice's read method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMethod {
+    /// One read, options as listed.
+    Plain,
+    /// Canonical order, averaged over rotations.
+    Ordered,
+}
+
+impl ReadMethod {
+    /// The wire name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadMethod::Plain => "plain",
+            ReadMethod::Ordered => "ordered",
+        }
+    }
+
+    /// Parses the request's `x_read` (absent or null: the default, `ordered`).
+    pub fn parse(v: Option<&Value>) -> Result<ReadMethod, String> {
+        match v {
+            None | Some(Value::Null) => Ok(ReadMethod::Ordered),
+            Some(Value::String(s)) if s == "plain" => Ok(ReadMethod::Plain),
+            Some(Value::String(s)) if s == "ordered" => Ok(ReadMethod::Ordered),
+            Some(_) => Err("Input should be 'plain' or 'ordered'".into()),
+        }
+    }
+}
+
+/// The option orders to read a choice of `names` in: each a permutation (indices into `names`).
+pub fn option_orders(names: &[String], method: ReadMethod) -> Vec<Vec<usize>> {
+    let n = names.len();
+    if method == ReadMethod::Plain || n <= 1 {
+        return vec![(0..n).collect()];
+    }
+    let mut canon: Vec<usize> = (0..n).collect();
+    canon.sort_by(|&a, &b| {
+        let (x, y) = (names[a].trim().to_lowercase(), names[b].trim().to_lowercase());
+        x.cmp(&y).then_with(|| names[a].cmp(&names[b]))
+    });
+    let k = if n > 26 { 1 } else { n.min(MAX_ORDERS) };
+    (0..k)
+        .map(|j| {
+            let shift = j * n / k;
+            (0..n).map(|i| canon[(i + shift) % n]).collect()
+        })
+        .collect()
+}
+
+/// Averages per-read label probabilities (each over its order's labels, renormalised) back onto the
+/// options: `reads[r][i]` is the probability of the option at position `i` of `orders[r]`.
+pub fn combine(orders: &[Vec<usize>], reads: &[Vec<f64>]) -> Vec<f64> {
+    let n = orders.first().map_or(0, Vec::len);
+    let mut out = vec![0.0; n];
+    for (order, p) in orders.iter().zip(reads) {
+        let total: f64 = p.iter().filter(|x| x.is_finite() && **x > 0.0).sum();
+        for (pos, &opt) in order.iter().enumerate() {
+            let x = p.get(pos).copied().unwrap_or(0.0);
+            out[opt] += if total > 0.0 && x.is_finite() && x > 0.0 {
+                x / total
+            } else {
+                0.0
+            };
+        }
+    }
+    let k = orders.len().max(1) as f64;
+    out.iter_mut().for_each(|x| *x /= k);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn orders_are_rotations_of_one_canonical_order() {
+        let a = names(&["sales", "Billing", "tech"]);
+        let o = option_orders(&a, ReadMethod::Ordered);
+        assert_eq!(o, vec![vec![1, 0, 2], vec![0, 2, 1], vec![2, 1, 0]]);
+        // every option at every position once
+        for pos in 0..3 {
+            let mut seen: Vec<usize> = o.iter().map(|ord| ord[pos]).collect();
+            seen.sort();
+            assert_eq!(seen, [0, 1, 2]);
+        }
+        assert_eq!(option_orders(&a, ReadMethod::Plain), vec![vec![0, 1, 2]]);
+        let many: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
+        let o = option_orders(&many, ReadMethod::Ordered);
+        assert_eq!(o.len(), MAX_ORDERS);
+        assert_eq!(
+            option_orders(
+                &(0..30).map(|i| format!("o{i}")).collect::<Vec<_>>(),
+                ReadMethod::Ordered
+            )
+            .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_same_options_listed_differently_read_the_same_texts() {
+        let a = names(&["red", "Green", "blue", "amber"]);
+        let b = names(&["amber", "blue", "red", "Green"]);
+        let as_names = |v: &[String], o: Vec<Vec<usize>>| -> Vec<Vec<String>> {
+            o.into_iter()
+                .map(|ord| ord.into_iter().map(|i| v[i].clone()).collect())
+                .collect()
+        };
+        assert_eq!(
+            as_names(&a, option_orders(&a, ReadMethod::Ordered)),
+            as_names(&b, option_orders(&b, ReadMethod::Ordered))
+        );
+    }
+
+    #[test]
+    fn combine_maps_positions_back_to_options() {
+        // option 0 is always the one the model likes, wherever it is listed
+        let orders = vec![vec![0, 1], vec![1, 0]];
+        let p = combine(&orders, &[vec![0.6, 0.2], vec![0.1, 0.3]]);
+        assert!((p[0] - (0.75 + 0.75) / 2.0).abs() < 1e-12);
+        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
+    }
+}

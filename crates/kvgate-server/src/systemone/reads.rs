@@ -1,0 +1,264 @@
+//! The reads of one `/v1/systemone` request and how their label probabilities become each question's
+//! distribution. One read per question, except: a choice read `ordered` (the default, see
+//! `super::orders`) is one read per option order, and a choice beyond 26 options (numbered labels of
+//! several tokens, see `super::trie`) adds branch reads. Every first read of the request is one engine
+//! decision (the state computed once, one fork per read); branch reads follow, one engine decision per
+//! read, from the prefix cache.
+
+use std::time::Duration;
+
+use kvgate_engine::{metrics as m, DecideRequest, DecisionRead, Event, ReadResult, Usage};
+use serde_json::{json, Value};
+
+use super::labels::LabelSet;
+use super::orders::{combine, option_orders};
+use super::render::{choice_labels, messages, template_kwargs};
+use super::trie::LabelTrie;
+use super::wire::{Question, Request};
+use crate::chat::render;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// How a question's labels are read: single tokens (with their alias forms) in one read, or token
+/// sequences through a [`LabelTrie`] (numbered choices beyond 26 options).
+enum Labels {
+    Single(Vec<Vec<u32>>),
+    Trie(LabelTrie),
+}
+
+impl Labels {
+    /// The first read's labels.
+    fn first_read(&self) -> Vec<Vec<u32>> {
+        match self {
+            Labels::Single(ids) => ids.clone(),
+            Labels::Trie(t) => t.first_tokens().into_iter().map(|t| vec![t]).collect(),
+        }
+    }
+}
+
+fn labels_for(st: &AppState, id: &str, q: &Question) -> Result<Labels, ApiError> {
+    let cannot = |why: &str| {
+        ApiError::param(
+            "questions",
+            format!(
+                "question '{id}': this model cannot answer {} questions: {why}",
+                q.kind()
+            ),
+        )
+    };
+    if let Question::Choice { options, .. } = q {
+        if options.len() > 26 {
+            let mut seqs = Vec::with_capacity(options.len());
+            for l in choice_labels(options.len()) {
+                seqs.push(st.tokenizer.encode(&l, false).map_err(|e| cannot(&e.to_string()))?);
+            }
+            return LabelTrie::new(seqs).map(Labels::Trie).map_err(|why| cannot(&why));
+        }
+    }
+    let set: &LabelSet = match q {
+        Question::Noul { .. } => &st.labels.noul,
+        Question::Choice { .. } => &st.labels.choice,
+        Question::Score { .. } => &st.labels.score,
+    };
+    let labels = set.as_ref().map_err(|why| cannot(why))?;
+    let n = match q {
+        Question::Noul { .. } => 2,
+        Question::Choice { options, .. } => options.len(),
+        Question::Score { levels, .. } => levels.len(),
+    };
+    if n > labels.len() {
+        return Err(ApiError::param(
+            "questions",
+            format!(
+                "question '{id}': {n} levels exceed the {} single-token labels this model has for {} questions",
+                labels.len(),
+                q.kind()
+            ),
+        ));
+    }
+    Ok(Labels::Single(labels[..n].iter().map(|l| l.ids.clone()).collect()))
+}
+
+/// Runs one engine decision to its result.
+async fn decide(st: &AppState, req: DecideRequest) -> Result<(Vec<ReadResult>, Usage), ApiError> {
+    let mut stream = st.engine.decide(req)?;
+    loop {
+        match stream.next().await {
+            Some(Event::Decision { reads, usage }) => return Ok((reads, usage)),
+            Some(Event::Error(e)) => return Err(e.into()),
+            Some(_) => continue,
+            None => return Err(ApiError::Unavailable("the engine stopped".into())),
+        }
+    }
+}
+
+/// The branch reads of a multi-token-label question: its prompt plus each branch point's prefix,
+/// after the first read put the prompt's full blocks in the prefix cache (so each costs the prompt's
+/// last partial block and the prefix, not the question again). Returns each label's probability.
+async fn read_trie(
+    st: &AppState,
+    trie: &LabelTrie,
+    prompt: &[u32],
+    first: &ReadResult,
+    salt: &Option<String>,
+    usage: &mut Usage,
+) -> Result<Vec<f64>, ApiError> {
+    if trie.branches().is_empty() {
+        return Ok(trie.combine(&first.label_probs, &[]));
+    }
+    let reads = trie
+        .branches()
+        .iter()
+        .map(|(prefix, next)| DecisionRead {
+            prompt: prompt.iter().chain(prefix).copied().collect(),
+            labels: next.iter().map(|&t| vec![t]).collect(),
+        })
+        .collect();
+    let (results, u) = decide(
+        st,
+        DecideRequest {
+            reads,
+            cache_salt: salt.clone(),
+            keep_alive: None,
+        },
+    )
+    .await?;
+    usage.prompt_tokens += u.prompt_tokens;
+    usage.cached_tokens += u.cached_tokens;
+    let branch_probs: Vec<Vec<f64>> = results.into_iter().map(|r| r.label_probs).collect();
+    Ok(trie.combine(&first.label_probs, &branch_probs))
+}
+
+/// What the reads of a request found.
+pub struct Read {
+    /// Per question (request order): the distribution over its options / levels / yes-no, summing to 1
+    /// (or all zero when the model put no mass on any label).
+    pub probs: Vec<Vec<f64>>,
+    /// Per question: `{"label_mass", "read", "orders"}` for `diagnostics`.
+    pub diagnostics: Vec<Value>,
+    /// Prompt and cached tokens over every read.
+    pub usage: Usage,
+}
+
+/// One read of the request.
+struct Planned {
+    question: usize,
+    /// For a choice: the option at each listed position.
+    order: Option<Vec<usize>>,
+    labels: Labels,
+    prompt: Vec<u32>,
+}
+
+/// Plans, runs and combines every read of `req`.
+pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiError> {
+    let kwargs = template_kwargs();
+    let mut plan: Vec<Planned> = vec![];
+    for (qi, (id, q)) in req.questions.iter().enumerate() {
+        let variants: Vec<(Option<Vec<usize>>, Question)> = match q {
+            Question::Choice { instructions, options } => {
+                let names: Vec<String> = options.iter().map(|(n, _)| n.clone()).collect();
+                option_orders(&names, req.read)
+                    .into_iter()
+                    .map(|order| {
+                        let listed = order.iter().map(|&i| options[i].clone()).collect();
+                        let q = Question::Choice {
+                            instructions: instructions.clone(),
+                            options: listed,
+                        };
+                        (Some(order), q)
+                    })
+                    .collect()
+            }
+            _ => vec![(None, q.clone())],
+        };
+        for (order, vq) in variants {
+            let labels = labels_for(st, id, &vq)?;
+            let text = render(st, &messages(req, &vq), true, false, &kwargs)?;
+            let prompt = st
+                .tokenizer
+                .encode(&text, false)
+                .map_err(|e| ApiError::param("state", e.to_string()))?;
+            let longest = match &labels {
+                Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
+                Labels::Single(_) => 0,
+            };
+            if st.engine.limits().check_read(prompt.len() + longest).is_err() {
+                return Err(ApiError::param(
+                    "state",
+                    format!(
+                        "question '{id}': the prompt is {} tokens, more than this model's maximum context length of {} tokens",
+                        prompt.len() + longest,
+                        st.engine.limits().max_model_len
+                    ),
+                ));
+            }
+            plan.push(Planned {
+                question: qi,
+                order,
+                labels,
+                prompt,
+            });
+        }
+        metrics::counter!(m::DECISION_QUESTIONS, "model_name" => model.to_string(), "type" => q.kind()).increment(1);
+    }
+    let (results, mut usage) = decide(
+        st,
+        DecideRequest {
+            reads: plan
+                .iter()
+                .map(|p| DecisionRead {
+                    prompt: p.prompt.clone(),
+                    labels: p.labels.first_read(),
+                })
+                .collect(),
+            cache_salt: req.cache_salt.clone(),
+            keep_alive: req.keep_alive.map(Duration::from_secs_f64),
+        },
+    )
+    .await?;
+    // Multi-token labels: their branch reads, one engine request per read, concurrently.
+    let mut extra = vec![Usage::default(); plan.len()];
+    let futs = plan
+        .iter()
+        .zip(&results)
+        .zip(extra.iter_mut())
+        .map(|((p, r), u)| async move {
+            match &p.labels {
+                Labels::Trie(t) => read_trie(st, t, &p.prompt, r, &req.cache_salt, u).await,
+                Labels::Single(_) => Ok(r.label_probs.clone()),
+            }
+        });
+    let per_read: Vec<Vec<f64>> = futures::future::join_all(futs)
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    for u in extra {
+        usage.prompt_tokens += u.prompt_tokens;
+        usage.cached_tokens += u.cached_tokens;
+    }
+    let mut probs = Vec::with_capacity(req.questions.len());
+    let mut diagnostics = Vec::with_capacity(req.questions.len());
+    for qi in 0..req.questions.len() {
+        let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].question == qi).collect();
+        let mass = idx.iter().map(|&i| results[i].label_mass).sum::<f64>() / idx.len().max(1) as f64;
+        let p = match &plan[idx[0]].order {
+            Some(_) => {
+                let orders: Vec<Vec<usize>> = idx.iter().filter_map(|&i| plan[i].order.clone()).collect();
+                let reads: Vec<Vec<f64>> = idx.iter().map(|&i| per_read[i].clone()).collect();
+                combine(&orders, &reads)
+            }
+            None => per_read[idx[0]].clone(),
+        };
+        let method = match plan[idx[0]].order {
+            Some(_) => req.read.name(),
+            None => "plain",
+        };
+        diagnostics.push(json!({"label_mass": mass, "read": method, "orders": idx.len()}));
+        probs.push(p);
+    }
+    Ok(Read {
+        probs,
+        diagnostics,
+        usage,
+    })
+}
