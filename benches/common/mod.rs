@@ -17,20 +17,21 @@ impl Drop for Serve {
 }
 
 /// Starts `serve` with `args` after the model and port, and waits for /health.
+#[allow(dead_code)]
 pub fn start(args: &[&str]) -> Serve {
     let model = kvgate_server::default_model::ensure_default_model(false).expect("default model");
+    start_model(&model, "smollm2-135m-instruct", args)
+}
+
+/// Starts `serve` on `model` (served as `name`) with `args`, and waits for /health.
+pub fn start_model(model: &std::path::Path, name: &str, args: &[&str]) -> Serve {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
     let child = Command::new(env!("CARGO_BIN_EXE_serve"))
-        .args([
-            "--model",
-            model.to_str().unwrap(),
-            "--served-model-name",
-            "smollm2-135m-instruct",
-        ])
+        .args(["--model", model.to_str().unwrap(), "--served-model-name", name])
         .args(["--port", &port.to_string()])
         .args(args)
         .stdout(Stdio::null())
