@@ -2,7 +2,7 @@
 //! make (benches/data/decisions-labeled.jsonl: 200 items; noul: shell-command safety, urgency, task
 //! done, document relevance; choice of 2, 3, 5 and 12 options: team and tool routing, sentiment,
 //! intent, language; score of 3–5 levels: urgency, frustration, relevance). For each read method
-//! (`x_read`: `plain`, `ordered`) it reports accuracy, expected calibration error (10 equal-width bins
+//! (`x_read`: `plain`, `ordered`, `calibrated`, `ordered+calibrated`; `DQ_METHODS` picks some) it reports accuracy, expected calibration error (10 equal-width bins
 //! of the predicted class's probability), Brier score (summed over classes) and, for choices, the
 //! order-flip rate (the answer changes when the options are listed in reverse); and the generative
 //! baseline: the same question as a chat completion (max_tokens 5, temperature 0), the reply parsed
@@ -223,7 +223,8 @@ fn main() {
     let all = items();
     println!("decision quality on {} ({} items)\n", model.display(), all.len());
     let mut table: BTreeMap<(String, String), Tally> = BTreeMap::new();
-    for method in ["plain", "ordered"] {
+    let methods = std::env::var("DQ_METHODS").unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated".into());
+    for method in methods.split(',') {
         let t0 = Instant::now();
         for it in &all {
             let (cls, want) = classes(it);

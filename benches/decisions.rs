@@ -77,6 +77,34 @@ fn main() {
             ),
         ));
     }
+    // A choice read plain (one read, as listed) versus ordered (rotations of a canonical order, each one
+    // more forked read of the question), on a warm state: what order-invariance costs.
+    for n in [3usize, 8] {
+        let criteria: serde_json::Map<String, Value> = (0..n)
+            .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
+            .collect();
+        let mut cost = vec![];
+        for read in ["plain", "ordered"] {
+            // a new question each time over the same (warm) state: the question's tokens are computed
+            let req = |rep: usize| {
+                json!({"state": state, "x_read": read, "cache_salt": format!("choice{n}"),
+                       "questions": {"q": {"type": "choice", "criteria": criteria,
+                                           "instructions": format!("Which team handles the late orders of batch {rep}?")}}})
+            };
+            post(port, "/v1/systemone", &req(0)); // warms the state
+            let mut warm = vec![];
+            for rep in 1..=5 {
+                let t0 = Instant::now();
+                post(port, "/v1/systemone", &req(rep));
+                warm.push(t0.elapsed().as_secs_f64());
+            }
+            cost.push(median(warm));
+        }
+        rows.push((
+            format!("choice of {n}, warm ~2,000-token state: plain vs ordered"),
+            format!("{:.3} s vs {:.3} s ({:.2}x)", cost[0], cost[1], cost[1] / cost[0]),
+        ));
+    }
     // The router's round trip.
     let conversation = |salt: usize| {
         json!([

@@ -641,3 +641,41 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
     assert_eq!(st, 422, "{r}");
     assert_eq!(r["detail"][0]["loc"], json!(["body", "x_read"]));
 }
+
+#[test]
+fn calibration_divides_out_the_content_free_prior() {
+    let s = InProcess::tiny(&[]);
+    let qs = json!({
+        "n": {"type": "noul", "instructions": "Is it urgent?"},
+        "c": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": null, "tech": null, "sales": "deals"}},
+        "s": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "annoyed", "furious"]}
+    });
+    let ask = |state: &str, read: &str| {
+        let (st, r) = s.post(
+            "/v1/systemone",
+            &json!({"state": state, "x_read": read, "diagnostics": true, "questions": qs}),
+        );
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    // the content-free state itself, calibrated: exactly the uniform distribution
+    for read in ["calibrated", "ordered+calibrated"] {
+        let r = ask("N/A", read);
+        assert_eq!(r["answers"]["n"]["noul"], 0.5, "{read}: {r}");
+        for q in ["c", "s"] {
+            for v in r["answers"][q]["probabilities"].as_object().unwrap().values() {
+                assert!((v.as_f64().unwrap() - 1.0 / 3.0).abs() < 2e-6, "{read} {q}: {r}");
+            }
+            // ordering applies to choices only: a score is read once, calibrated
+            let want = if q == "c" { read } else { "calibrated" };
+            assert_eq!(r["diagnostics"][q]["read"], want);
+        }
+    }
+    // a real state: calibration moves the answer, ordered+calibrated keeps the listing-independence
+    let plain = ask("The server is down and customers are shouting.", "plain");
+    let cal = ask("The server is down and customers are shouting.", "calibrated");
+    assert_ne!(plain["answers"]["n"], cal["answers"]["n"]);
+    assert_eq!(cal["diagnostics"]["c"]["orders"], 1);
+    let oc = ask("The server is down and customers are shouting.", "ordered+calibrated");
+    assert_eq!(oc["diagnostics"]["c"]["orders"], 3);
+}

@@ -1,6 +1,8 @@
-//! How a choice question is read (`x_read`, a kvgate extension): `plain` reads the options once, in the
+//! How questions are read (`x_read`, a kvgate extension): `plain` reads a choice's options once, in the
 //! order listed; `ordered` (the default) makes the answer independent of that order and balances the
-//! model's position bias. The options are put in one canonical order (by name, case-folded), then read
+//! model's position bias; `calibrated` and `ordered+calibrated` add content-free calibration (see
+//! `super::reads`): every question is also read over a content-free state and its label prior divided
+//! out. The options are put in one canonical order (by name, case-folded), then read
 //! in up to [`MAX_ORDERS`] evenly spaced rotations of it, each one more forked read of the question
 //! (the state is computed once for all), and the per-option probabilities of the reads are averaged.
 //! Two requests that list the same options in different orders read exactly the same texts, so their
@@ -12,39 +14,69 @@ use serde_json::Value;
 /// Rotations read per choice question at most (all of them up to this many options).
 pub const MAX_ORDERS: usize = 8;
 
-/// A choice's read method.
+/// A request's read method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadMethod {
-    /// One read, options as listed.
-    Plain,
-    /// Canonical order, averaged over rotations.
-    Ordered,
+pub struct ReadMethod {
+    /// Choices in canonical order, averaged over rotations (else one read as listed).
+    pub ordered: bool,
+    /// Content-free calibration of every question's label prior.
+    pub calibrated: bool,
 }
 
+/// The wire names, in `(ordered, calibrated)` order.
+const NAMES: [(&str, bool, bool); 4] = [
+    ("plain", false, false),
+    ("ordered", true, false),
+    ("calibrated", false, true),
+    ("ordered+calibrated", true, true),
+];
+
 impl ReadMethod {
+    /// One read as listed, no calibration.
+    #[cfg(test)]
+    pub const PLAIN: ReadMethod = ReadMethod {
+        ordered: false,
+        calibrated: false,
+    };
+    /// The default.
+    pub const DEFAULT: ReadMethod = ReadMethod {
+        ordered: true,
+        calibrated: false,
+    };
+
     /// The wire name.
     pub fn name(self) -> &'static str {
-        match self {
-            ReadMethod::Plain => "plain",
-            ReadMethod::Ordered => "ordered",
-        }
+        NAMES
+            .iter()
+            .find(|n| (n.1, n.2) == (self.ordered, self.calibrated))
+            .map_or("plain", |n| n.0)
     }
 
     /// Parses the request's `x_read` (absent or null: the default, `ordered`).
     pub fn parse(v: Option<&Value>) -> Result<ReadMethod, String> {
         match v {
-            None | Some(Value::Null) => Ok(ReadMethod::Ordered),
-            Some(Value::String(s)) if s == "plain" => Ok(ReadMethod::Plain),
-            Some(Value::String(s)) if s == "ordered" => Ok(ReadMethod::Ordered),
-            Some(_) => Err("Input should be 'plain' or 'ordered'".into()),
+            None | Some(Value::Null) => Ok(ReadMethod::DEFAULT),
+            Some(Value::String(s)) => NAMES
+                .iter()
+                .find(|n| n.0 == s)
+                .map(|n| ReadMethod {
+                    ordered: n.1,
+                    calibrated: n.2,
+                })
+                .ok_or_else(|| Self::expected()),
+            Some(_) => Err(Self::expected()),
         }
+    }
+
+    fn expected() -> String {
+        "Input should be 'plain', 'ordered', 'calibrated' or 'ordered+calibrated'".into()
     }
 }
 
 /// The option orders to read a choice of `names` in: each a permutation (indices into `names`).
 pub fn option_orders(names: &[String], method: ReadMethod) -> Vec<Vec<usize>> {
     let n = names.len();
-    if method == ReadMethod::Plain || n <= 1 {
+    if !method.ordered || n <= 1 {
         return vec![(0..n).collect()];
     }
     let mut canon: Vec<usize> = (0..n).collect();
@@ -93,7 +125,7 @@ mod tests {
     #[test]
     fn orders_are_rotations_of_one_canonical_order() {
         let a = names(&["sales", "Billing", "tech"]);
-        let o = option_orders(&a, ReadMethod::Ordered);
+        let o = option_orders(&a, ReadMethod::DEFAULT);
         assert_eq!(o, vec![vec![1, 0, 2], vec![0, 2, 1], vec![2, 1, 0]]);
         // every option at every position once
         for pos in 0..3 {
@@ -101,14 +133,18 @@ mod tests {
             seen.sort();
             assert_eq!(seen, [0, 1, 2]);
         }
-        assert_eq!(option_orders(&a, ReadMethod::Plain), vec![vec![0, 1, 2]]);
+        assert_eq!(option_orders(&a, ReadMethod::PLAIN), vec![vec![0, 1, 2]]);
+        for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
+            assert_eq!(ReadMethod::parse(Some(&Value::from(name))).unwrap().name(), name);
+        }
+        assert!(ReadMethod::parse(Some(&Value::from("shuffled"))).is_err());
         let many: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
-        let o = option_orders(&many, ReadMethod::Ordered);
+        let o = option_orders(&many, ReadMethod::DEFAULT);
         assert_eq!(o.len(), MAX_ORDERS);
         assert_eq!(
             option_orders(
                 &(0..30).map(|i| format!("o{i}")).collect::<Vec<_>>(),
-                ReadMethod::Ordered
+                ReadMethod::DEFAULT
             )
             .len(),
             1
@@ -125,8 +161,8 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            as_names(&a, option_orders(&a, ReadMethod::Ordered)),
-            as_names(&b, option_orders(&b, ReadMethod::Ordered))
+            as_names(&a, option_orders(&a, ReadMethod::DEFAULT)),
+            as_names(&b, option_orders(&b, ReadMethod::DEFAULT))
         );
     }
 

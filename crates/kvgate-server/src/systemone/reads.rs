@@ -11,10 +11,10 @@ use kvgate_engine::{metrics as m, DecideRequest, DecisionRead, Event, ReadResult
 use serde_json::{json, Value};
 
 use super::labels::LabelSet;
-use super::orders::{combine, option_orders};
+use super::orders::{combine, option_orders, ReadMethod};
 use super::render::{choice_labels, messages, template_kwargs};
 use super::trie::LabelTrie;
-use super::wire::{Question, Request};
+use super::wire::{Question, Request, State};
 use crate::chat::render;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -149,8 +149,9 @@ struct Planned {
     prompt: Vec<u32>,
 }
 
-/// Plans, runs and combines every read of `req`.
-pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiError> {
+/// The reads of `req` (one per question, or per option order of a choice), rendered and checked
+/// against the context length.
+fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Planned>, ApiError> {
     let kwargs = template_kwargs();
     let mut plan: Vec<Planned> = vec![];
     for (qi, (id, q)) in req.questions.iter().enumerate() {
@@ -199,9 +200,24 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
                 prompt,
             });
         }
-        metrics::counter!(m::DECISION_QUESTIONS, "model_name" => model.to_string(), "type" => q.kind()).increment(1);
+        if count {
+            metrics::counter!(m::DECISION_QUESTIONS, "model_name" => model.to_string(), "type" => q.kind())
+                .increment(1);
+        }
     }
-    let (results, mut usage) = decide(
+    Ok(plan)
+}
+
+/// Runs planned reads: per question, its distribution (orders combined) and mean label mass.
+async fn execute(
+    st: &AppState,
+    plan: &[Planned],
+    questions: usize,
+    salt: &Option<String>,
+    keep_alive: Option<Duration>,
+    usage: &mut Usage,
+) -> Result<Vec<(Vec<f64>, f64)>, ApiError> {
+    let (results, u) = decide(
         st,
         DecideRequest {
             reads: plan
@@ -211,11 +227,13 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
                     labels: p.labels.first_read(),
                 })
                 .collect(),
-            cache_salt: req.cache_salt.clone(),
-            keep_alive: req.keep_alive.map(Duration::from_secs_f64),
+            cache_salt: salt.clone(),
+            keep_alive,
         },
     )
     .await?;
+    usage.prompt_tokens += u.prompt_tokens;
+    usage.cached_tokens += u.cached_tokens;
     // Multi-token labels: their branch reads, one engine request per read, concurrently.
     let mut extra = vec![Usage::default(); plan.len()];
     let futs = plan
@@ -224,7 +242,7 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
         .zip(extra.iter_mut())
         .map(|((p, r), u)| async move {
             match &p.labels {
-                Labels::Trie(t) => read_trie(st, t, &p.prompt, r, &req.cache_salt, u).await,
+                Labels::Trie(t) => read_trie(st, t, &p.prompt, r, salt, u).await,
                 Labels::Single(_) => Ok(r.label_probs.clone()),
             }
         });
@@ -236,28 +254,78 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
         usage.prompt_tokens += u.prompt_tokens;
         usage.cached_tokens += u.cached_tokens;
     }
-    let mut probs = Vec::with_capacity(req.questions.len());
-    let mut diagnostics = Vec::with_capacity(req.questions.len());
-    for qi in 0..req.questions.len() {
-        let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].question == qi).collect();
-        let mass = idx.iter().map(|&i| results[i].label_mass).sum::<f64>() / idx.len().max(1) as f64;
-        let p = match &plan[idx[0]].order {
-            Some(_) => {
-                let orders: Vec<Vec<usize>> = idx.iter().filter_map(|&i| plan[i].order.clone()).collect();
-                let reads: Vec<Vec<f64>> = idx.iter().map(|&i| per_read[i].clone()).collect();
-                combine(&orders, &reads)
-            }
-            None => per_read[idx[0]].clone(),
-        };
-        let method = match plan[idx[0]].order {
-            Some(_) => req.read.name(),
-            None => "plain",
-        };
-        diagnostics.push(json!({"label_mass": mass, "read": method, "orders": idx.len()}));
-        probs.push(p);
+    Ok((0..questions)
+        .map(|qi| {
+            let idx: Vec<usize> = (0..plan.len()).filter(|&i| plan[i].question == qi).collect();
+            let mass = idx.iter().map(|&i| results[i].label_mass).sum::<f64>() / idx.len().max(1) as f64;
+            let p = match &plan[idx[0]].order {
+                Some(_) => {
+                    let orders: Vec<Vec<usize>> = idx.iter().filter_map(|&i| plan[i].order.clone()).collect();
+                    let reads: Vec<Vec<f64>> = idx.iter().map(|&i| per_read[i].clone()).collect();
+                    combine(&orders, &reads)
+                }
+                None => per_read[idx[0]].clone(),
+            };
+            (p, mass)
+        })
+        .collect())
+}
+
+/// The state a content-free read puts where the request's state was.
+const CONTENT_FREE: &str = "N/A";
+
+/// `p` divided by the content-free prior, renormalised (unchanged where the prior is unusable).
+fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
+    if prior.len() != p.len() || prior.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+        return p.to_vec();
+    }
+    let q: Vec<f64> = p.iter().zip(prior).map(|(a, b)| a / b).collect();
+    let total: f64 = q.iter().sum();
+    if total > 0.0 && total.is_finite() {
+        q.iter().map(|x| x / total).collect()
+    } else {
+        p.to_vec()
+    }
+}
+
+/// Plans, runs and combines every read of `req`. With calibration, the same reads over a content-free
+/// state run alongside (one more engine decision; its KV blocks are the prefix cache's like any other, so
+/// a question shape asked again costs only its last partial block) and each question's label prior is
+/// divided out (multi-token-label choices are left uncalibrated).
+pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiError> {
+    let main = plan(st, req, model, true)?;
+    let n = req.questions.len();
+    let mut usage = Usage::default();
+    let keep = req.keep_alive.map(Duration::from_secs_f64);
+    let (mut answers, priors) = if req.read.calibrated {
+        let mut cf = req.clone();
+        cf.state = State::Text(CONTENT_FREE.to_string());
+        let prior_plan = plan(st, &cf, model, false)?;
+        let mut prior_usage = Usage::default();
+        let (a, b) = futures::future::join(
+            execute(st, &main, n, &req.cache_salt, keep, &mut usage),
+            execute(st, &prior_plan, n, &req.cache_salt, None, &mut prior_usage),
+        )
+        .await;
+        (a?, Some(b?))
+    } else {
+        (execute(st, &main, n, &req.cache_salt, keep, &mut usage).await?, None)
+    };
+    let mut diagnostics = Vec::with_capacity(n);
+    for (qi, (p, mass)) in answers.iter_mut().enumerate() {
+        let first = main.iter().find(|r| r.question == qi);
+        let orders = main.iter().filter(|r| r.question == qi).count();
+        let ordered = first.is_some_and(|r| r.order.is_some()) && req.read.ordered;
+        let trie = first.is_some_and(|r| matches!(r.labels, Labels::Trie(_)));
+        let calibrated = priors.is_some() && !trie;
+        if let (Some(pr), false) = (&priors, trie) {
+            *p = calibrate(p, &pr[qi].0);
+        }
+        let method = ReadMethod { ordered, calibrated }.name();
+        diagnostics.push(json!({"label_mass": *mass, "read": method, "orders": orders}));
     }
     Ok(Read {
-        probs,
+        probs: answers.into_iter().map(|(p, _)| p).collect(),
         diagnostics,
         usage,
     })

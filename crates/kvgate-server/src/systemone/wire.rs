@@ -458,7 +458,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
     };
     let read = ReadMethod::parse(obj.get("x_read")).unwrap_or_else(|msg| {
         e.push("literal_error", &["x_read"], msg, &obj["x_read"]);
-        ReadMethod::Ordered
+        ReadMethod::DEFAULT
     });
     if !e.0.is_empty() {
         return Err(e.0);
