@@ -63,7 +63,7 @@ impl ReadMethod {
                     ordered: n.1,
                     calibrated: n.2,
                 })
-                .ok_or_else(|| Self::expected()),
+                .ok_or_else(Self::expected),
             Some(_) => Err(Self::expected()),
         }
     }
