@@ -604,7 +604,7 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
     let d = &first["diagnostics"]["q"];
     assert_eq!(
         (d["read"].as_str(), d["orders"].as_u64()),
-        (Some("ordered"), Some(5)),
+        (Some("ordered+calibrated"), Some(5)),
         "{d}"
     );
     let probs = |r: &serde_json::Value| {
@@ -617,14 +617,17 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     };
+    let first_ordered = ask(listed[0].clone(), Some("ordered"));
     for l in &listed[1..] {
-        let r = ask(l.clone(), Some("ordered"));
-        assert_eq!(
-            probs(&r),
-            probs(&first),
-            "the same distribution however the options are listed"
-        );
-        assert_eq!(r["answers"]["q"]["choice"], first["answers"]["q"]["choice"]);
+        for (read, want) in [(None, &first), (Some("ordered"), &first_ordered)] {
+            let r = ask(l.clone(), read);
+            assert_eq!(
+                probs(&r),
+                probs(want),
+                "{read:?}: the same distribution however the options are listed"
+            );
+            assert_eq!(r["answers"]["q"]["choice"], want["answers"]["q"]["choice"]);
+        }
     }
     // plain: one read as listed (so the listing can matter)
     let plain: Vec<_> = listed.iter().map(|l| ask(l.clone(), Some("plain"))).collect();
