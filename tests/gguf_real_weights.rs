@@ -17,17 +17,8 @@
 
 mod common;
 
-use kvgate_kv::{CpuAttention, KvCache, KvDtype};
-use kvgate_model::{load, Batch, LoadOptions};
+use kvgate_model::{load, LoadOptions};
 use serde_json::Value;
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 fn top(v: &Value) -> Vec<(u32, f32)> {
     v.as_array()
@@ -57,22 +48,17 @@ fn real_gguf_weights_agree_with_exact_arithmetic_and_llama_cpp() {
             },
         )
         .unwrap();
-        let c = lm.model.config().clone();
         let (mut agree, mut short, mut worst_exact, mut worst_llama) = (0, 0, 0f32, 0f32);
         eprintln!("{name}: prompt | tokens | top-1 kvgate / llama.cpp | max |Δ| vs exact, vs llama.cpp (top-5)");
         for case in m["cases"].as_array().unwrap() {
             let prompt = case["prompt"].as_str().unwrap();
-            let want_ids = ids(&case["ids"]);
+            let want_ids = common::ids(&case["ids"]);
             assert_eq!(
                 lm.tokenizer.encode(prompt, true).unwrap(),
                 want_ids,
                 "{name}: ids of {prompt:?}"
             );
-            let shape = c.cache_shape(16, KvDtype::F32).unwrap();
-            let mut cache = KvCache::new(shape, want_ids.len().div_ceil(16));
-            let mut b = Batch::single_sequence(&want_ids, 16);
-            b.logit_rows = vec![want_ids.len() - 1];
-            let lp = kvgate_engine::log_softmax(&lm.model.forward(&b, &mut cache, &CpuAttention).unwrap());
+            let lp = common::next_token_logprobs(&lm.model, &want_ids, false);
             let (exact, llama) = (top(&case["f32_top10"]), top(&case["top10"]));
             let ours = kvgate_engine::top_k_of(&lp, 1)[0].0;
             assert_eq!(ours, exact[0].0, "{name}: top-1 for {prompt:?} vs the exact forward");

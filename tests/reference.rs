@@ -6,17 +6,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use kvgate_kv::{CpuAttention, KvCache, KvDtype};
-use kvgate_model::{load, Batch, LoadOptions};
-use serde_json::Value;
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
+use kvgate_model::{load, LoadOptions};
 
 #[test]
 fn default_model_matches_the_references() {
@@ -35,7 +25,7 @@ fn default_model_matches_the_references() {
         let text = case["text"].as_str().unwrap();
         assert_eq!(
             m.tokenizer.encode(text, false).unwrap(),
-            ids(&case["ids"]),
+            common::ids(&case["ids"]),
             "tokenize {text:?}"
         );
     }
@@ -53,22 +43,16 @@ fn default_model_matches_the_references() {
         assert_eq!(got, case["text"].as_str().unwrap());
     }
     // Next-token distributions.
-    let c = m.model.config().clone();
     let (mut worst, mut worst_int8, mut worst_llama) = (0f32, 0f32, 0f32);
     for p in r["prompts"].as_array().unwrap() {
         let prompt = p["prompt"].as_str().unwrap();
-        let want_ids = ids(&p["ids"]);
+        let want_ids = common::ids(&p["ids"]);
         assert_eq!(
             m.tokenizer.encode(prompt, false).unwrap(),
             want_ids,
             "ids of {prompt:?}"
         );
-        let shape = c.cache_shape(16, KvDtype::F32).unwrap();
-        let mut cache = KvCache::new(shape, want_ids.len().div_ceil(16));
-        let mut b = Batch::single_sequence(&want_ids, 16);
-        b.logit_rows = vec![want_ids.len() - 1];
-        let logits = m.model.forward(&b, &mut cache, &CpuAttention).unwrap();
-        let lp = kvgate_engine::log_softmax(&logits);
+        let lp = common::next_token_logprobs(&m.model, &want_ids, false);
         let top5 = kvgate_engine::top_k_of(&lp, 5);
         let hf: Vec<(u32, f32)> = p["hf_top10"]
             .as_array()
@@ -85,9 +69,7 @@ fn default_model_matches_the_references() {
         let lc: Vec<u32> = lc_top.iter().map(|t| t.0).collect();
         // The opt-in 8-bit-activation mode (the same weights; the rows flagged): top-1 as transformers
         // on every prompt, top-5 logprobs in llama.cpp's class (it computes this way too).
-        let mut cache8 = KvCache::new(shape, want_ids.len().div_ceil(16));
-        b.int8 = vec![true];
-        let lp8 = kvgate_engine::log_softmax(&m.model.forward(&b, &mut cache8, &CpuAttention).unwrap());
+        let lp8 = common::next_token_logprobs(&m.model, &want_ids, true);
         assert_eq!(
             kvgate_engine::top_k_of(&lp8, 1)[0].0,
             hf[0].0,

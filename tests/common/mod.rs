@@ -344,3 +344,27 @@ pub fn assert_jev_error(status: u16, body: &Value, want: u16, error_type: &str) 
     assert!(d["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
     assert_eq!(body.as_object().map(|o| o.len()), Some(1), "{body}");
 }
+
+/// Token ids of a JSON array.
+#[allow(dead_code)]
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The next-token log-probabilities after `ids`, from one prefill of the model alone (f32 KV in blocks
+/// of 16; `int8` takes the opt-in 8-bit-activation kernels).
+#[allow(dead_code)]
+pub fn next_token_logprobs(model: &kvgate_model::Model, ids: &[u32], int8: bool) -> Vec<f32> {
+    let shape = model.config().cache_shape(16, kvgate_kv::KvDtype::F32).unwrap();
+    let mut cache = kvgate_kv::KvCache::new(shape, ids.len().div_ceil(16));
+    let mut b = kvgate_model::Batch::single_sequence(ids, 16);
+    b.logit_rows = vec![ids.len() - 1];
+    if int8 {
+        b.int8 = vec![true];
+    }
+    kvgate_engine::log_softmax(&model.forward(&b, &mut cache, &kvgate_kv::CpuAttention).unwrap())
+}
