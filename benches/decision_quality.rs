@@ -7,7 +7,8 @@
 //! order-flip rate (the answer changes when the options are listed in reverse); and the generative
 //! baseline: the same question as a chat completion (max_tokens 5, temperature 0), the reply parsed
 //! for an option / yes-no / level. Runs on the default model, or on `DQ_MODEL` (a GGUF path).
-//! `cargo bench --bench decision_quality` prints a table.
+//! `DQ_TASKS` (comma-separated task names) runs a subset. `cargo bench --bench decision_quality` prints a
+//! table.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -220,7 +221,12 @@ fn main() {
     };
     let s = common::start_model(&model, &name, &["--kv-cache-memory", "1GiB"]);
     let port = s.1;
-    let all = items();
+    // DQ_TASKS=team-routing,sentiment: a subset of the tasks, for a quick look
+    let tasks = std::env::var("DQ_TASKS").ok();
+    let all: Vec<Item> = items()
+        .into_iter()
+        .filter(|it| tasks.as_deref().is_none_or(|t| t.split(',').any(|x| x == it.task)))
+        .collect();
     println!("decision quality on {} ({} items)\n", model.display(), all.len());
     let mut table: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let methods = std::env::var("DQ_METHODS").unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated".into());
