@@ -99,10 +99,13 @@ pub(crate) fn check_batch(
         )));
     }
     // A released entry is allowed only before the first position any of its rows reads.
+    // (Without a window nothing is ever released: no pass over the rows.)
     let mut first_read = vec![usize::MAX; b.tables.len()];
-    for (&t, &p) in b.seq_of_row.iter().zip(&b.positions) {
-        if let (Some(f), Some(w)) = (first_read.get_mut(t as usize), window) {
-            *f = (*f).min((p as usize + 1).saturating_sub(w));
+    if let Some(w) = window {
+        for (&t, &p) in b.seq_of_row.iter().zip(&b.positions) {
+            if let Some(f) = first_read.get_mut(t as usize) {
+                *f = (*f).min((p as usize + 1).saturating_sub(w));
+            }
         }
     }
     for (ti, t) in b.tables.iter().enumerate() {
