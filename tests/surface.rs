@@ -603,7 +603,7 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
     let first = ask(listed[0].clone(), None);
     let d = &first["diagnostics"]["q"];
     assert_eq!(
-        (d["read"].as_str(), d["orders"].as_u64()),
+        (d["x_read"].as_str(), d["x_orders"].as_u64()),
         (Some("ordered+calibrated"), Some(5)),
         "{d}"
     );
@@ -631,8 +631,8 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
     }
     // plain: one read as listed (so the listing can matter)
     let plain: Vec<_> = listed.iter().map(|l| ask(l.clone(), Some("plain"))).collect();
-    assert_eq!(plain[0]["diagnostics"]["q"]["read"], "plain");
-    assert_eq!(plain[0]["diagnostics"]["q"]["orders"], 1);
+    assert_eq!(plain[0]["diagnostics"]["q"]["x_read"], "plain");
+    assert_eq!(plain[0]["diagnostics"]["q"]["x_orders"], 1);
     assert!(
         plain.iter().any(|r| probs(r) != probs(&plain[0])),
         "the tiny model's plain read depends on the listing (else this test shows nothing)"
@@ -671,14 +671,80 @@ fn calibration_divides_out_the_content_free_prior() {
             }
             // ordering applies to choices only: a score is read once, calibrated
             let want = if q == "c" { read } else { "calibrated" };
-            assert_eq!(r["diagnostics"][q]["read"], want);
+            assert_eq!(r["diagnostics"][q]["x_read"], want);
         }
     }
     // a real state: calibration moves the answer, ordered+calibrated keeps the listing-independence
     let plain = ask("The server is down and customers are shouting.", "plain");
     let cal = ask("The server is down and customers are shouting.", "calibrated");
     assert_ne!(plain["answers"]["n"], cal["answers"]["n"]);
-    assert_eq!(cal["diagnostics"]["c"]["orders"], 1);
+    assert_eq!(cal["diagnostics"]["c"]["x_orders"], 1);
     let oc = ask("The server is down and customers are shouting.", "ordered+calibrated");
-    assert_eq!(oc["diagnostics"]["c"]["orders"], 3);
+    assert_eq!(oc["diagnostics"]["c"]["x_orders"], 3);
+    // every question shape here was calibrated before: its prior now comes from the cache, and the
+    // answers are the same as with the prior read again
+    for q in ["n", "c", "s"] {
+        assert_eq!(oc["diagnostics"][q]["x_prior"], "cached", "{oc}");
+    }
+    assert!(plain["diagnostics"]["n"].get("x_prior").is_none());
+    let s2 = InProcess::tiny(&[]);
+    let (_, fresh) = s2.post(
+        "/v1/systemone",
+        &json!({"state": "The server is down and customers are shouting.", "diagnostics": true, "questions": qs}),
+    );
+    assert_eq!(fresh["diagnostics"]["c"]["x_prior"], "computed");
+    assert_eq!(fresh["answers"], oc["answers"]);
+    // the second identical request takes the prior from the cache (no content-free read) and answers
+    // the same
+    let (_, again) = s2.post(
+        "/v1/systemone",
+        &json!({"state": "The server is down and customers are shouting.", "diagnostics": true, "questions": qs}),
+    );
+    assert_eq!(again["answers"], fresh["answers"]);
+    assert_eq!(again["diagnostics"]["c"]["x_prior"], "cached");
+}
+
+#[test]
+fn fewer_orders_and_per_type_temperature() {
+    let s = InProcess::tiny(&[]);
+    let hot = InProcess::tiny(&["--decision-temperature", "choice=2,noul=0.5"]);
+    let body = |criteria: serde_json::Value, orders: Option<u64>| {
+        let mut b = json!({"state": "The invoice was charged twice.", "diagnostics": true,
+                           "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria},
+                                         "n": {"type": "noul", "instructions": "Is it urgent?"}}});
+        if let Some(k) = orders {
+            b["x_orders"] = json!(k);
+        }
+        b
+    };
+    let a = json!({"billing": null, "tech": null, "sales": null, "legal": null});
+    let b = json!({"legal": null, "sales": null, "billing": null, "tech": null});
+    // two orders (canonical and reversed) still do not depend on the listing
+    let (_, ra) = s.post("/v1/systemone", &body(a.clone(), Some(2)));
+    let (_, rb) = s.post("/v1/systemone", &body(b, Some(2)));
+    assert_eq!(ra["diagnostics"]["q"]["x_orders"], 2, "{ra}");
+    assert_eq!(ra["answers"]["q"], rb["answers"]["q"]);
+    let (st, bad) = s.post("/v1/systemone", &body(a.clone(), Some(9)));
+    assert_eq!(st, 422, "{bad}");
+    assert_eq!(bad["detail"][0]["loc"], json!(["body", "x_orders"]));
+    // temperature: same answer, softer choice, sharper noul
+    let (_, cold) = s.post("/v1/systemone", &body(a.clone(), None));
+    let (_, warm) = hot.post("/v1/systemone", &body(a, None));
+    assert_eq!(warm["diagnostics"]["q"]["x_temperature"], 2.0);
+    assert_eq!(cold["diagnostics"]["q"]["x_temperature"], 1.0);
+    assert_eq!(warm["answers"]["q"]["choice"], cold["answers"]["q"]["choice"]);
+    let top = |r: &serde_json::Value| {
+        r["answers"]["q"]["probabilities"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(0.0, f64::max)
+    };
+    assert!(top(&warm) < top(&cold), "{} vs {}", top(&warm), top(&cold));
+    let (n0, n1) = (
+        cold["answers"]["n"]["noul"].as_f64().unwrap(),
+        warm["answers"]["n"]["noul"].as_f64().unwrap(),
+    );
+    assert!((n1 - 0.5).abs() > (n0 - 0.5).abs(), "{n0} -> {n1}");
 }

@@ -305,6 +305,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         args: Arc::new(args),
         labels,
         created: crate::events::now_secs(),
+        priors: Default::default(),
     };
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);
     Ok(Built {

@@ -10,6 +10,8 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use kvgate_kv::KvDtype;
 use serde::{Deserialize, Serialize};
 
+use crate::systemone::temperature::DecisionTemperature;
+
 /// Implements `FromStr`-backed serde (as a string) and `Display` for a setting type, so clap, the
 /// environment and the TOML file all parse it with the same code.
 macro_rules! string_setting {
@@ -309,6 +311,11 @@ pub struct Args {
     /// Questions per /v1/systemone request (permutation-averaging clients send n! of one question)
     #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 256)]
     pub systemone_max_questions: usize,
+
+    /// Temperature of System One answers per question type (noul=T,choice=T,score=T, or one T):
+    /// T > 1 softens, T < 1 sharpens; the answer itself never changes
+    #[arg(long, env = "KVGATE_DECISION_TEMPERATURE", default_value_t = DecisionTemperature::DEFAULT)]
+    pub decision_temperature: DecisionTemperature,
 
     /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
     #[arg(long, env = "KVGATE_MODEL_ALIAS", num_args = 0.., value_delimiter = ',', default_value = "jev-latest,jev-preview")]

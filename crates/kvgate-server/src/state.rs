@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::infer::Inference;
 use crate::params::Body;
 use crate::systemone::labels::LabelTable;
+use crate::systemone::priors::PriorCache;
 
 /// Shared by all handlers.
 pub struct AppState {
@@ -34,6 +35,8 @@ pub struct AppState {
     pub labels: LabelTable,
     /// Start time (unix seconds), used as `created` of the model.
     pub created: u64,
+    /// Calibration priors of System One question shapes.
+    pub priors: PriorCache,
 }
 
 impl AppState {

@@ -64,6 +64,7 @@ impl TestServer {
             metrics: None,
             args: Arc::new(args),
             created: crate::events::now_secs(),
+            priors: Default::default(),
         };
         let (router, state, _, _) = assemble(state, true);
         Self::serve(router, state)

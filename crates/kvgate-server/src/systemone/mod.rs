@@ -4,8 +4,10 @@
 pub mod answer;
 pub mod labels;
 pub mod orders;
+pub mod priors;
 pub mod reads;
 pub mod render;
 pub mod route;
+pub mod temperature;
 pub mod trie;
 pub mod wire;

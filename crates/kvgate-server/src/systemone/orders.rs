@@ -12,8 +12,11 @@
 
 use serde_json::Value;
 
-/// Rotations read per choice question at most (all of them up to this many options).
+/// Orders read per choice question at most (`x_orders` may ask for 1 to this many).
 pub const MAX_ORDERS: usize = 8;
+
+/// Orders read per choice question by default.
+pub const DEFAULT_ORDERS: usize = MAX_ORDERS;
 
 /// A request's read method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +77,23 @@ impl ReadMethod {
     }
 }
 
-/// The option orders to read a choice of `names` in: each a permutation (indices into `names`).
-pub fn option_orders(names: &[String], method: ReadMethod) -> Vec<Vec<usize>> {
+/// Parses the request's `x_orders` (absent or null: [`DEFAULT_ORDERS`]).
+pub fn parse_orders(v: Option<&Value>) -> Result<usize, String> {
+    match v {
+        None | Some(Value::Null) => Ok(DEFAULT_ORDERS),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k) if (1..=MAX_ORDERS as u64).contains(&k) => Ok(k as usize),
+            _ => Err(format!("Input should be an integer from 1 to {MAX_ORDERS}")),
+        },
+        Some(_) => Err("Input should be a valid integer".into()),
+    }
+}
+
+/// The option orders to read a choice of `names` in (at most `k` of them, `method.ordered`): each a
+/// permutation (indices into `names`). Two orders are the canonical one and its reverse (every option's
+/// mean position is the middle); more are evenly spaced rotations (every option at every position, when
+/// `k ≥ n`).
+pub fn option_orders(names: &[String], method: ReadMethod, k: usize) -> Vec<Vec<usize>> {
     let n = names.len();
     if !method.ordered || n <= 1 {
         return vec![(0..n).collect()];
@@ -85,7 +103,11 @@ pub fn option_orders(names: &[String], method: ReadMethod) -> Vec<Vec<usize>> {
         let (x, y) = (names[a].trim().to_lowercase(), names[b].trim().to_lowercase());
         x.cmp(&y).then_with(|| names[a].cmp(&names[b]))
     });
-    let k = if n > 26 { 1 } else { n.min(MAX_ORDERS) };
+    let k = if n > 26 { 1 } else { n.min(k.clamp(1, MAX_ORDERS)) };
+    if k == 2 {
+        let rev = canon.iter().rev().copied().collect();
+        return vec![canon, rev];
+    }
     (0..k)
         .map(|j| {
             let shift = j * n / k;
@@ -126,7 +148,7 @@ mod tests {
     #[test]
     fn orders_are_rotations_of_one_canonical_order() {
         let a = names(&["sales", "Billing", "tech"]);
-        let o = option_orders(&a, ReadMethod::DEFAULT);
+        let o = option_orders(&a, ReadMethod::DEFAULT, MAX_ORDERS);
         assert_eq!(o, vec![vec![1, 0, 2], vec![0, 2, 1], vec![2, 1, 0]]);
         // every option at every position once
         for pos in 0..3 {
@@ -134,22 +156,41 @@ mod tests {
             seen.sort();
             assert_eq!(seen, [0, 1, 2]);
         }
-        assert_eq!(option_orders(&a, ReadMethod::PLAIN), vec![vec![0, 1, 2]]);
+        assert_eq!(option_orders(&a, ReadMethod::PLAIN, MAX_ORDERS), vec![vec![0, 1, 2]]);
         for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
             assert_eq!(ReadMethod::parse(Some(&Value::from(name))).unwrap().name(), name);
         }
         assert!(ReadMethod::parse(Some(&Value::from("shuffled"))).is_err());
         let many: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
-        let o = option_orders(&many, ReadMethod::DEFAULT);
+        let o = option_orders(&many, ReadMethod::DEFAULT, MAX_ORDERS);
         assert_eq!(o.len(), MAX_ORDERS);
         assert_eq!(
             option_orders(
                 &(0..30).map(|i| format!("o{i}")).collect::<Vec<_>>(),
-                ReadMethod::DEFAULT
+                ReadMethod::DEFAULT,
+                MAX_ORDERS
             )
             .len(),
             1
         );
+    }
+
+    #[test]
+    fn fewer_orders() {
+        let a = names(&["sales", "Billing", "tech", "ads"]);
+        // canonical: ads(3), Billing(1), sales(0), tech(2)
+        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 1), vec![vec![3, 1, 0, 2]]);
+        assert_eq!(
+            option_orders(&a, ReadMethod::DEFAULT, 2),
+            vec![vec![3, 1, 0, 2], vec![2, 0, 1, 3]]
+        );
+        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 3).len(), 3);
+        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 8).len(), 4);
+        assert_eq!(parse_orders(Some(&Value::from(2))), Ok(2));
+        assert_eq!(parse_orders(None), Ok(DEFAULT_ORDERS));
+        for bad in [Value::from(0), Value::from(9), Value::from(1.5), Value::from("2")] {
+            assert!(parse_orders(Some(&bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -162,8 +203,8 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            as_names(&a, option_orders(&a, ReadMethod::DEFAULT)),
-            as_names(&b, option_orders(&b, ReadMethod::DEFAULT))
+            as_names(&a, option_orders(&a, ReadMethod::DEFAULT, MAX_ORDERS)),
+            as_names(&b, option_orders(&b, ReadMethod::DEFAULT, MAX_ORDERS))
         );
     }
 

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::labels::LabelSet;
 use super::orders::{combine, option_orders, ReadMethod};
 use super::render::{choice_labels, messages, template_kwargs};
+use super::temperature::temper;
 use super::trie::LabelTrie;
 use super::wire::{Question, Request, State};
 use crate::chat::render;
@@ -134,7 +135,8 @@ pub struct Read {
     /// Per question (request order): the distribution over its options / levels / yes-no, summing to 1
     /// (or all zero when the model put no mass on any label).
     pub probs: Vec<Vec<f64>>,
-    /// Per question: `{"label_mass", "read", "orders"}` for `diagnostics`.
+    /// Per question, for `diagnostics`: `label_mass` (the spec's), and kvgate's `x_read` (the method
+    /// used), `x_orders` (reads), `x_temperature`, `x_prior` (`cached` / `computed`, when calibrated).
     pub diagnostics: Vec<Value>,
     /// Prompt and cached tokens over every read.
     pub usage: Usage,
@@ -158,7 +160,7 @@ fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Pl
         let variants: Vec<(Option<Vec<usize>>, Question)> = match q {
             Question::Choice { instructions, options } => {
                 let names: Vec<String> = options.iter().map(|(n, _)| n.clone()).collect();
-                option_orders(&names, req.read)
+                option_orders(&names, req.read, req.orders)
                     .into_iter()
                     .map(|order| {
                         let listed = order.iter().map(|&i| options[i].clone()).collect();
@@ -274,6 +276,28 @@ async fn execute(
 /// The state a content-free read puts where the request's state was.
 const CONTENT_FREE: &str = "N/A";
 
+/// `p` (per option) by listed position of `order` (`order[pos]` is the option there; none: the same).
+fn to_positions(p: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
+    match order {
+        Some(o) if o.len() == p.len() => o.iter().map(|&i| p[i]).collect(),
+        _ => p.to_vec(),
+    }
+}
+
+/// The inverse of [`to_positions`].
+fn from_positions(by_pos: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
+    match order {
+        Some(o) if o.len() == by_pos.len() => {
+            let mut p = vec![0.0; by_pos.len()];
+            for (pos, &i) in o.iter().enumerate() {
+                p[i] = by_pos[pos];
+            }
+            p
+        }
+        _ => by_pos.to_vec(),
+    }
+}
+
 /// `p` divided by the content-free prior, renormalised (unchanged where the prior is unusable).
 fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
     if prior.len() != p.len() || prior.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
@@ -288,41 +312,98 @@ fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
     }
 }
 
-/// Plans, runs and combines every read of `req`. With calibration, the same reads over a content-free
-/// state run alongside (one more engine decision; its KV blocks are the prefix cache's like any other, so
-/// a question shape asked again costs only its last partial block) and each question's label prior is
-/// divided out (multi-token-label choices are left uncalibrated).
+/// Plans, runs and combines every read of `req`. With calibration, each question's content-free prior
+/// comes from the server's [`super::priors::PriorCache`] when this question shape was seen before; else
+/// the same reads over a content-free state run alongside the request's (one more engine decision) and
+/// the prior is kept. Each question's label prior is divided out (multi-token-label choices are left
+/// uncalibrated), then its type's temperature (`--decision-temperature`) applied.
 pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiError> {
     let main = plan(st, req, model, true)?;
     let n = req.questions.len();
     let mut usage = Usage::default();
     let keep = req.keep_alive.map(Duration::from_secs_f64);
-    let (mut answers, priors) = if req.read.calibrated {
+    let is_trie = |qi: usize| {
+        main.iter()
+            .any(|r| r.question == qi && matches!(r.labels, Labels::Trie(_)))
+    };
+    // per question: the prior (None: uncalibrated), and whether it came from the cache
+    let mut priors: Vec<(Option<Vec<f64>>, bool)> = vec![(None, false); n];
+    let mut answers = if req.read.calibrated {
         let mut cf = req.clone();
         cf.state = State::Text(CONTENT_FREE.to_string());
         let prior_plan = plan(st, &cf, model, false)?;
+        let shapes: Vec<_> = (0..n)
+            .map(|qi| {
+                let reads = prior_plan.iter().filter(|r| r.question == qi);
+                let labels: Vec<Vec<Vec<u32>>> = reads.clone().map(|r| r.labels.first_read()).collect();
+                st.priors.shape(
+                    req.cache_salt.as_deref(),
+                    reads.zip(&labels).map(|(r, l)| (r.prompt.as_slice(), l.as_slice())),
+                )
+            })
+            .collect();
+        // the questions whose prior must be read, renumbered in the plan of those reads
+        let mut todo: Vec<usize> = vec![];
+        // a prior is kept by listed position of the question's first read (the options in the order its
+        // text lists them, which the key covers), so that another listing of the same options maps back
+        let first_order = |qi: usize| main.iter().find(|r| r.question == qi).and_then(|r| r.order.clone());
+        for qi in (0..n).filter(|&qi| !is_trie(qi)) {
+            match st.priors.get(shapes[qi]) {
+                Some(by_pos) => priors[qi] = (Some(from_positions(&by_pos, first_order(qi))), true),
+                None => todo.push(qi),
+            }
+        }
+        let todo_plan: Vec<Planned> = prior_plan
+            .into_iter()
+            .filter_map(|mut r| {
+                let k = todo.iter().position(|&q| q == r.question)?;
+                r.question = k;
+                Some(r)
+            })
+            .collect();
         let mut prior_usage = Usage::default();
-        let (a, b) = futures::future::join(
-            execute(st, &main, n, &req.cache_salt, keep, &mut usage),
-            execute(st, &prior_plan, n, &req.cache_salt, None, &mut prior_usage),
-        )
-        .await;
-        (a?, Some(b?))
+        let (a, b) = if todo.is_empty() {
+            (
+                execute(st, &main, n, &req.cache_salt, keep, &mut usage).await,
+                Ok(vec![]),
+            )
+        } else {
+            futures::future::join(
+                execute(st, &main, n, &req.cache_salt, keep, &mut usage),
+                execute(st, &todo_plan, todo.len(), &req.cache_salt, None, &mut prior_usage),
+            )
+            .await
+        };
+        for (&qi, (p, _)) in todo.iter().zip(b?) {
+            st.priors.put(shapes[qi], to_positions(&p, first_order(qi)));
+            priors[qi] = (Some(p), false);
+        }
+        a?
     } else {
-        (execute(st, &main, n, &req.cache_salt, keep, &mut usage).await?, None)
+        execute(st, &main, n, &req.cache_salt, keep, &mut usage).await?
     };
+    let temps = st.args.decision_temperature;
     let mut diagnostics = Vec::with_capacity(n);
     for (qi, (p, mass)) in answers.iter_mut().enumerate() {
         let first = main.iter().find(|r| r.question == qi);
         let orders = main.iter().filter(|r| r.question == qi).count();
         let ordered = first.is_some_and(|r| r.order.is_some()) && req.read.ordered;
-        let trie = first.is_some_and(|r| matches!(r.labels, Labels::Trie(_)));
-        let calibrated = priors.is_some() && !trie;
-        if let (Some(pr), false) = (&priors, trie) {
-            *p = calibrate(p, &pr[qi].0);
+        let (prior, cached) = &priors[qi];
+        if let Some(pr) = prior {
+            *p = calibrate(p, pr);
         }
-        let method = ReadMethod { ordered, calibrated }.name();
-        diagnostics.push(json!({"label_mass": *mass, "read": method, "orders": orders}));
+        let t = temps.of(&req.questions[qi].1);
+        *p = temper(p, t);
+        let method = ReadMethod {
+            ordered,
+            calibrated: prior.is_some(),
+        }
+        .name();
+        let mut d = json!({"label_mass": *mass, "x_read": method, "x_orders": orders, "x_temperature": t});
+        if prior.is_some() {
+            d["x_prior"] = json!(if *cached { "cached" } else { "computed" });
+        }
+        diagnostics.push(d);
     }
     Ok(Read {
         probs: answers.into_iter().map(|(p, _)| p).collect(),

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use super::orders::ReadMethod;
+use super::orders::{parse_orders, ReadMethod, DEFAULT_ORDERS};
 use crate::error::Detail;
 
 /// Text given as a string, or structured content (object/array, rendered as JSON text).
@@ -93,6 +93,8 @@ pub struct Request {
     pub diagnostics: bool,
     /// How choices are read (`x_read`).
     pub read: ReadMethod,
+    /// Option orders read per choice when ordered (`x_orders`).
+    pub orders: usize,
 }
 
 /// The longest keep_alive accepted, in seconds.
@@ -460,6 +462,10 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
         e.push("literal_error", &["x_read"], msg, &obj["x_read"]);
         ReadMethod::DEFAULT
     });
+    let orders = parse_orders(obj.get("x_orders")).unwrap_or_else(|msg| {
+        e.push("int_type", &["x_orders"], msg, &obj["x_orders"]);
+        DEFAULT_ORDERS
+    });
     if !e.0.is_empty() {
         return Err(e.0);
     }
@@ -472,6 +478,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
         cache_salt,
         diagnostics,
         read,
+        orders,
     })
 }
 

@@ -1,0 +1,101 @@
+//! The content-free label priors of calibration, computed once per question shape and kept: a prior is
+//! keyed by everything its reads depend on (the tokens of each content-free read and its labels, and
+//! the `cache_salt`), so a question asked again — the usual agent loop asks the same routing question
+//! every turn — is calibrated without any engine work. Bounded: the oldest entries go first.
+
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+/// Priors kept at most.
+pub const CAPACITY: usize = 4096;
+
+/// A question shape's key (a keyed 64-bit hash of its content-free reads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Shape(u64);
+
+/// The cache (one per server).
+#[derive(Debug, Default)]
+pub struct PriorCache {
+    hasher: RandomState,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    map: HashMap<Shape, Vec<f64>>,
+    order: VecDeque<Shape>,
+}
+
+impl PriorCache {
+    /// The key of a question whose content-free reads are `reads` (prompt tokens, labels).
+    pub fn shape<'a>(&self, salt: Option<&str>, reads: impl Iterator<Item = (&'a [u32], &'a [Vec<u32>])>) -> Shape {
+        let mut h = self.hasher.build_hasher();
+        salt.hash(&mut h);
+        for (prompt, labels) in reads {
+            prompt.hash(&mut h);
+            labels.hash(&mut h);
+        }
+        Shape(h.finish())
+    }
+
+    /// The prior of `shape`, if kept.
+    pub fn get(&self, shape: Shape) -> Option<Vec<f64>> {
+        self.lock().map.get(&shape).cloned()
+    }
+
+    /// Keeps `prior` for `shape`, dropping the oldest beyond [`CAPACITY`].
+    pub fn put(&self, shape: Shape, prior: Vec<f64>) {
+        let mut g = self.lock();
+        if g.map.insert(shape, prior).is_none() {
+            g.order.push_back(shape);
+        }
+        while g.order.len() > CAPACITY {
+            if let Some(old) = g.order.pop_front() {
+                g.map.remove(&old);
+            }
+        }
+    }
+
+    /// Priors kept.
+    pub fn len(&self) -> usize {
+        self.lock().map.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // a panic while holding the lock cannot leave the map half-updated in a way that matters
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_by_reads_and_salt_and_bounded() {
+        let c = PriorCache::default();
+        let labels = vec![vec![1u32], vec![2]];
+        let a = c.shape(None, [(&[5u32, 6][..], &labels[..])].into_iter());
+        let same = c.shape(None, [(&[5u32, 6][..], &labels[..])].into_iter());
+        let salted = c.shape(Some("t"), [(&[5u32, 6][..], &labels[..])].into_iter());
+        let other = c.shape(None, [(&[5u32, 7][..], &labels[..])].into_iter());
+        assert_eq!(a, same);
+        assert_ne!(a, salted);
+        assert_ne!(a, other);
+        c.put(a, vec![0.3, 0.7]);
+        assert_eq!(c.get(same), Some(vec![0.3, 0.7]));
+        assert_eq!(c.get(salted), None);
+        for i in 0..CAPACITY as u32 + 10 {
+            c.put(c.shape(None, [(&[i][..], &labels[..])].into_iter()), vec![1.0]);
+        }
+        assert_eq!(c.len(), CAPACITY);
+        assert_eq!(c.get(a), None, "the oldest went first");
+    }
+}
