@@ -2,13 +2,14 @@
 //! make (benches/data/decisions-labeled.jsonl: 200 items; noul: shell-command safety, urgency, task
 //! done, document relevance; choice of 2, 3, 5 and 12 options: team and tool routing, sentiment,
 //! intent, language; score of 3–5 levels: urgency, frustration, relevance). For each read method
-//! (`x_read`: `plain`, `ordered`, `calibrated`, `ordered+calibrated`; `DQ_METHODS` picks some) it reports accuracy, expected calibration error (10 equal-width bins
+//! (`x_read`: `plain`, `ordered`, `calibrated`, `ordered+calibrated`; `DQ_METHODS` picks some, `METHOD@k`
+//! with `x_orders` k) it reports accuracy, expected calibration error (10 equal-width bins
 //! of the predicted class's probability), Brier score (summed over classes) and, for choices, the
 //! order-flip rate (the answer changes when the options are listed in reverse); and the generative
 //! baseline: the same question as a chat completion (max_tokens 5, temperature 0), the reply parsed
 //! for an option / yes-no / level. Runs on the default model, or on `DQ_MODEL` (a GGUF path).
-//! `DQ_TASKS` (comma-separated task names) runs a subset. `cargo bench --bench decision_quality` prints a
-//! table.
+//! `DQ_TASKS` (comma-separated task names) runs a subset; `DQ_GENERATIVE=0` skips the baseline. `cargo bench --bench decision_quality` prints a
+//! table, and per method and question type the temperature that fits best (2-fold cross-validated).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -153,6 +154,42 @@ impl Tally {
     }
 }
 
+/// `p` tempered by `t` (as `--decision-temperature` does).
+fn temper(p: &[f64], t: f64) -> Vec<f64> {
+    let max = p.iter().copied().fold(0.0, f64::max);
+    if max <= 0.0 {
+        return p.to_vec();
+    }
+    let q: Vec<f64> = p
+        .iter()
+        .map(|&x| if x > 0.0 { (x / max).powf(1.0 / t) } else { 0.0 })
+        .collect();
+    let total: f64 = q.iter().sum();
+    q.iter().map(|x| x / total).collect()
+}
+
+/// Mean negative log-likelihood of the labeled answers at temperature `t`.
+fn log_loss(rows: &[&(String, Vec<f64>, usize)], t: f64) -> f64 {
+    rows.iter()
+        .map(|(_, p, want)| -temper(p, t)[*want].max(1e-9).ln())
+        .sum::<f64>()
+        / rows.len().max(1) as f64
+}
+
+/// The temperature (0.25 to 10, in steps of 1.05×) of least log loss on `rows`.
+fn fit_temperature(rows: &[&(String, Vec<f64>, usize)]) -> f64 {
+    let mut best = (f64::MAX, 1.0);
+    let mut t = 0.25;
+    while t <= 10.0 {
+        let l = log_loss(rows, t);
+        if l < best.0 {
+            best = (l, t);
+        }
+        t *= 1.05;
+    }
+    best.1
+}
+
 /// The generative baseline's parse of a reply: the class it names, if any.
 fn parse_reply(reply: &str, it: &Item, classes: &[String]) -> Option<usize> {
     let r = reply.trim().to_lowercase();
@@ -219,7 +256,12 @@ fn main() {
             "smollm2-135m-instruct".to_string(),
         ),
     };
-    let s = common::start_model(&model, &name, &["--kv-cache-memory", "1GiB"]);
+    // temperature 1: the bench reports raw distributions and fits the temperature itself
+    let s = common::start_model(
+        &model,
+        &name,
+        &["--kv-cache-memory", "1GiB", "--decision-temperature", "1"],
+    );
     let port = s.1;
     // DQ_TASKS=team-routing,sentiment: a subset of the tasks, for a quick look
     let tasks = std::env::var("DQ_TASKS").ok();
@@ -230,21 +272,31 @@ fn main() {
     println!("decision quality on {} ({} items)\n", model.display(), all.len());
     let mut table: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let methods = std::env::var("DQ_METHODS").unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated".into());
+    // per method: (type, distribution, labeled answer) of every item, for the temperature fit
+    let mut raw: BTreeMap<String, Vec<(String, Vec<f64>, usize)>> = BTreeMap::new();
     for method in methods.split(',') {
         let t0 = Instant::now();
+        // "ordered+calibrated@2": that read method with x_orders 2
+        let (read, orders) = match method.split_once('@') {
+            Some((r, k)) => (r, Some(k.parse::<u64>().expect("@orders is a number"))),
+            None => (method, None),
+        };
         for it in &all {
             let (cls, want) = classes(it);
             let ask = |q: &Value| {
-                let r = common::post(
-                    port,
-                    "/v1/systemone",
-                    &json!({"state": it.state, "x_read": method, "questions": {"q": q}}),
-                );
+                let mut body = json!({"state": it.state, "x_read": read, "questions": {"q": q}});
+                if let Some(k) = orders {
+                    body["x_orders"] = json!(k);
+                }
+                let r = common::post(port, "/v1/systemone", &body);
                 r["answers"]["q"].clone()
             };
             let a = ask(&it.q);
             let p = distribution(&a, &cls);
             let kind = it.q["type"].as_str().unwrap().to_string();
+            raw.entry(method.to_string())
+                .or_default()
+                .push((kind.clone(), p.clone(), want));
             for key in [kind.clone(), it.task.clone(), "all".into()] {
                 let t = table.entry((method.to_string(), key)).or_default();
                 t.add(&p, want);
@@ -258,8 +310,10 @@ fn main() {
         eprintln!("{method}: {:.1} s", t0.elapsed().as_secs_f64());
     }
     // generative baseline: a chat completion, parsed; an unparseable reply counts as wrong, p = 1 on the parse
+    // (DQ_GENERATIVE=0 leaves it out)
+    let generative = std::env::var("DQ_GENERATIVE").map_or(true, |v| v != "0");
     let t0 = Instant::now();
-    for it in &all {
+    for it in all.iter().filter(|_| generative) {
         let (cls, want) = classes(it);
         let gen = |q: &Value| {
             let r = common::post(
@@ -287,6 +341,45 @@ fn main() {
         }
     }
     eprintln!("generative: {:.1} s", t0.elapsed().as_secs_f64());
+    // per-type temperature (p_i ∝ p_i^(1/T)): fitted by least log loss on half the items, its ECE
+    // measured on the other half and the other way round (2-fold), then fitted on all
+    println!(
+        "| method / type | T fitted on all | ECE at T = 1 | ECE at the 2-fold fitted T | log loss T = 1 → fitted |"
+    );
+    println!("|---|---|---|---|---|");
+    for (method, rows) in &raw {
+        for kind in ["noul", "choice", "score"] {
+            let mine: Vec<&(String, Vec<f64>, usize)> = rows.iter().filter(|r| r.0 == kind).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let folds: [Vec<_>; 2] = [0, 1].map(|f| {
+                mine.iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % 2 == f)
+                    .map(|(_, r)| *r)
+                    .collect()
+            });
+            let mut cv = Tally::default();
+            for f in 0..2 {
+                let t = fit_temperature(&folds[1 - f]);
+                for (_, p, want) in &folds[f] {
+                    cv.add(&temper(p, t), *want);
+                }
+            }
+            let all_t = fit_temperature(&mine);
+            let mut one = Tally::default();
+            mine.iter().for_each(|(_, p, w)| one.add(p, *w));
+            println!(
+                "| {method} / {kind} | {all_t:.2} | {:.3} | {:.3} | {:.3} → {:.3} |",
+                one.ece(),
+                cv.ece(),
+                log_loss(&mine, 1.0),
+                log_loss(&mine, all_t)
+            );
+        }
+    }
+    println!();
     println!("| method / group | accuracy | ECE (10 bins) | Brier | order flips (choice) |");
     println!("|---|---|---|---|---|");
     for ((method, key), t) in &table {

@@ -77,33 +77,56 @@ fn main() {
             ),
         ));
     }
-    // A choice read plain (one read, as listed) versus ordered (rotations of a canonical order, each one
-    // more forked read of the question), on a warm state: what order-invariance costs.
+    // A choice read plain (one read, as listed) versus ordered (a canonical order and more orders of it,
+    // each one more forked read of the question), on a warm state: what order-invariance costs. And
+    // calibrated on top: its content-free prior read alongside (a question shape never seen), or taken
+    // from the prior cache (the question asked before over another state, as an agent loop does).
     for n in [3usize, 8] {
         let criteria: serde_json::Map<String, Value> = (0..n)
             .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
             .collect();
         let mut cost = vec![];
-        for read in ["plain", "ordered"] {
+        let methods: [(&str, usize, bool); 6] = [
+            ("plain", 1, false),
+            ("ordered", 8, false),
+            ("ordered", 2, false),
+            ("ordered+calibrated", 8, false),
+            ("ordered+calibrated", 2, false),
+            ("ordered+calibrated", 2, true),
+        ];
+        for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
             // a new question each time over the same (warm) state: the question's tokens are computed
-            let req = |rep: usize| {
-                json!({"state": state, "x_read": read, "cache_salt": format!("choice{n}"),
+            let req = |rep: usize, state: &str| {
+                json!({"state": state, "x_read": read, "x_orders": orders, "cache_salt": format!("choice{n}"),
                        "questions": {"q": {"type": "choice", "criteria": criteria,
-                                           "instructions": format!("Which team handles the late orders of batch {rep}?")}}})
+                                           "instructions": format!("Which team handles the late orders of batch {mi}-{rep}?")}}})
             };
-            post(port, "/v1/systemone", &req(0)); // warms the state
+            post(port, "/v1/systemone", &req(0, &state)); // warms the state
             let mut warm = vec![];
             for rep in 1..=5 {
+                if *prior_known {
+                    post(port, "/v1/systemone", &req(rep, "Another short state."));
+                }
                 let t0 = Instant::now();
-                post(port, "/v1/systemone", &req(rep));
+                post(port, "/v1/systemone", &req(rep, &state));
                 warm.push(t0.elapsed().as_secs_f64());
             }
             cost.push(median(warm));
         }
-        rows.push((
-            format!("choice of {n}, warm ~2,000-token state: plain vs ordered"),
-            format!("{:.3} s vs {:.3} s ({:.2}x)", cost[0], cost[1], cost[1] / cost[0]),
-        ));
+        let names = [
+            "plain",
+            "ordered, all orders",
+            "ordered, 2 orders",
+            "ordered+calibrated, all orders, new question shape",
+            "ordered+calibrated, 2 orders, new question shape",
+            "ordered+calibrated, 2 orders, question asked before",
+        ];
+        for (i, name) in names.iter().enumerate() {
+            rows.push((
+                format!("choice of {n}, warm ~2,000-token state: {name}"),
+                format!("{:.3} s ({:.2}x plain)", cost[i], cost[i] / cost[0]),
+            ));
+        }
     }
     // The router's round trip.
     let conversation = |salt: usize| {

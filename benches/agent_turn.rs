@@ -1,0 +1,269 @@
+//! The pain `/v1/systemone` removes, measured on an agent turn as people run one today: a routing call
+//! to a separate router (a second `serve` with its own cache, the question as a chat completion with
+//! max_tokens 5, the reply parsed), then the follow-up completion on the main server; versus
+//! `/v1/systemone` and the same follow-up on one server. Both servers run the default model.
+//!
+//! 1. A cold ~2,000-token conversation, 1 and 8 routing questions (the router's 8 chat completions sent
+//!    concurrently, as an agent framework's `gather` does): time to the routing answers, time to the
+//!    end of the follow-up (max_tokens 16), and the follow-up's cached-token share.
+//! 2. 32 concurrent conversations (~1,000-token states) over a cache that holds only 8 of them:
+//!    each routes then follows up as soon as its answer arrives. Reported per arm — router + main,
+//!    systemone without `keep_alive`, systemone with `keep_alive` 60 s — the follow-ups' cached-token
+//!    share, failed requests (with their status) and the wall time.
+//!
+//! `cargo bench --bench agent_turn` prints the tables (~10 minutes on 2 cores).
+
+use std::time::Instant;
+
+mod common;
+
+use common::{post, Serve};
+use serde_json::{json, Value};
+
+/// About `chars / 3.5` tokens of order log, unique to `id` from its first line (so nothing is cached).
+fn state_text(id: usize, chars: usize) -> String {
+    let mut s = format!("Support ticket {id}. ");
+    let mut i = 0;
+    while s.len() < chars {
+        s.push_str(&format!(
+            "Entry {i}: order {} shipped from the {} warehouse, status {}. ",
+            (i * 37 + id) % 101,
+            ["north", "south", "east"][i % 3],
+            ["ok", "late", "lost"][i % 3]
+        ));
+        i += 1;
+    }
+    s
+}
+
+fn conversation(id: usize, chars: usize) -> Value {
+    json!([
+        {"role": "system", "content": format!("You are a support agent (conversation {id}).")},
+        {"role": "user", "content": format!("{} My payouts are failing. What should I do?", state_text(id, chars))}
+    ])
+}
+
+/// The routing questions of a turn: which team, then whether entry i is late.
+fn chat_questions(k: usize) -> Vec<String> {
+    (0..k)
+        .map(|i| match i {
+            0 => "Which team should handle this: billing or technical? Answer with one word.".to_string(),
+            _ => format!("Is entry {i} late? Answer yes or no."),
+        })
+        .collect()
+}
+
+fn decision_questions(k: usize) -> Value {
+    (0..k)
+        .map(|i| {
+            let q = match i {
+                0 => json!({"type": "choice", "instructions": "Which team should handle this?",
+                            "criteria": {"billing": null, "technical": null}}),
+                _ => json!({"type": "noul", "instructions": format!("Is entry {i} late?")}),
+            };
+            (format!("q{i}"), q)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// POSTs JSON; the status and the JSON reply (Null when it is not JSON).
+fn post_status(port: u16, path: &str, body: &Value) -> (u16, Value) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    match agent.post(&format!("http://127.0.0.1:{port}{path}")).send_json(body) {
+        Ok(mut r) => (
+            r.status().as_u16(),
+            r.body_mut().read_json::<Value>().unwrap_or(Value::Null),
+        ),
+        Err(_) => (0, Value::Null),
+    }
+}
+
+/// The router's turn: `k` chat completions on `router` (concurrently), each reply parsed.
+fn route_by_chat(router: u16, msgs: &Value, k: usize) -> Vec<(u16, Value)> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = chat_questions(k)
+            .into_iter()
+            .map(|q| {
+                let mut m = msgs.as_array().unwrap().clone();
+                m.push(json!({"role": "user", "content": q}));
+                sc.spawn(move || {
+                    post_status(
+                        router,
+                        "/v1/chat/completions",
+                        &json!({"messages": m, "max_tokens": 5, "temperature": 0}),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn follow_up(port: u16, msgs: &Value) -> (u16, Value) {
+    post_status(
+        port,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 16, "temperature": 0}),
+    )
+}
+
+/// (cached, prompt) tokens of a chat reply.
+fn cached(r: &Value) -> (u64, u64) {
+    let u = &r["usage"];
+    (
+        u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0),
+        u["prompt_tokens"].as_u64().unwrap_or(0),
+    )
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn part_one(rows: &mut Vec<String>) {
+    let router = common::start(&["--kv-cache-memory", "1GiB"]);
+    let main = common::start(&["--kv-cache-memory", "1GiB"]);
+    for s in [&router, &main] {
+        post(s.1, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 2}));
+    }
+    let mut id = 0;
+    for k in [1usize, 8] {
+        // (route s, total s, cached share) per rep, per arm
+        let mut arms: [Vec<(f64, f64, f64)>; 2] = [vec![], vec![]];
+        for _rep in 0..2 {
+            id += 1;
+            let msgs = conversation(id, 7100);
+            let t0 = Instant::now();
+            let answers = route_by_chat(router.1, &msgs, k);
+            assert!(answers.iter().all(|a| a.0 == 200), "router failed");
+            let route = t0.elapsed().as_secs_f64();
+            let (st, r) = follow_up(main.1, &msgs);
+            assert_eq!(st, 200);
+            let (c, p) = cached(&r);
+            arms[0].push((route, t0.elapsed().as_secs_f64(), c as f64 / p as f64));
+
+            id += 1;
+            let msgs = conversation(id, 7100);
+            let t0 = Instant::now();
+            let (st, _) = post_status(
+                main.1,
+                "/v1/systemone",
+                &json!({"state": msgs, "questions": decision_questions(k)}),
+            );
+            assert_eq!(st, 200);
+            let route = t0.elapsed().as_secs_f64();
+            let (st, r) = follow_up(main.1, &msgs);
+            assert_eq!(st, 200);
+            let (c, p) = cached(&r);
+            arms[1].push((route, t0.elapsed().as_secs_f64(), c as f64 / p as f64));
+        }
+        let summary = |a: &[(f64, f64, f64)]| {
+            (
+                mean(&a.iter().map(|x| x.0).collect::<Vec<_>>()),
+                mean(&a.iter().map(|x| x.1).collect::<Vec<_>>()),
+                mean(&a.iter().map(|x| x.2).collect::<Vec<_>>()),
+            )
+        };
+        let (a, b) = (summary(&arms[0]), summary(&arms[1]));
+        rows.push(format!(
+            "| {k} question(s) | router (chat, max_tokens 5) + main | {:.2} s | {:.2} s | {:.1}% |",
+            a.0,
+            a.1,
+            100.0 * a.2
+        ));
+        rows.push(format!(
+            "| {k} question(s) | /v1/systemone + follow-up, one server | {:.2} s ({:.1}x) | {:.2} s ({:.1}x) | {:.1}% |",
+            b.0,
+            a.0 / b.0,
+            b.1,
+            a.1 / b.1,
+            100.0 * b.2
+        ));
+    }
+}
+
+/// 32 conversations at once; `route` runs one conversation's routing (returns its status).
+fn crowd(main: u16, first_id: usize, route: &(dyn Fn(&Value) -> u16 + Sync)) -> String {
+    let t0 = Instant::now();
+    let results: Vec<(u16, u16, u64, u64)> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..32)
+            .map(|i| {
+                sc.spawn(move || {
+                    let msgs = conversation(first_id + i, 3550);
+                    let routed = route(&msgs);
+                    let (st, r) = follow_up(main, &msgs);
+                    let (c, p) = cached(&r);
+                    (routed, st, c, p)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let (c, p): (u64, u64) = results
+        .iter()
+        .filter(|r| r.1 == 200)
+        .fold((0, 0), |a, r| (a.0 + r.2, a.1 + r.3));
+    let mut failed: Vec<String> = results
+        .iter()
+        .flat_map(|r| [("route", r.0), ("follow-up", r.1)])
+        .filter(|(_, s)| *s != 200)
+        .map(|(what, s)| format!("{what} {s}"))
+        .collect();
+    failed.sort();
+    failed.dedup_by(|a, b| a == b);
+    let n_failed = results.iter().filter(|r| r.0 != 200 || r.1 != 200).count();
+    format!(
+        "{:.1}% ({c} of {p}) | {n_failed} of 32{} | {wall:.1} s |",
+        100.0 * c as f64 / p.max(1) as f64,
+        if failed.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", failed.join(", "))
+        }
+    )
+}
+
+fn part_two(rows: &mut Vec<String>) {
+    // ~1,000-token states plus question and follow-up: 72 blocks of 16 each; room for 8
+    let blocks = (8 * 72).to_string();
+    let args = ["--num-kv-blocks", blocks.as_str()];
+    {
+        let router = common::start(&args);
+        let main = common::start(&args);
+        let r = crowd(main.1, 1000, &|m| route_by_chat(router.1, m, 1)[0].0);
+        rows.push(format!("| router (chat, max_tokens 5) + main | {r}"));
+    }
+    for (name, keep) in [("without keep_alive", None), ("keep_alive 60 s", Some(60.0))] {
+        let main: Serve = common::start(&args);
+        let first = if keep.is_some() { 3000 } else { 2000 };
+        let r = crowd(main.1, first, &|m| {
+            let mut body = json!({"state": m, "questions": decision_questions(1)});
+            if let Some(k) = keep {
+                body["keep_alive"] = json!(k);
+            }
+            post_status(main.1, "/v1/systemone", &body).0
+        });
+        rows.push(format!("| /v1/systemone + follow-up, {name} | {r}"));
+    }
+}
+
+fn main() {
+    let mut one = vec![];
+    part_one(&mut one);
+    println!("\n| questions | turn | routing answered | follow-up done | follow-up cached |\n|---|---|---|---|---|");
+    for r in one {
+        println!("{r}");
+    }
+    let mut two = vec![];
+    part_two(&mut two);
+    println!(
+        "\n32 concurrent conversations (~1,000-token states), cache of {} blocks (8 states)\n",
+        8 * 72
+    );
+    println!("| turn | follow-ups' cached share | conversations failed | wall |\n|---|---|---|---|");
+    for r in two {
+        println!("{r}");
+    }
+}
