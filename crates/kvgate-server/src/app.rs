@@ -32,6 +32,7 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/version", get(routes::version))
         .route("/metrics", get(routes::metrics))
         .route("/v1/models", get(routes::models))
+        .route("/v1/models/{*id}", get(routes::model))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/systemone", post(systemone::route::systemone))

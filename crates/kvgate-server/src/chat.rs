@@ -14,7 +14,7 @@ use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, sse, stop_reason, submit_all, usage_json};
+use crate::events::{collect, merged, now_secs, request_id, running_usage, sse, stop_reason, submit_all, usage_json};
 use crate::params::{kind, Body};
 use crate::sampling::{self, COMMON, UNSUPPORTED};
 use crate::state::AppState;
@@ -250,6 +250,7 @@ pub async fn chat_completions(
         tracing::info!(body = %serde_json::Value::Object(map.clone()), "chat request");
     }
     let n = c.params.n;
+    let prompt_len = ids.len();
     let tagged = submit_all(
         &st,
         vec![GenerateRequest {
@@ -286,6 +287,8 @@ pub async fn chat_completions(
         .into_response());
     }
     let include_usage = c.include_usage;
+    let continuous = c.continuous_usage;
+    let mut emitted = 0usize;
     let mut started = vec![false; n];
     let stream = merged(tagged).map(move |(_, ev)| {
         let chunk = |index: usize, delta: Value, lp: Value, finish: Value, stop: Value| {
@@ -303,6 +306,7 @@ pub async fn chat_completions(
         };
         match ev {
             Event::Token { choice, text, logprob, .. } => {
+                emitted += 1;
                 open(choice, &mut out);
                 let lp = match (want_lp, logprob) {
                     (true, Some(l)) => chat_logprobs(&st, &[l]),
@@ -327,6 +331,11 @@ pub async fn chat_completions(
             }
             Event::Error(e) => out.push(ApiError::from(e).body()),
             Event::PromptLogprobs(_) | Event::Decision { .. } => {}
+        }
+        if continuous {
+            for c in out.iter_mut().filter(|c| c.get("usage").is_none() && c.get("choices").is_some()) {
+                c["usage"] = running_usage(prompt_len, emitted);
+            }
         }
         out
     });

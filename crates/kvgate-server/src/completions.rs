@@ -13,7 +13,7 @@ use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, sse, stop_reason, submit_all, usage_json};
+use crate::events::{collect, merged, now_secs, request_id, running_usage, sse, stop_reason, submit_all, usage_json};
 use crate::params::Body;
 use crate::sampling::{self, COMMON, UNSUPPORTED};
 use crate::state::AppState;
@@ -210,6 +210,9 @@ pub async fn completions(
     let mut usage = kvgate_engine::Usage::default();
     let mut done = 0;
     let include_usage = c.include_usage;
+    let continuous = c.continuous_usage;
+    let prompt_len: usize = prompts.iter().map(|p| p.ids.len()).sum();
+    let mut emitted = 0usize;
     let echo = c.echo;
     let stream = merged(tagged).map(move |(pi, ev)| {
         let chunk = |index: usize, text: String, lp: Value, finish: Value, stop: Value| {
@@ -221,6 +224,7 @@ pub async fn completions(
         let mut out: Vec<Value> = vec![];
         match ev {
             Event::Token { choice, token, text, logprob } => {
+                emitted += 1;
                 let idx = pi * n + choice;
                 let mut t = String::new();
                 if echo && !echoed[idx] {
@@ -255,6 +259,11 @@ pub async fn completions(
             }
             Event::Error(e) => out.push(ApiError::from(e).body()),
             Event::PromptLogprobs(_) | Event::Decision { .. } => {}
+        }
+        if continuous {
+            for c in out.iter_mut().filter(|c| c.get("usage").is_none() && c.get("choices").is_some()) {
+                c["usage"] = running_usage(prompt_len, emitted);
+            }
         }
         out
     });

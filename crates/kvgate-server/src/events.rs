@@ -145,6 +145,15 @@ pub fn usage_json(u: &Usage) -> serde_json::Value {
     })
 }
 
+/// The running `usage` vLLM puts in every streamed chunk with `stream_options.continuous_usage_stats`.
+pub fn running_usage(prompt: usize, completion: usize) -> serde_json::Value {
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
 /// `stop_reason` as vLLM reports it (the stop string, the stop token id, or null).
 pub fn stop_reason(s: &Option<StopMatch>) -> serde_json::Value {
     match s {

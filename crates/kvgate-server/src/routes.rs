@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
@@ -39,23 +39,29 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The OpenAI model object of served name `n`.
+fn model_object(st: &AppState, n: &str) -> Value {
+    json!({
+        "id": n,
+        "object": "model",
+        "created": st.created,
+        "owned_by": "kvgate",
+        "root": st.served_names[0],
+        "parent": null,
+        "max_model_len": st.engine.limits().max_model_len,
+    })
+}
+
+/// `GET /v1/models/{id}` (OpenAI's `models.retrieve`): a served name's model object, else 404. The id
+/// may contain `/` (`Qwen/Qwen2.5-0.5B-Instruct`).
+pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    st.check_model(Some(&id))?;
+    Ok(axum::Json(model_object(&st, &id)).into_response())
+}
+
 /// `GET /v1/models`.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<Value> = st
-        .served_names
-        .iter()
-        .map(|n| {
-            json!({
-                "id": n,
-                "object": "model",
-                "created": st.created,
-                "owned_by": "kvgate",
-                "root": st.served_names[0],
-                "parent": null,
-                "max_model_len": st.engine.limits().max_model_len,
-            })
-        })
-        .collect();
+    let data: Vec<Value> = st.served_names.iter().map(|n| model_object(&st, n)).collect();
     // Jev's list (its SDKs' `models.list()`): every name `/v1/systemone` accepts, aliases included.
     let date = kvgate_model::strftime("%Y-%m-%d", st.created as i64);
     let served = st.model_name();

@@ -29,6 +29,10 @@ pub const COMMON: &[&str] = &[
     "stream",
     "stream_options",
     "user",
+    "store",
+    "metadata",
+    "service_tier",
+    "reasoning_effort",
     "cache_salt",
     "skip_special_tokens",
     "echo",
@@ -52,10 +56,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "audio",
     "modalities",
     "prediction",
-    "reasoning_effort",
-    "service_tier",
-    "store",
-    "metadata",
     "web_search_options",
     "use_beam_search",
     "prompt_logprobs",
@@ -72,6 +72,8 @@ pub struct Common {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats` (with `include_usage`, as vLLM): usage in every chunk.
+    pub continuous_usage: bool,
     /// `cache_salt`.
     pub cache_salt: Option<String>,
     /// `echo`.
@@ -161,6 +163,7 @@ pub fn read(
     }
     let stream = b.bool("stream")?.unwrap_or(false);
     let mut include_usage = false;
+    let mut continuous = false;
     if let Some(so) = b.object("stream_options")? {
         if !stream {
             return Err(ApiError::param(
@@ -171,11 +174,11 @@ pub fn read(
         for (k, v) in so {
             match (k.as_str(), v) {
                 ("include_usage", serde_json::Value::Bool(x)) => include_usage = *x,
-                ("continuous_usage_stats", serde_json::Value::Bool(false)) => {}
-                ("include_usage", _) => {
+                ("continuous_usage_stats", serde_json::Value::Bool(x)) => continuous = *x,
+                ("include_usage" | "continuous_usage_stats", _) => {
                     return Err(ApiError::param(
                         "stream_options",
-                        "'stream_options.include_usage' must be a boolean",
+                        format!("'stream_options.{k}' must be a boolean"),
                     ))
                 }
                 _ => {
@@ -188,6 +191,7 @@ pub fn read(
         }
     }
     let _ = b.str("user")?;
+    harmless(b)?;
     let cache_salt = b.str("cache_salt")?.map(str::to_string);
     if cache_salt.as_deref() == Some("") {
         return Err(ApiError::param("cache_salt", "'cache_salt' must not be empty"));
@@ -197,7 +201,52 @@ pub fn read(
         max_tokens_given: mt.is_some(),
         stream,
         include_usage,
+        continuous_usage: include_usage && continuous,
         cache_salt,
         echo: b.bool("echo")?.unwrap_or(false),
     })
+}
+
+/// OpenAI fields accepted with the meaning they have for a server that stores nothing and has one
+/// service tier and no reasoning mode (as vLLM): checked for their type and OpenAI's limits, then
+/// ignored. `store`: nothing is stored; `metadata`: for stored completions only; `service_tier`:
+/// kvgate has one; `reasoning_effort`: the served model does not reason.
+fn harmless(b: &Body) -> Result<(), ApiError> {
+    let _ = b.bool("store")?;
+    if let Some(m) = b.object("metadata")? {
+        if m.len() > 16 {
+            return Err(ApiError::param(
+                "metadata",
+                format!("'metadata' may hold at most 16 keys, got {}", m.len()),
+            ));
+        }
+        for (k, v) in m {
+            let ok = k.chars().count() <= 64 && v.as_str().is_some_and(|s| s.chars().count() <= 512);
+            if !ok {
+                return Err(ApiError::param(
+                    "metadata",
+                    format!(
+                        "'metadata' keys must be at most 64 characters and values strings of at most 512; {k:?} is not"
+                    ),
+                ));
+            }
+        }
+    }
+    for (k, allowed) in [
+        ("service_tier", &["auto", "default", "flex", "scale", "priority"][..]),
+        (
+            "reasoning_effort",
+            &["none", "minimal", "low", "medium", "high", "xhigh"][..],
+        ),
+    ] {
+        if let Some(v) = b.str(k)? {
+            if !allowed.contains(&v) {
+                return Err(ApiError::param(
+                    k,
+                    format!("'{k}' must be one of {}, got {v:?}", allowed.join(", ")),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

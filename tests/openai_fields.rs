@@ -1,0 +1,139 @@
+//! What real OpenAI clients send besides the sampling parameters (in-process, tiny model): the
+//! harmless fields (`store`, `metadata`, `user`, `service_tier`, `reasoning_effort`) accepted and
+//! checked, `stream_options.continuous_usage_stats` (guidellm's default) answered with usage in every
+//! chunk as vLLM does, and `GET /v1/models/{id}` (`client.models.retrieve()`).
+
+mod common;
+
+use common::{assert_openai_error, InProcess};
+use serde_json::{json, Value};
+
+fn chat(extra: Value) -> Value {
+    let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[test]
+fn harmless_fields_are_accepted_and_checked() {
+    let s = InProcess::tiny(&[]);
+    let extra = json!({"store": true, "metadata": {"team": "routing"}, "user": "u-1",
+                       "service_tier": "auto", "reasoning_effort": "low"});
+    let (st, plain) = s.post("/v1/chat/completions", &chat(json!({})));
+    assert_eq!(st, 200, "{plain}");
+    let (st, r) = s.post("/v1/chat/completions", &chat(extra.clone()));
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"], plain["choices"], "ignored: the same answer");
+    let mut comp = json!({"prompt": "hi", "max_tokens": 4, "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        comp[k] = v.clone();
+    }
+    let (st, r) = s.post("/v1/completions", &comp);
+    assert_eq!(st, 200, "{r}");
+    let too_many: serde_json::Map<String, Value> = (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    for (bad, field) in [
+        (json!({"store": "yes"}), "store"),
+        (json!({"metadata": {"k": 1}}), "metadata"),
+        (json!({"metadata": too_many}), "metadata"),
+        (json!({"service_tier": "gold"}), "service_tier"),
+        (json!({"reasoning_effort": "extreme"}), "reasoning_effort"),
+        (
+            json!({"stream": true, "stream_options": {"continuous_usage_stats": 1}}),
+            "stream_options",
+        ),
+    ] {
+        let (st, r) = s.post("/v1/chat/completions", &chat(bad.clone()));
+        assert_openai_error(st, &r, 400);
+        assert_eq!(r["error"]["param"], field, "{bad}: {r}");
+    }
+    // still refused by name: what kvgate cannot do yet
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"prediction": {"type": "content", "content": "x"}})),
+    );
+    assert_openai_error(st, &r, 400);
+    assert!(r["error"]["message"].as_str().unwrap().contains("prediction"), "{r}");
+}
+
+/// The JSON chunks of a stream (without `[DONE]`).
+fn chunks(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
+#[test]
+fn continuous_usage_stats_put_usage_in_every_chunk() {
+    let s = InProcess::tiny(&[]);
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            chat(json!({"max_tokens": 6, "ignore_eos": true, "stream": true,
+                        "stream_options": {"include_usage": true, "continuous_usage_stats": true}})),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "hello there", "max_tokens": 6, "ignore_eos": true, "temperature": 0, "stream": true,
+                   "stream_options": {"include_usage": true, "continuous_usage_stats": true}}),
+        ),
+    ] {
+        let cs = chunks(&s.stream(path, &body));
+        let last = cs.last().unwrap();
+        assert_eq!(last["choices"], json!([]), "{path}: the final usage chunk");
+        assert_eq!(last["usage"]["completion_tokens"], 6);
+        let mut prev = 0;
+        for c in &cs[..cs.len() - 1] {
+            let u = &c["usage"];
+            assert_eq!(u["prompt_tokens"], last["usage"]["prompt_tokens"], "{path}: {c}");
+            let done = u["completion_tokens"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{path}: no usage in {c}"));
+            assert!(done >= prev && done <= 6, "{path}: {c}");
+            assert_eq!(
+                u["total_tokens"].as_u64(),
+                Some(done + u["prompt_tokens"].as_u64().unwrap())
+            );
+            prev = done;
+        }
+        assert_eq!(prev, 6, "{path}: the last content chunk counts every token");
+        // without it (or without include_usage, as vLLM): usage only at the end
+        let mut plain = body.clone();
+        plain["stream_options"] = json!({"include_usage": true});
+        let cs = chunks(&s.stream(path, &plain));
+        assert!(
+            cs[..cs.len() - 1]
+                .iter()
+                .all(|c| c.get("usage").is_none_or(Value::is_null)),
+            "{path}"
+        );
+        plain["stream_options"] = json!({"continuous_usage_stats": true});
+        let cs = chunks(&s.stream(path, &plain));
+        assert!(cs.iter().all(|c| c.get("usage").is_none_or(Value::is_null)), "{path}");
+    }
+}
+
+#[test]
+fn models_retrieve() {
+    let s = InProcess::tiny(&["--served-model-name", "tiny", "org/tiny-chat"]);
+    let (_, list) = s.get("/v1/models").unwrap();
+    for name in ["tiny", "org/tiny-chat"] {
+        let (st, m) = s.get(&format!("/v1/models/{name}")).unwrap();
+        assert_eq!(st, 200, "{m}");
+        assert_eq!(m["id"], name);
+        assert_eq!(m["object"], "model");
+        let listed = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == name)
+            .unwrap();
+        assert_eq!(&m, listed, "the same object as in the list");
+    }
+    let (st, r) = s.get("/v1/models/gpt-4o").unwrap();
+    assert_openai_error(st, &r, 404);
+    assert!(r["error"]["message"].as_str().unwrap().contains("gpt-4o"), "{r}");
+}
