@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn keyed_by_reads_and_salt_and_bounded() {
         let c = PriorCache::default();
-        let labels = vec![vec![1u32], vec![2]];
+        let labels = [vec![1u32], vec![2]];
         let a = c.shape(None, [(&[5u32, 6][..], &labels[..])].into_iter());
         let same = c.shape(None, [(&[5u32, 6][..], &labels[..])].into_iter());
         let salted = c.shape(Some("t"), [(&[5u32, 6][..], &labels[..])].into_iter());
