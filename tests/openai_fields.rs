@@ -137,3 +137,36 @@ fn models_retrieve() {
     assert_openai_error(st, &r, 404);
     assert!(r["error"]["message"].as_str().unwrap().contains("gpt-4o"), "{r}");
 }
+
+#[test]
+fn max_tokens_0_with_echo_scores_the_prompt() {
+    let s = InProcess::tiny(&[]);
+    let body =
+        json!({"prompt": "the cat sat on the mat", "max_tokens": 0, "echo": true, "logprobs": 1, "temperature": 0});
+    let (st, r) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!(c["text"], "the cat sat on the mat");
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(r["usage"]["completion_tokens"], 0);
+    let lp = &c["logprobs"];
+    let n = r["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), n, "{lp}");
+    assert!(lp["token_logprobs"][0].is_null(), "the first token has no logprob");
+    // the same prompt logprobs as a request that also generates
+    let (_, one) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "the cat sat on the mat", "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0}),
+    );
+    let prompt_part: Vec<Value> = one["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap()[..n].to_vec();
+    assert_eq!(lp["token_logprobs"].as_array().unwrap(), &prompt_part);
+    // without echo, or streamed: a 400 naming max_tokens
+    for bad in [
+        json!({"prompt": "x", "max_tokens": 0}),
+        json!({"prompt": "x", "max_tokens": 0, "echo": true, "stream": true}),
+    ] {
+        let (st, r) = s.post("/v1/completions", &bad);
+        assert_openai_error(st, &r, 400);
+        assert_eq!(r["error"]["param"], "max_tokens", "{r}");
+    }
+}

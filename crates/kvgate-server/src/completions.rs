@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
-use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
+use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -136,8 +136,33 @@ pub async fn completions(
     allowed.extend(["prompt", "logprobs"]);
     b.only(&allowed, UNSUPPORTED)?;
     let model = st.check_model(b.str("model")?)?;
-    let max_tokens = b.int_in("max_tokens", 1, i64::MAX)?.unwrap_or(16);
-    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, Some(max_tokens))?;
+    let max_tokens = b.int_in("max_tokens", 0, i64::MAX)?.unwrap_or(16);
+    // `max_tokens: 0` with `echo` scores the prompt only (lm-eval's loglikelihood): the engine samples
+    // one token from the last position's logits (no further forward pass), which is left out of the
+    // answer and of `usage`
+    let score_only = max_tokens == 0;
+    if score_only && !(b.bool("echo")?.unwrap_or(false)) {
+        return Err(ApiError::param(
+            "max_tokens",
+            "'max_tokens' must be at least 1 unless 'echo' is true (0 with echo scores the prompt only), got 0",
+        ));
+    }
+    if score_only && b.bool("stream")?.unwrap_or(false) {
+        return Err(ApiError::param(
+            "max_tokens",
+            "'max_tokens' 0 (score the prompt only) is not supported with 'stream'",
+        ));
+    }
+    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, Some(max_tokens.max(1)))?;
+    if score_only && c.params.min_tokens > 0 {
+        return Err(ApiError::param(
+            "min_tokens",
+            format!(
+                "'min_tokens' ({}) must not exceed 'max_tokens' (0)",
+                c.params.min_tokens
+            ),
+        ));
+    }
     let logprobs = b.int_in("logprobs", 0, 20)?.map(|x| x as usize);
     c.params.logprobs = logprobs;
     if c.echo && logprobs.is_some() {
@@ -160,7 +185,17 @@ pub async fn completions(
     let id = request_id("cmpl");
     let created = now_secs();
     if !c.stream {
-        let (choices, prompt_lps, usage) = collect(tagged, n).await?;
+        let (mut choices, prompt_lps, mut usage) = collect(tagged, n).await?;
+        if score_only {
+            for ch in &mut choices {
+                ch.text.clear();
+                ch.tokens.clear();
+                ch.logprobs.clear();
+                ch.stop = None;
+                ch.finish = Some(FinishReason::Length);
+            }
+            usage.completion_tokens = 0;
+        }
         let out: Vec<Value> = choices
             .iter()
             .enumerate()
