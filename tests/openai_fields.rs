@@ -170,3 +170,28 @@ fn max_tokens_0_with_echo_scores_the_prompt() {
         assert_eq!(r["error"]["param"], "max_tokens", "{r}");
     }
 }
+
+#[test]
+fn an_empty_prompt_is_read_after_the_document_start_token() {
+    let s = InProcess::tiny(&[]);
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "", "max_tokens": 3, "temperature": 0, "echo": true}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], 1, "{r}");
+    assert!(r["choices"][0]["text"].is_string());
+    // the same as asking after <|endoftext|> (id 0 in the tiny vocabulary) by id
+    let (_, by_id) = s.post(
+        "/v1/completions",
+        &json!({"prompt": [0], "max_tokens": 3, "temperature": 0}),
+    );
+    let (_, plain) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "", "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(plain["choices"][0]["text"], by_id["choices"][0]["text"]);
+    // a list with an empty string too
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": ["", "hi"], "max_tokens": 1}));
+    assert_eq!(st, 200, "{r}");
+}

@@ -24,12 +24,20 @@ struct Prompt {
     text: String,
 }
 
+/// Tokens an empty text prompt is read as, the first this vocabulary has.
+const DOCUMENT_START: [&str; 4] = ["<|endoftext|>", "<|begin_of_text|>", "<s>", "<bos>"];
+
 fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
     let tok = &st.tokenizer;
     let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
-        let ids = tok
+        let mut ids = tok
             .encode(s, true)
             .map_err(|e| ApiError::param("prompt", e.to_string()))?;
+        if ids.is_empty() {
+            // `""` (which OpenAI accepts): the model's document-start token, as GPT models read an
+            // empty prompt after `<|endoftext|>`
+            ids.extend(DOCUMENT_START.iter().find_map(|t| tok.token_to_id(t)));
+        }
         Ok(Prompt {
             ids,
             text: s.to_string(),
