@@ -195,3 +195,30 @@ fn an_empty_prompt_is_read_after_the_document_start_token() {
     let (st, r) = s.post("/v1/completions", &json!({"prompt": ["", "hi"], "max_tokens": 1}));
     assert_eq!(st, 200, "{r}");
 }
+
+#[test]
+fn streamed_echo_carries_the_prompt_logprobs_and_offsets() {
+    let s = InProcess::tiny(&[]);
+    let body = json!({"prompt": "the cat sat", "max_tokens": 4, "ignore_eos": true, "echo": true, "logprobs": 2, "temperature": 0});
+    let (_, whole) = s.post("/v1/completions", &body);
+    let want = &whole["choices"][0]["logprobs"];
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let cs = chunks(&s.stream("/v1/completions", &streamed));
+    let mut got: serde_json::Map<String, Value> = serde_json::Map::new();
+    for k in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        let all: Vec<Value> = cs
+            .iter()
+            .filter_map(|c| c["choices"][0]["logprobs"][k].as_array().cloned())
+            .flatten()
+            .collect();
+        got.insert(k.into(), Value::Array(all));
+    }
+    assert_eq!(
+        &Value::Object(got),
+        want,
+        "the stream's logprobs are the non-streamed ones"
+    );
+    let text: String = cs.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
+    assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap());
+}

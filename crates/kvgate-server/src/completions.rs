@@ -247,6 +247,8 @@ pub async fn completions(
     }
     // Streaming.
     let prompts_text: Vec<String> = prompts.iter().map(|p| p.text.clone()).collect();
+    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
+    let mut prompt_lps: Vec<Option<Vec<Option<TokenLogprob>>>> = vec![None; prompts.len()];
     let total_prompts = prompts_text.len();
     let mut echoed = vec![false; total_prompts * n];
     let mut offsets = vec![0usize; total_prompts * n];
@@ -270,12 +272,27 @@ pub async fn completions(
                 emitted += 1;
                 let idx = pi * n + choice;
                 let mut t = String::new();
-                if echo && !echoed[idx] {
+                let first_echo = echo && !echoed[idx];
+                if first_echo {
                     echoed[idx] = true;
                     t.push_str(&prompts_text[pi]);
                 }
                 t.push_str(&text);
                 let lp = match (logprobs, logprob) {
+                    // the echoed prompt's logprobs come with its text, offsets counting from its start
+                    (Some(_), Some(l)) if first_echo => {
+                        let mut all =
+                            prompt_lps[pi].clone().unwrap_or_else(|| vec![None; prompt_ids[pi].len()]);
+                        all.push(Some(l));
+                        let mut toks = prompt_ids[pi].clone();
+                        toks.push(token);
+                        let v = legacy_logprobs(&st, &all, &toks, 0);
+                        offsets[idx] = toks
+                            .iter()
+                            .map(|&t| st.tokenizer.decode(&[t], false).map(|s| s.len()).unwrap_or(0))
+                            .sum();
+                        v
+                    }
                     (Some(_), Some(l)) => {
                         let v = legacy_logprobs(&st, &[Some(l)], &[token], offsets[idx]);
                         offsets[idx] += st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0);
@@ -301,7 +318,8 @@ pub async fn completions(
                 }
             }
             Event::Error(e) => out.push(ApiError::from(e).body()),
-            Event::PromptLogprobs(_) | Event::Decision { .. } => {}
+            Event::PromptLogprobs(l) => prompt_lps[pi] = Some(l),
+            Event::Decision { .. } => {}
         }
         if continuous {
             for c in out.iter_mut().filter(|c| c.get("usage").is_none() && c.get("choices").is_some()) {
