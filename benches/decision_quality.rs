@@ -8,7 +8,8 @@
 //! order-flip rate (the answer changes when the options are listed in reverse); and the generative
 //! baseline: the same question as a chat completion (max_tokens 5, temperature 0), the reply parsed
 //! for an option / yes-no / level. Runs on the default model, or on `DQ_MODEL` (a GGUF path).
-//! `DQ_TASKS` (comma-separated task names) runs a subset; `DQ_GENERATIVE=0` skips the baseline. `cargo bench --bench decision_quality` prints a
+//! `DQ_TASKS` (comma-separated task names) runs a subset; `DQ_GENERATIVE=0` skips the baseline;
+//! `DQ_TEMPERATURE` serves with that `--decision-temperature` (default 1: raw distributions). `cargo bench --bench decision_quality` prints a
 //! table, and per method and question type the temperature that fits best (2-fold cross-validated).
 
 use std::collections::BTreeMap;
@@ -176,10 +177,10 @@ fn log_loss(rows: &[&(String, Vec<f64>, usize)], t: f64) -> f64 {
         / rows.len().max(1) as f64
 }
 
-/// The temperature (0.25 to 10, in steps of 1.05×) of least log loss on `rows`.
+/// The temperature (0.1 to 10, in steps of 1.05×) of least log loss on `rows`.
 fn fit_temperature(rows: &[&(String, Vec<f64>, usize)]) -> f64 {
     let mut best = (f64::MAX, 1.0);
-    let mut t = 0.25;
+    let mut t = 0.1;
     while t <= 10.0 {
         let l = log_loss(rows, t);
         if l < best.0 {
@@ -256,11 +257,13 @@ fn main() {
             "smollm2-135m-instruct".to_string(),
         ),
     };
-    // temperature 1: the bench reports raw distributions and fits the temperature itself
+    // temperature 1 (unless DQ_TEMPERATURE): the bench reports raw distributions and fits the
+    // temperature itself
+    let temperature = std::env::var("DQ_TEMPERATURE").unwrap_or_else(|_| "1".into());
     let s = common::start_model(
         &model,
         &name,
-        &["--kv-cache-memory", "1GiB", "--decision-temperature", "1"],
+        &["--kv-cache-memory", "1GiB", "--decision-temperature", &temperature],
     );
     let port = s.1;
     // DQ_TASKS=team-routing,sentiment: a subset of the tasks, for a quick look
