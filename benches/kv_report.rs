@@ -17,6 +17,9 @@ fn start(dtype: &str) -> Serve {
         dtype,
         "--max-num-batched-tokens",
         "512",
+        // the reads' own drift, not sharpened by the choice temperature
+        "--decision-temperature",
+        "1",
     ];
     if !matches!(dtype, "float32" | "bfloat16" | "float16") {
         args.push("--calculate-kv-scales");

@@ -37,13 +37,19 @@ fn probs(r: &Value) -> Vec<f64> {
 #[test]
 fn every_dtype_serves_completions_and_decisions() {
     let reference = {
-        let s = Server::start(&["--kv-cache-dtype", "float32"]);
+        let s = Server::start(&["--kv-cache-dtype", "float32", "--decision-temperature", "1"]);
         let (st, r) = s.post("/v1/systemone", &decision());
         assert_eq!(st, 200);
         probs(&r)
     };
     for dtype in ["bfloat16", "float16", "fp8", "fp8_e5m2", "nvfp4"] {
-        let s = Server::start(&["--kv-cache-dtype", dtype, "--calculate-kv-scales"]);
+        let s = Server::start(&[
+            "--kv-cache-dtype",
+            dtype,
+            "--calculate-kv-scales",
+            "--decision-temperature",
+            "1",
+        ]);
         let canonical = if dtype == "fp8" { "fp8_e4m3" } else { dtype };
         let (_, _, m) = s.raw("GET", "/metrics", &[], b"").unwrap();
         assert!(
@@ -72,7 +78,7 @@ fn every_dtype_serves_completions_and_decisions() {
         assert_eq!(a["answers"], b["answers"], "{dtype}: warm and cold are identical");
         let p = probs(&a);
         let worst = p.iter().zip(&reference).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-        // Loose bounds that only catch a broken codec: the drift itself is measured by
+        // Temperature 1: the drift of the reads themselves. Loose bounds that only catch a broken codec: the drift itself is measured by
         // `cargo bench --bench kv_report` (this 135M model is very sensitive to K/V rounding).
         let limit = match dtype {
             "bfloat16" | "float16" => 0.02,

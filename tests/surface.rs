@@ -517,7 +517,8 @@ fn jev_drop_in_names_models_errors_and_compressed_bodies() {
 
 #[test]
 fn choices_of_2_to_255_options() {
-    let s = InProcess::tiny_long(&[], 4096);
+    // temperature 1: the raw read, to see the mass spread over every branch
+    let s = InProcess::tiny_long(&["--decision-temperature", "1"], 4096);
     let state = "The invoice was charged twice; please refund the second charge.";
     let ask = |n: usize| {
         let criteria: serde_json::Map<String, serde_json::Value> = (1..=n)
@@ -731,7 +732,11 @@ fn fewer_orders_and_per_type_temperature() {
     let (_, cold) = s.post("/v1/systemone", &body(a.clone(), None));
     let (_, warm) = hot.post("/v1/systemone", &body(a, None));
     assert_eq!(warm["diagnostics"]["q"]["x_temperature"], 2.0);
-    assert_eq!(cold["diagnostics"]["q"]["x_temperature"], 1.0);
+    assert_eq!(
+        cold["diagnostics"]["q"]["x_temperature"], 0.35,
+        "the default sharpens choices"
+    );
+    assert_eq!(cold["diagnostics"]["n"]["x_temperature"], 1.0);
     assert_eq!(warm["answers"]["q"]["choice"], cold["answers"]["q"]["choice"]);
     let top = |r: &serde_json::Value| {
         r["answers"]["q"]["probabilities"]
