@@ -5,7 +5,7 @@
 #   - Debian's chromium: the browser test (tests/browser.rs) drives it headless;
 #   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
-#     tests/jevcompat.rs.
+#     tests/jevcompat.rs, and the OpenAI Python SDK for tests/openai_sdk.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -30,4 +30,10 @@ if [ ! -x .ci/venv/bin/jevcompat ] || ! .ci/venv/bin/python -c "import typesafe_
   echo "setup: installing jevcompat==0.1.1 and typesafe-sdk[zstd]==0.7.5 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check jevcompat==0.1.1 'typesafe-sdk[zstd]==0.7.5'
+fi
+# The OpenAI Python SDK (tests/openai_sdk.rs drives serve with it).
+if ! .ci/venv/bin/python -c "import openai" 2>/dev/null; then
+  echo "setup: installing openai==3.57.0 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.57.0
 fi

@@ -14,4 +14,6 @@ export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVGATE_REQUIRE_NVRTC=1
 # The Jev conformance suite (tests/jevcompat.rs runs it against `serve`).
 export KVGATE_JEVCOMPAT="$PWD/.ci/venv/bin/jevcompat"
+# The Python with the real clients (tests/openai_sdk.rs).
+export KVGATE_CI_PYTHON="$PWD/.ci/venv/bin/python"
 cargo test --release --workspace "$@"
