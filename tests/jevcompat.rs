@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Server;
+use common::{run_python_check, Server};
 use serde_json::Value;
 
 fn run_suite(jevcompat: &str, s: &Server, key: Option<&str>) -> Value {
@@ -55,17 +55,7 @@ fn jevcompat_every_must_and_should_passes() {
         assert!(sum["MUST"]["passed"].as_u64().unwrap() >= 32, "key {key:?}: {sum}");
         if let Some(k) = key {
             let python = std::path::Path::new(&jevcompat).with_file_name("python");
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/jev_sdk_check.py");
-            let out = std::process::Command::new(python)
-                .args([script, &s.url(""), k])
-                .output()
-                .expect("the venv's python runs");
-            eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-            assert!(
-                out.status.success(),
-                "typesafe-sdk: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            run_python_check(python.as_os_str(), "jev_sdk_check.py", &[&s.url(""), k]);
         }
     }
 }

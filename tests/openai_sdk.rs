@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Server;
+use common::{run_python_check, Server};
 
 #[test]
 fn the_openai_python_sdk_works() {
@@ -18,15 +18,5 @@ fn the_openai_python_sdk_works() {
         "{python:?}: not installed (scripts/setup-test-deps.sh installs it)"
     );
     let s = Server::start(&[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_sdk_check.py");
-    let out = std::process::Command::new(python)
-        .args([script, &s.url("")])
-        .output()
-        .expect("the venv's python runs");
-    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
-    assert!(
-        out.status.success(),
-        "openai SDK: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_python_check(&python, "openai_sdk_check.py", &[&s.url("")]);
 }

@@ -335,6 +335,24 @@ pub fn assert_openai_error(status: u16, body: &Value, want: u16) {
     assert_eq!(e["code"].as_u64(), Some(want as u64), "{body}");
 }
 
+/// Runs `tests/<script>` with `python` (a venv's, with the real clients) and `args`; prints its output
+/// and fails the test when the script fails.
+#[allow(dead_code)]
+pub fn run_python_check(python: &std::ffi::OsStr, script: &str, args: &[&str]) {
+    let path = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(python)
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("the venv's python runs");
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Checks a Jev-shaped error (`/v1/systemone`): status and `{"detail": {"error_type", "message"}}`.
 #[allow(dead_code)]
 pub fn assert_jev_error(status: u16, body: &Value, want: u16, error_type: &str) {
