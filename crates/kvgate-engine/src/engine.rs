@@ -19,13 +19,14 @@ use tokio::sync::mpsc as tmpsc;
 use tracing::{error, info, warn};
 
 use crate::backend::{Backend, CpuBackend};
+use crate::constraint::GuideState;
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
-use crate::output::{Active, ChunkLogits, Kind, Outcome, OutputProcessor, StepContext};
-use crate::registry::GroupId;
+use crate::output::{guides_of, Active, ChunkLogits, Kind, Outcome, OutputProcessor, StepContext};
+use crate::registry::{GroupId, SeqId};
 use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig};
 use crate::{batch, calibration};
 
 /// Engine configuration.
@@ -399,7 +400,7 @@ impl Engine {
         if !self.calibrated {
             self.calibrate(&batch)?;
         }
-        let logits = self.backend.forward(&batch)?;
+        let logits = self.forward_with_masks(&plan.chunks, &batch)?;
         for c in &plan.chunks {
             self.sched.advance(c)?;
             if let Some(a) = self.reqs.get_mut(&c.group) {
@@ -429,6 +430,35 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// Runs the forward pass while a second thread computes the grammar masks of the constrained
+    /// choices that sample after it (their masks depend only on tokens already known).
+    fn forward_with_masks(&mut self, chunks: &[Chunk], batch: &Batch) -> Result<Vec<f32>, EngineError> {
+        let mut sampling: HashMap<GroupId, Vec<SeqId>> = HashMap::new();
+        for c in chunks.iter().filter(|c| c.at_end && c.logits != Logits::None) {
+            sampling.entry(c.group).or_default().push(c.seq);
+        }
+        let mut jobs: Vec<&mut GuideState> = vec![];
+        for (g, a) in self.reqs.iter_mut() {
+            if let Some(seqs) = sampling.get(g) {
+                guides_of(a, seqs, &mut jobs);
+            }
+        }
+        if jobs.is_empty() {
+            return Ok(self.backend.forward(batch)?);
+        }
+        let backend = &mut self.backend;
+        let (logits, secs) = std::thread::scope(|s| {
+            let masks = s.spawn(move || jobs.into_iter().map(|j| j.prepare()).collect::<Vec<f64>>());
+            let logits = backend.forward(batch);
+            let secs = masks.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (logits, secs)
+        });
+        for t in secs.into_iter().filter(|&t| t > 0.0) {
+            self.rec.grammar_mask_done(t);
+        }
+        Ok(logits?)
     }
 
     /// `--calculate-kv-scales`: measures the per-layer amax of K and V on the first batch and sets the

@@ -6,13 +6,15 @@
 //! The rooms: [`engine`](crate::start) (the loop), `scheduler` (what runs next) over `registry`
 //! (sequences and groups under typed ids), `decision` (decision layouts, keep-alive pins), `kv_manager`
 //! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), [`Backend`]
-//! (storage + forward; [`CpuBackend`] today), `output` (sampling, stop strings, logprobs,
+//! (storage + forward; [`CpuBackend`] today), `constraint` (the grammar seam: masks computed alongside the forward pass), `output` (sampling,
+//! stop strings, logprobs,
 //! detokenization, decision answers), [`metrics`].
 
 mod backend;
 mod batch;
 mod block_pool;
 mod calibration;
+mod constraint;
 mod decision;
 mod engine;
 mod error;
@@ -32,6 +34,7 @@ mod scheduler_fuzz;
 pub use backend::{Backend, BackendError, CpuBackend};
 pub use block_pool::{BlockId, PoolCounts};
 pub use calibration::kv_scale;
+pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
 pub use engine::{start, start_with_backend, EngineConfig};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};

@@ -45,6 +45,13 @@ pub const DECISION_PREFIX_REUSE: &str = "kvgate:decision_prefix_reuse_tokens_tot
 /// Gauge (value 1): the cache configuration as labels.
 pub const CACHE_CONFIG: &str = "kvgate:cache_config_info";
 
+/// Grammar token masks computed (structured outputs, tool calls).
+pub const GRAMMAR_MASKS: &str = "kvgate:grammar_masks_total";
+/// Seconds spent computing grammar masks (÷ masks = the mean per-token mask time; a float, so a gauge
+/// that only grows).
+pub const GRAMMAR_MASK_SECONDS: &str = "kvgate:grammar_mask_seconds_total";
+/// Output tokens a grammar forced (appended without sampling).
+pub const GRAMMAR_FORCED_TOKENS: &str = "kvgate:grammar_forced_tokens_total";
 /// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 
@@ -105,6 +112,24 @@ impl Recorder {
     /// One generated token.
     pub(crate) fn generated_token(&self) {
         metrics::counter!(GENERATION_TOKENS, &self.label).increment(1);
+    }
+
+    /// A grammar mask took `secs` (0: it was ready, computed alongside the forward pass).
+    pub(crate) fn grammar_mask(&self, secs: f64) {
+        if secs > 0.0 {
+            self.grammar_mask_done(secs);
+        }
+    }
+
+    /// One grammar mask computed in `secs`.
+    pub(crate) fn grammar_mask_done(&self, secs: f64) {
+        metrics::counter!(GRAMMAR_MASKS, &self.label).increment(1);
+        metrics::gauge!(GRAMMAR_MASK_SECONDS, &self.label).increment(secs);
+    }
+
+    /// One output token forced by a grammar.
+    pub(crate) fn forced_token(&self) {
+        metrics::counter!(GRAMMAR_FORCED_TOKENS, &self.label).increment(1);
     }
 
     /// A completion finished.

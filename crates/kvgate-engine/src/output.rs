@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use kvgate_model::Tokenizer;
 use tokio::sync::mpsc as tmpsc;
+use tracing::warn;
 
+use crate::constraint::GuideState;
 use crate::handle::Limits;
 use crate::metrics::Recorder;
 use crate::registry::{SchedError, SeqId};
@@ -26,6 +28,7 @@ struct Choice {
     index: usize,
     sampler: Sampler,
     text: TextState,
+    guide: Option<GuideState>,
 }
 
 impl Choice {
@@ -40,7 +43,15 @@ impl Choice {
                 p.include_stop_str_in_output,
                 p.skip_special_tokens,
             ),
+            guide: p.guide.as_ref().map(GuideState::new),
         }
+    }
+
+    /// A forked choice: same constraint state and prepared mask as `parent`, its own sampler.
+    fn forked(index: usize, p: &SamplingParams, prompt: &[u32], parent: &Choice) -> Choice {
+        let mut c = Choice::new(index, p, prompt);
+        c.guide = parent.guide.as_ref().map(GuideState::fork);
+        c
     }
 }
 
@@ -163,6 +174,18 @@ impl Active {
     /// Whether it is a completion.
     pub(crate) fn is_generate(&self) -> bool {
         matches!(self.kind, Kind::Gen(_))
+    }
+}
+
+/// The grammar states of `a`'s choices among `seqs` (the ones that sample after this step's forward
+/// pass), for computing their masks alongside it.
+pub(crate) fn guides_of<'a>(a: &'a mut Active, seqs: &[SeqId], out: &mut Vec<&'a mut GuideState>) {
+    if let Kind::Gen(g) = &mut a.kind {
+        for (s, c) in g.choices.iter_mut() {
+            if let (true, Some(gd)) = (seqs.contains(s), c.guide.as_mut()) {
+                out.push(gd);
+            }
+        }
     }
 }
 
@@ -306,8 +329,19 @@ impl OutputProcessor {
             gs.forked = true;
             let n = gs.params.n.max(1);
             let children = cx.sched.fork(c.seq, n - 1)?;
-            for (i, ch) in children.iter().enumerate() {
-                gs.choices.insert(*ch, Choice::new(i + 1, &gs.params, &gs.prompt));
+            if let Some(parent) = gs.choices.get_mut(&c.seq) {
+                if let Some(g) = parent.guide.as_mut() {
+                    cx.rec.grammar_mask(g.prepare());
+                }
+            }
+            let forks: Vec<Choice> = match gs.choices.get(&c.seq) {
+                Some(parent) => (0..children.len())
+                    .map(|i| Choice::forked(i + 1, &gs.params, &gs.prompt, parent))
+                    .collect(),
+                None => vec![],
+            };
+            for (ch, choice) in children.iter().zip(forks) {
+                gs.choices.insert(*ch, choice);
             }
             targets.extend(children);
         }
@@ -325,28 +359,40 @@ impl OutputProcessor {
         let mut ended = vec![];
         for t in targets {
             let Some(ch) = gs.choices.get_mut(&t) else { continue };
-            let (tok, lp) = ch.sampler.sample(last, &gs.params, &stop_ids);
+            let mask = match ch.guide.as_mut() {
+                Some(g) => {
+                    cx.rec.grammar_mask(g.prepare());
+                    match g.mask.take() {
+                        Some(Ok(m)) => Some(m),
+                        Some(Err(e)) => {
+                            // The grammar cannot go on (an internal llguidance error): the choice
+                            // ends here rather than produce text the grammar does not allow.
+                            warn!(error = %e, "grammar mask failed; ending the choice");
+                            let tail = ch.text.finish(&self.tok);
+                            let _ = gs.tx.send(Event::Finished {
+                                choice: ch.index,
+                                reason: FinishReason::Stop,
+                                text: tail,
+                                stop: None,
+                            });
+                            ended.push((t, FinishReason::Stop));
+                            continue;
+                        }
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            let (tok, lp) = ch.sampler.sample(last, &gs.params, &stop_ids, mask.as_ref());
             cx.sched.append_token(t, tok)?;
             gs.completion_tokens += 1;
             cx.rec.generated_token();
-            let mut text = String::new();
-            let mut finish = self.stop_token_finish(tok, &gs.params);
+            let mut finish = self.emit(gs, t, tok, lp);
             if finish.is_none() {
-                let d = ch.text.push(&self.tok, tok);
-                text = d.text;
-                finish = d.stopped_by.map(|s| (FinishReason::Stop, Some(StopMatch::Text(s))));
+                finish = self.follow_grammar(cx, gs, t, tok)?;
             }
-            let len = gs.prompt.len() + ch.sampler.generated();
-            if finish.is_none() && (ch.sampler.generated() >= gs.params.max_tokens || !self.limits.fits(len + 1)) {
-                finish = Some((FinishReason::Length, None));
-            }
-            let _ = gs.tx.send(Event::Token {
-                choice: ch.index,
-                token: tok,
-                text,
-                logprob: lp,
-            });
             if let Some((reason, stop)) = finish {
+                let Some(ch) = gs.choices.get_mut(&t) else { continue };
                 let tail = if matches!(stop, Some(StopMatch::Text(_))) {
                     String::new()
                 } else {
@@ -379,6 +425,77 @@ impl OutputProcessor {
         let _ = gs.tx.send(Event::Done(usage));
         cx.rec.request_done(arrival, gs.prompt.len());
         Ok(Outcome::Done(last_reason.map_or("stop", FinishReason::as_str)))
+    }
+
+    /// Detokenizes one output token of choice `t`, sends its event, and says whether it ends the
+    /// choice (a stop token, a stop string, `max_tokens` or the context length).
+    fn emit(
+        &self,
+        gs: &mut GenState,
+        t: SeqId,
+        tok: u32,
+        lp: Option<TokenLogprob>,
+    ) -> Option<(FinishReason, Option<StopMatch>)> {
+        let ch = gs.choices.get_mut(&t)?;
+        let mut text = String::new();
+        let mut finish = self.stop_token_finish(tok, &gs.params);
+        if finish.is_none() {
+            let d = ch.text.push(&self.tok, tok);
+            text = d.text;
+            finish = d.stopped_by.map(|s| (FinishReason::Stop, Some(StopMatch::Text(s))));
+        }
+        let len = gs.prompt.len() + ch.sampler.generated();
+        if finish.is_none() && (ch.sampler.generated() >= gs.params.max_tokens || !self.limits.fits(len + 1)) {
+            finish = Some((FinishReason::Length, None));
+        }
+        let _ = gs.tx.send(Event::Token {
+            choice: ch.index,
+            token: tok,
+            text,
+            logprob: lp,
+        });
+        finish
+    }
+
+    /// Feeds a sampled token to choice `t`'s grammar: a complete grammar ends the choice (`stop`);
+    /// tokens it forces next are appended and emitted without sampling (not when logprobs are asked:
+    /// those are sampled under a one-token mask so each has its raw logprob).
+    fn follow_grammar(
+        &self,
+        cx: &mut StepContext,
+        gs: &mut GenState,
+        t: SeqId,
+        tok: u32,
+    ) -> Result<Option<(FinishReason, Option<StopMatch>)>, SchedError> {
+        let ff_ok = gs.params.logprobs.is_none();
+        let Some(g) = gs.choices.get_mut(&t).and_then(|c| c.guide.as_mut()) else {
+            return Ok(None);
+        };
+        let forced = match g.constraint.commit(tok, ff_ok) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(error = %e, token = tok, "grammar rejected a sampled token; ending the choice");
+                return Ok(Some((FinishReason::Stop, None)));
+            }
+        };
+        for f in forced {
+            cx.sched.append_token(t, f)?;
+            if let Some(ch) = gs.choices.get_mut(&t) {
+                ch.sampler.note_forced(f);
+            }
+            gs.completion_tokens += 1;
+            cx.rec.generated_token();
+            cx.rec.forced_token();
+            if let Some(end) = self.emit(gs, t, f, None) {
+                return Ok(Some(end));
+            }
+        }
+        let stopped = gs
+            .choices
+            .get(&t)
+            .and_then(|c| c.guide.as_ref())
+            .is_some_and(|g| g.constraint.is_stopped());
+        Ok(stopped.then_some((FinishReason::Stop, None)))
     }
 
     /// The finish a sampled token causes by itself (EOS or a stop token id).

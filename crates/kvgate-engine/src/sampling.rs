@@ -10,6 +10,8 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::constraint::{Guide, TokenMask};
+
 /// Sampling parameters of one request (validated by the server).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -51,6 +53,8 @@ pub struct SamplingParams {
     pub n: usize,
     /// Drop special tokens from the text.
     pub skip_special_tokens: bool,
+    /// The grammar the output must follow (structured outputs, tool calls).
+    pub guide: Option<Guide>,
 }
 
 impl Default for SamplingParams {
@@ -75,6 +79,7 @@ impl Default for SamplingParams {
             prompt_logprobs: None,
             n: 1,
             skip_special_tokens: true,
+            guide: None,
         }
     }
 }
@@ -158,9 +163,22 @@ impl Sampler {
         self.generated
     }
 
+    /// Counts a token the grammar forced (not sampled) as generated output.
+    pub(crate) fn note_forced(&mut self, tok: u32) {
+        *self.counts.entry(tok).or_insert(0) += 1;
+        self.generated += 1;
+    }
+
     /// Picks the next token from `logits` (`stop_ids` are masked while fewer than `min_tokens` were
-    /// generated) and returns it with its logprob entry when asked.
-    pub fn sample(&mut self, logits: &[f32], p: &SamplingParams, stop_ids: &[u32]) -> (u32, Option<TokenLogprob>) {
+    /// generated; tokens outside `mask` are never picked) and returns it with its logprob entry when
+    /// asked (from the raw distribution).
+    pub fn sample(
+        &mut self,
+        logits: &[f32],
+        p: &SamplingParams,
+        stop_ids: &[u32],
+        mask: Option<&TokenMask>,
+    ) -> (u32, Option<TokenLogprob>) {
         let mut x = logits.to_vec();
         for &(t, b) in &p.logit_bias {
             if let Some(v) = x.get_mut(t as usize) {
@@ -195,6 +213,14 @@ impl Sampler {
                 if let Some(v) = x.get_mut(t as usize) {
                     *v -= p.frequency_penalty * c as f32 + p.presence_penalty;
                 }
+            }
+        }
+        if let Some(m) = mask {
+            m.apply(&mut x);
+            if x.iter().all(|v| *v == f32::NEG_INFINITY) {
+                // min_tokens masked the only tokens the grammar allows: the grammar wins.
+                x = logits.to_vec();
+                m.apply(&mut x);
             }
         }
         let tok = if p.temperature <= 0.0 {
@@ -277,14 +303,14 @@ mod tests {
         let mut p = params();
         p.temperature = 0.0;
         let mut s = Sampler::new(&p, &[], 0);
-        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 1);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[], None).0, 1);
         p.logit_bias = vec![(2, 5.0)];
-        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 2);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[], None).0, 2);
         p.logit_bias.clear();
         let mut s = Sampler::new(&p, &[], 0);
-        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 1);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[], None).0, 1);
         p.frequency_penalty = 2.5; // token 1 was generated once: 3 - 2.5 < 1
-        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[]).0, 2);
+        assert_eq!(s.sample(&[0.0, 3.0, 1.0], &p, &[], None).0, 2);
     }
 
     #[test]
@@ -293,8 +319,8 @@ mod tests {
         p.temperature = 0.0;
         p.min_tokens = 1;
         let mut s = Sampler::new(&p, &[], 0);
-        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0]).0, 1);
-        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0]).0, 0);
+        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0], None).0, 1);
+        assert_eq!(s.sample(&[9.0, 1.0], &p, &[0], None).0, 0);
     }
 
     #[test]
@@ -305,7 +331,7 @@ mod tests {
         let logits = [1.0, 1.1, 0.9, 1.05, -3.0];
         let run = |choice| {
             let mut s = Sampler::new(&p, &[], choice);
-            (0..50).map(|_| s.sample(&logits, &p, &[]).0).collect::<Vec<_>>()
+            (0..50).map(|_| s.sample(&logits, &p, &[], None).0).collect::<Vec<_>>()
         };
         let a = run(0);
         assert_eq!(a, run(0));
@@ -322,7 +348,7 @@ mod tests {
         let logits = [5.0, 4.9, 0.0, 0.0];
         let mut s = Sampler::new(&p, &[], 0);
         for _ in 0..100 {
-            let t = s.sample(&logits, &p, &[]).0;
+            let t = s.sample(&logits, &p, &[], None).0;
             assert!(t == 0 || t == 1, "{t}");
         }
     }
@@ -333,7 +359,7 @@ mod tests {
         p.temperature = 0.0;
         p.logprobs = Some(2);
         let mut s = Sampler::new(&p, &[], 0);
-        let (_, lp) = s.sample(&[0.0, 2.0, 1.0], &p, &[]);
+        let (_, lp) = s.sample(&[0.0, 2.0, 1.0], &p, &[], None);
         let lp = lp.unwrap();
         assert_eq!(lp.token, 1);
         assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 2]);

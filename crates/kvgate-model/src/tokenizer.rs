@@ -150,6 +150,55 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// The bytes each token id stands for, and whether it is a special (control) token, for grammar
+    /// engines that match output bytes: byte-level BPE vocabularies through the GPT-2 byte map,
+    /// SentencePiece ones with `▁` as a space and `<0xNN>` byte tokens, others as their UTF-8 text.
+    /// Ids the vocabulary lacks get no bytes.
+    pub fn token_bytes(&self) -> Vec<(Vec<u8>, bool)> {
+        use tokenizers::DecoderWrapper as D;
+        fn kind(d: &D, byte_level: &mut bool, fallback: &mut bool) {
+            match d {
+                D::ByteLevel(_) => *byte_level = true,
+                D::ByteFallback(_) => *fallback = true,
+                D::Metaspace(_) => *fallback = true,
+                D::Sequence(s) => s.get_decoders().iter().for_each(|d| kind(d, byte_level, fallback)),
+                _ => {}
+            }
+        }
+        let (mut byte_level, mut fallback) = (false, false);
+        if let Some(d) = self.inner.get_decoder() {
+            kind(d, &mut byte_level, &mut fallback);
+        }
+        let unbyte = gpt2_unbyte_map();
+        let added = self.inner.get_added_tokens_decoder();
+        (0..self.vocab_size() as u32)
+            .map(|id| {
+                if let Some(a) = added.get(&id) {
+                    return (a.content.as_bytes().to_vec(), a.special);
+                }
+                let Some(t) = self.inner.id_to_token(id) else {
+                    return (vec![], false);
+                };
+                let bytes = if byte_level {
+                    t.chars()
+                        .map(|c| unbyte.get(&c).copied())
+                        .collect::<Option<Vec<u8>>>()
+                        .unwrap_or_else(|| t.as_bytes().to_vec())
+                } else if fallback {
+                    match t.strip_prefix("<0x").and_then(|h| h.strip_suffix('>')) {
+                        Some(h) if h.len() == 2 => {
+                            u8::from_str_radix(h, 16).map_or_else(|_| t.as_bytes().to_vec(), |b| vec![b])
+                        }
+                        _ => t.replace('▁', " ").into_bytes(),
+                    }
+                } else {
+                    t.into_bytes()
+                };
+                (bytes, false)
+            })
+            .collect()
+    }
+
     /// Whether `id` is a special (added, special) token.
     pub fn is_special(&self, id: u32) -> bool {
         self.inner
@@ -157,6 +206,23 @@ impl Tokenizer {
             .get(&id)
             .is_some_and(|t| t.special)
     }
+}
+
+/// The GPT-2 byte-level alphabet, reversed: the printable character each byte is written as → the byte.
+fn gpt2_unbyte_map() -> std::collections::HashMap<char, u8> {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let mut next = 256u32;
+    (0..=255u8)
+        .map(|b| {
+            let c = if printable(b) {
+                b as char
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap_or('\u{FFFD}')
+            };
+            (c, b)
+        })
+        .collect()
 }
 
 /// Turns a growing list of generated ids into text deltas, holding back text that could still change
