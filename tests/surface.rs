@@ -246,7 +246,7 @@ fn bad_input_gets_openai_shaped_4xx() {
         ),
         (
             "/v1/completions",
-            br#"{"prompt": "x", "response_format": {"type": "json_object"}}"#,
+            br#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
             400,
             Some("response_format"),
         ),

@@ -14,6 +14,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    tools: bool,
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
@@ -222,7 +223,14 @@ impl ChatTemplate {
             env,
             bos: bos.to_string(),
             eos: eos.to_string(),
+            tools: source.contains("tools") && source.contains("tool_call"),
         })
+    }
+
+    /// Whether the template renders `tools`, assistant `tool_calls` and `tool` messages itself (it
+    /// mentions them); otherwise the server describes tools in a system message of its own.
+    pub fn supports_tools(&self) -> bool {
+        self.tools
     }
 
     /// Renders `messages` (a JSON array of `{role, content, ...}`), with `tools` when given and the

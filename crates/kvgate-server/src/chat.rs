@@ -18,6 +18,9 @@ use crate::events::{collect, merged, now_secs, request_id, running_usage, sse, s
 use crate::params::{kind, Body};
 use crate::sampling::{self, COMMON, UNSUPPORTED};
 use crate::state::AppState;
+use crate::structured;
+use crate::tools::stream::{CallStream, Piece};
+use crate::tools::{self, call_id, call_json, ToolSpec};
 
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
@@ -96,17 +99,18 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
             }
         };
         for k in obj.keys() {
-            match k.as_str() {
-                "role" | "content" | "name" => {}
-                "tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal" => {
+            match (k.as_str(), role) {
+                ("role" | "content" | "name", _) | ("tool_calls", "assistant") | ("tool_call_id", "tool") => {}
+                ("refusal", "assistant") => {}
+                ("tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal", _) => {
                     if !obj[k].is_null() {
                         return Err(ApiError::param(
                             field,
-                            format!("{field}[{i}].{k} is not supported by kvgate"),
+                            format!("{field}[{i}].{k} is not supported by kvgate on a {role} message"),
                         ));
                     }
                 }
-                other => {
+                (other, _) => {
                     return Err(ApiError::param(
                         field,
                         format!("{field}[{i}] has an unknown field '{other}'"),
@@ -120,12 +124,23 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
         if let Some(name) = obj.get("name").and_then(Value::as_str) {
             n.insert("name".into(), name.into());
         }
+        if let Some(calls) = obj.get("tool_calls").filter(|v| !v.is_null()) {
+            let calls = tools::normalize_tool_calls(calls, &format!("{field}[{i}].tool_calls"))
+                .map_err(|e| ApiError::param(field, e))?;
+            n.insert("tool_calls".into(), calls);
+        }
+        if let Some(id) = obj.get("tool_call_id").filter(|v| !v.is_null()) {
+            let id = id
+                .as_str()
+                .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].tool_call_id must be a string")))?;
+            n.insert("tool_call_id".into(), id.into());
+        }
         out.push(Value::Object(n));
     }
     Ok(Value::Array(out))
 }
 
-/// Renders messages with the model's template exactly as `/v1/chat/completions` does.
+/// Renders messages with the model's template exactly as `/v1/chat/completions` does (no tools).
 pub fn render(
     st: &AppState,
     messages: &Value,
@@ -133,13 +148,33 @@ pub fn render(
     continue_final: bool,
     kwargs: &Map<String, Value>,
 ) -> Result<String, ApiError> {
+    render_with_tools(st, messages, add_generation_prompt, continue_final, kwargs, None)
+}
+
+/// Renders messages and, when offered, tools: through the template when it renders tools, else with
+/// the tools described in the system message and tool traffic rewritten as text
+/// ([`tools::adapt_messages`]).
+pub fn render_with_tools(
+    st: &AppState,
+    messages: &Value,
+    add_generation_prompt: bool,
+    continue_final: bool,
+    kwargs: &Map<String, Value>,
+    tools: Option<&ToolSpec>,
+) -> Result<String, ApiError> {
     let tmpl = st
         .chat
         .as_ref()
         .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
-    let text = tmpl
-        .render(messages, add_generation_prompt, None, kwargs)
-        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    let rendered = if tmpl.supports_tools() {
+        let t = tools.map(ToolSpec::template_tools);
+        tmpl.render(messages, add_generation_prompt, t.as_ref(), kwargs)
+    } else {
+        let sys = tools.map(ToolSpec::fallback_system);
+        let adapted = tools::adapt_messages(messages, sys.as_deref());
+        tmpl.render(&adapted, add_generation_prompt, None, kwargs)
+    };
+    let text = rendered.map_err(|e| ApiError::param("messages", e.to_string()))?;
     if continue_final {
         let last = messages
             .as_array()
@@ -178,6 +213,34 @@ fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> Value {
     json!({ "content": content })
 }
 
+/// The assistant message of a finished choice: tool calls parsed out when tools were offered.
+fn message(text: &str, tools: Option<&ToolSpec>) -> (Value, bool) {
+    let Some(spec) = tools else {
+        return (json!({"role": "assistant", "content": text}), false);
+    };
+    let (content, calls) = spec.parse(text);
+    if calls.is_empty() {
+        return (
+            json!({"role": "assistant", "content": content, "tool_calls": []}),
+            false,
+        );
+    }
+    let calls: Vec<Value> = calls.iter().map(|c| call_json(c, &call_id())).collect();
+    (
+        json!({"role": "assistant", "content": content, "tool_calls": calls}),
+        true,
+    )
+}
+
+/// `finish_reason`: `tool_calls` when a choice that stopped by itself made calls.
+fn finish_reason(reason: Option<kvgate_engine::FinishReason>, called: bool) -> Value {
+    match reason {
+        Some(kvgate_engine::FinishReason::Stop) if called => "tool_calls".into(),
+        Some(r) => r.as_str().into(),
+        None => Value::Null,
+    }
+}
+
 /// The handler.
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -195,7 +258,11 @@ pub async fn chat_completions(
         "chat_template_kwargs",
         "add_generation_prompt",
         "continue_final_message",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
     ]);
+    allowed.extend(structured::FIELDS);
     let mut unsupported = UNSUPPORTED.to_vec();
     unsupported.push("echo");
     b.only(&allowed, &unsupported)?;
@@ -218,7 +285,18 @@ pub async fn chat_completions(
             ));
         }
     }
-    let text = render(&st, &messages, add_gen && !cont, cont, &kwargs)?;
+    let tool_spec = tools::read(&b)?;
+    let mut constraint = structured::read(&b)?;
+    if let Some(g) = tool_spec.as_ref().and_then(ToolSpec::grammar) {
+        if let Some((field, _)) = &constraint {
+            return Err(ApiError::param(
+                field,
+                format!("'{field}' cannot be combined with a 'tool_choice' that forces a call"),
+            ));
+        }
+        constraint = Some(("tool_choice", g));
+    }
+    let text = render_with_tools(&st, &messages, add_gen && !cont, cont, &kwargs, tool_spec.as_ref())?;
     let ids = st
         .tokenizer
         .encode(&text, false)
@@ -246,6 +324,9 @@ pub async fn chat_completions(
     if want_lp {
         c.params.logprobs = Some(top.unwrap_or(0) as usize);
     }
+    if let Some((field, spec)) = constraint {
+        c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
+    }
     if st.args.log_requests {
         tracing::info!(body = %serde_json::Value::Object(map.clone()), "chat request");
     }
@@ -267,11 +348,12 @@ pub async fn chat_completions(
             .iter()
             .enumerate()
             .map(|(i, ch)| {
+                let (msg, called) = message(&ch.text, tool_spec.as_ref());
                 json!({
                     "index": i,
-                    "message": {"role": "assistant", "content": ch.text},
+                    "message": msg,
                     "logprobs": if want_lp { chat_logprobs(&st, &ch.logprobs) } else { Value::Null },
-                    "finish_reason": ch.finish.map(|f| f.as_str()),
+                    "finish_reason": finish_reason(ch.finish, called),
                     "stop_reason": stop_reason(&ch.stop),
                 })
             })
@@ -290,6 +372,7 @@ pub async fn chat_completions(
     let continuous = c.continuous_usage;
     let mut emitted = 0usize;
     let mut started = vec![false; n];
+    let mut calls: Vec<CallStream> = (0..n).map(|_| CallStream::default()).collect();
     let stream = merged(tagged).map(move |(_, ev)| {
         let chunk = |index: usize, delta: Value, lp: Value, finish: Value, stop: Value| {
             json!({
@@ -304,6 +387,24 @@ pub async fn chat_completions(
                 out.push(chunk(choice, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null, Value::Null));
             }
         };
+        // Text deltas of a choice, through its tool-call stream when tools were offered.
+        let deltas = |choice: usize, pieces: Vec<Piece>, calls: &CallStream| -> Vec<Value> {
+            let first = calls.calls() - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+            let mut k = first;
+            pieces
+                .into_iter()
+                .map(|p| match p {
+                    Piece::Content(t) => json!({"content": t}),
+                    Piece::Call(c) => {
+                        let mut v = call_json(&c, &call_id());
+                        v["index"] = k.into();
+                        k += 1;
+                        json!({"tool_calls": [v]})
+                    }
+                })
+                .map(|d| chunk(choice, d, Value::Null, Value::Null, Value::Null))
+                .collect()
+        };
         match ev {
             Event::Token { choice, text, logprob, .. } => {
                 emitted += 1;
@@ -312,14 +413,35 @@ pub async fn chat_completions(
                     (true, Some(l)) => chat_logprobs(&st, &[l]),
                     _ => Value::Null,
                 };
-                if !text.is_empty() || !lp.is_null() {
-                    out.push(chunk(choice, json!({"content": text}), lp, Value::Null, Value::Null));
+                match (&tool_spec, calls.get_mut(choice)) {
+                    (Some(spec), Some(cs)) => {
+                        let pieces = cs.push(spec, &text);
+                        out.extend(deltas(choice, pieces, cs));
+                        if !lp.is_null() {
+                            out.push(chunk(choice, json!({}), lp, Value::Null, Value::Null));
+                        }
+                    }
+                    _ => {
+                        if !text.is_empty() || !lp.is_null() {
+                            out.push(chunk(choice, json!({"content": text}), lp, Value::Null, Value::Null));
+                        }
+                    }
                 }
             }
             Event::Finished { choice, reason, text, stop } => {
                 open(choice, &mut out);
-                let delta = if text.is_empty() { json!({}) } else { json!({"content": text}) };
-                out.push(chunk(choice, delta, Value::Null, reason.as_str().into(), stop_reason(&stop)));
+                let delta = match (&tool_spec, calls.get_mut(choice)) {
+                    (Some(spec), Some(cs)) => {
+                        let mut pieces = cs.push(spec, &text);
+                        pieces.extend(cs.finish(spec));
+                        out.extend(deltas(choice, pieces, cs));
+                        json!({})
+                    }
+                    _ if text.is_empty() => json!({}),
+                    _ => json!({"content": text}),
+                };
+                let called = calls.get(choice).is_some_and(|c| c.calls() > 0);
+                out.push(chunk(choice, delta, Value::Null, finish_reason(Some(reason), called), stop_reason(&stop)));
             }
             Event::Done(u) => {
                 if include_usage {

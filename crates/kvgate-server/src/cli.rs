@@ -275,6 +275,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         model_name: served_names[0].clone(),
         int8_activations: args.activations == Activations::Int8,
     };
+    let grammars = crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, loaded.model.config().vocab_size);
     let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
         "model_name" => served_names[0].clone(),
@@ -306,6 +307,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         labels,
         created: crate::events::now_secs(),
         priors: Default::default(),
+        grammars,
     };
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);
     Ok(Built {

@@ -142,6 +142,7 @@ pub async fn completions(
     let b = Body::new(&map);
     let mut allowed = COMMON.to_vec();
     allowed.extend(["prompt", "logprobs"]);
+    allowed.extend(crate::structured::FIELDS);
     b.only(&allowed, UNSUPPORTED)?;
     let model = st.check_model(b.str("model")?)?;
     let max_tokens = b.int_in("max_tokens", 0, i64::MAX)?.unwrap_or(16);
@@ -177,6 +178,15 @@ pub async fn completions(
         c.params.prompt_logprobs = logprobs;
     }
     let prompts = read_prompts(&b, &st)?;
+    if let Some((field, spec)) = crate::structured::read(&b)? {
+        if score_only {
+            return Err(ApiError::param(
+                field,
+                format!("'{field}' has nothing to constrain with 'max_tokens' 0"),
+            ));
+        }
+        c.params.guide = Some(crate::structured::compile(st.grammars.clone(), field, spec).await?);
+    }
     if st.args.log_requests {
         tracing::info!(body = %serde_json::Value::Object(map.clone()), "completion request");
     }

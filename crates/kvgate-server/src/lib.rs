@@ -18,8 +18,10 @@ mod params;
 mod routes;
 mod sampling;
 mod state;
+mod structured;
 mod systemone;
 #[cfg(feature = "test-utils")]
 pub mod testing;
+mod tools;
 
 pub use state::AppState;

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::http::{header, HeaderMap};
+use kvgate_grammar::Grammars;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Map, Value};
@@ -37,6 +38,26 @@ pub struct AppState {
     pub created: u64,
     /// Calibration priors of System One question shapes.
     pub priors: PriorCache,
+    /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
+    pub grammars: Option<Arc<Grammars>>,
+}
+
+/// Builds the grammar compiler for a tokenizer (logged; `None` with a warning when it cannot).
+pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<Arc<Grammars>> {
+    let t = std::time::Instant::now();
+    match Grammars::new(tok.clone(), eos, vocab) {
+        Ok(g) => {
+            tracing::info!(
+                ms = t.elapsed().as_millis() as u64,
+                "structured outputs ready (llguidance)"
+            );
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs and forced tool calls are unavailable");
+            None
+        }
+    }
 }
 
 impl AppState {

@@ -54,10 +54,13 @@ impl TestServer {
     pub fn with_engine(args: &[&str], engine: Arc<dyn Inference>) -> TestServer {
         let args = config::load(argv(args)).expect("valid test flags");
         let loaded = tiny_model(TinySpec::default()).expect("tiny model");
+        let tokenizer = Arc::new(loaded.tokenizer);
+        let vocab = loaded.model.config().vocab_size;
         let state = AppState {
             engine,
-            labels: LabelTable::new(&loaded.tokenizer),
-            tokenizer: Arc::new(loaded.tokenizer),
+            labels: LabelTable::new(&tokenizer),
+            grammars: crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, vocab),
+            tokenizer,
             chat: loaded.chat_template.map(Arc::new),
             served_names: vec![loaded.name],
             defaults: loaded.defaults,

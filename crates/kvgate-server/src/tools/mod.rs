@@ -1,0 +1,426 @@
+//! Tool calling: the OpenAI `tools` / `tool_choice` / `parallel_tool_calls` fields as serde types,
+//! what the prompt says about the tools (the model's chat template when it renders tools, else a
+//! Hermes-style system message, the one Qwen2.5 and NousResearch models are trained on), the grammar
+//! that enforces `required` and a named function, and the parser that turns output into
+//! `message.tool_calls`: `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks (as Qwen2.5 emits
+//! them) or a bare JSON object / list of them naming a tool.
+
+pub mod stream;
+
+use kvgate_grammar::{json_options, lark_literal, GrammarSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::params::Body;
+
+/// `tools[i]`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    /// Only `"function"`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The function.
+    pub function: FunctionDef,
+}
+
+/// A callable function.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDef {
+    /// Its name.
+    pub name: String,
+    /// What it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema of its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    /// OpenAI's strict mode (the arguments always follow the schema when the grammar applies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// No tool calls; the tools are left out of the prompt.
+    None,
+    /// The model decides; calls are parsed from its output.
+    Auto,
+    /// At least one call, enforced by the grammar.
+    Required,
+    /// A call of this function, enforced by the grammar.
+    Named(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamedChoice {
+    #[serde(rename = "type")]
+    kind: String,
+    function: NamedFunction,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NamedFunction {
+    name: String,
+}
+
+/// A request's tools.
+#[derive(Debug, Clone)]
+pub struct ToolSpec {
+    /// The tools.
+    pub tools: Vec<Tool>,
+    /// `tool_choice`.
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls` (default true).
+    pub parallel: bool,
+}
+
+/// A call parsed from the output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    /// The function.
+    pub name: String,
+    /// Its arguments as a JSON string (OpenAI's form).
+    pub arguments: String,
+}
+
+fn serde_msg(e: serde_json::Error) -> String {
+    e.to_string()
+}
+
+/// Reads `tools`, `tool_choice` and `parallel_tool_calls`. `None` when no tool is offered (no
+/// `tools`, an empty list, or only `tool_choice: "none"` / `"auto"`).
+pub fn read(b: &Body) -> Result<Option<ToolSpec>, ApiError> {
+    for legacy in ["functions", "function_call"] {
+        if b.raw(legacy).is_some() {
+            return Err(ApiError::param(
+                legacy,
+                format!("'{legacy}' (deprecated by OpenAI) is not supported by kvgate; use 'tools' and 'tool_choice'"),
+            ));
+        }
+    }
+    let tools: Vec<Tool> = match b.raw("tools") {
+        None => vec![],
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| ApiError::param("tools", format!("'tools' is not a list of tools: {}", serde_msg(e))))?,
+    };
+    if tools.len() > 128 {
+        return Err(ApiError::param(
+            "tools",
+            format!("'tools' may hold at most 128 tools, got {}", tools.len()),
+        ));
+    }
+    for (i, t) in tools.iter().enumerate() {
+        if t.kind != "function" {
+            return Err(ApiError::param(
+                "tools",
+                format!("tools[{i}].type must be \"function\", got {:?}", t.kind),
+            ));
+        }
+        let n = &t.function.name;
+        let ok = !n.is_empty() && n.len() <= 64 && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !ok {
+            return Err(ApiError::param(
+                "tools",
+                format!("tools[{i}].function.name must be 1-64 characters of a-z, A-Z, 0-9, _ and -, got {n:?}"),
+            ));
+        }
+        if tools[..i].iter().any(|u| &u.function.name == n) {
+            return Err(ApiError::param(
+                "tools",
+                format!("tools[{i}]: the function name {n:?} appears twice"),
+            ));
+        }
+        if let Some(p) = &t.function.parameters {
+            if !p.is_object() {
+                return Err(ApiError::param(
+                    "tools",
+                    format!("tools[{i}].function.parameters must be a JSON Schema object"),
+                ));
+            }
+        }
+    }
+    let choice = match b.raw("tool_choice") {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {other:?}"),
+                ))
+            }
+        },
+        Some(v) => {
+            let n: NamedChoice = serde_json::from_value(v.clone()).map_err(|e| {
+                ApiError::param("tool_choice", format!("'tool_choice' is not a named function: {}", serde_msg(e)))
+            })?;
+            if n.kind != "function" {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice.type must be \"function\", got {:?}", n.kind),
+                ));
+            }
+            ToolChoice::Named(n.function.name)
+        }
+    };
+    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(true);
+    match (&choice, tools.is_empty()) {
+        (ToolChoice::Required | ToolChoice::Named(_), true) => {
+            return Err(ApiError::param(
+                "tool_choice",
+                "'tool_choice' asks for a tool call but 'tools' offers none",
+            ))
+        }
+        (ToolChoice::Named(n), false) if !tools.iter().any(|t| &t.function.name == n) => {
+            return Err(ApiError::param(
+                "tool_choice",
+                format!("'tool_choice' names {n:?}, which is not among 'tools'"),
+            ))
+        }
+        (_, true) | (ToolChoice::None, _) => return Ok(None),
+        _ => {}
+    }
+    Ok(Some(ToolSpec {
+        tools,
+        choice,
+        parallel,
+    }))
+}
+
+impl ToolSpec {
+    /// The tools as the chat template receives them (OpenAI's shape).
+    pub fn template_tools(&self) -> Value {
+        serde_json::to_value(&self.tools).unwrap_or(Value::Null)
+    }
+
+    /// The system text that describes the tools to a model whose template does not.
+    pub fn fallback_system(&self) -> String {
+        let lines: Vec<String> = self
+            .tools
+            .iter()
+            .map(|t| serde_json::to_string(t).unwrap_or_default())
+            .collect();
+        format!(
+            "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
+             You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{}\n</tools>\n\n\
+             For each function call, return a json object with function name and arguments within \
+             <tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>",
+            lines.join("\n")
+        )
+    }
+
+    /// The grammar `required` and a named choice are held to: one call (or, with
+    /// `parallel_tool_calls`, one or more), each `<tool_call>\n{…}\n</tool_call>` with the function's
+    /// name and arguments that follow its schema.
+    pub fn grammar(&self) -> Option<GrammarSpec> {
+        let which: Vec<&Tool> = match &self.choice {
+            ToolChoice::Required => self.tools.iter().collect(),
+            ToolChoice::Named(n) => self.tools.iter().filter(|t| &t.function.name == n).collect(),
+            ToolChoice::Auto | ToolChoice::None => return None,
+        };
+        let calls: Vec<Value> = which
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "object",
+                    "properties": {
+                        "name": {"const": t.function.name},
+                        "arguments": t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
+                    },
+                    "required": ["name", "arguments"],
+                    "additionalProperties": false,
+                })
+            })
+            .collect();
+        let strict = which.iter().all(|t| t.function.strict.unwrap_or(false));
+        let schema = json!({"anyOf": calls, "x-guidance": json_options(strict)});
+        let open = lark_literal("<tool_call>\n");
+        let close = lark_literal("\n</tool_call>");
+        let more = if self.parallel {
+            format!("({} call)*", lark_literal("\n"))
+        } else {
+            String::new()
+        };
+        Some(GrammarSpec::Lark(format!(
+            "start: call{more}\ncall: {open} %json {schema} {close}\n"
+        )))
+    }
+
+    fn known(&self, name: &str) -> bool {
+        self.tools.iter().any(|t| t.function.name == name)
+    }
+
+    /// The calls in `text` and the content left around them (`None` when only calls were there).
+    /// Text that looks like a call but does not parse, or names no offered tool, stays content.
+    pub fn parse(&self, text: &str) -> (Option<String>, Vec<ParsedCall>) {
+        let mut calls = vec![];
+        let mut content = String::new();
+        let mut rest = text;
+        while let Some(start) = rest.find(OPEN) {
+            let after = &rest[start + OPEN.len()..];
+            let (body, next, closed) = match after.find(CLOSE) {
+                Some(end) => (&after[..end], &after[end + CLOSE.len()..], true),
+                None => (after, "", false),
+            };
+            match self.call_of(body.trim()) {
+                Some(c) => {
+                    content.push_str(&rest[..start]);
+                    calls.push(c);
+                }
+                None => {
+                    let upto = if closed { rest.len() - next.len() } else { rest.len() };
+                    content.push_str(&rest[..upto]);
+                }
+            }
+            rest = next;
+        }
+        content.push_str(rest);
+        if calls.is_empty() {
+            if let Some(c) = self.bare_json(text.trim()) {
+                return (None, c);
+            }
+        }
+        let content = content.trim();
+        let content = if calls.is_empty() {
+            Some(text.to_string())
+        } else {
+            (!content.is_empty()).then(|| content.to_string())
+        };
+        (content, calls)
+    }
+
+    /// A whole output that is a JSON call object or a list of them.
+    fn bare_json(&self, t: &str) -> Option<Vec<ParsedCall>> {
+        if !(t.starts_with('{') || t.starts_with('[')) {
+            return None;
+        }
+        let v: Value = serde_json::from_str(t).ok()?;
+        let items = match v {
+            Value::Array(a) => a,
+            o => vec![o],
+        };
+        let calls: Option<Vec<ParsedCall>> = items.iter().map(|i| self.call_value(i)).collect();
+        calls.filter(|c| !c.is_empty())
+    }
+
+    fn call_of(&self, body: &str) -> Option<ParsedCall> {
+        self.call_value(&serde_json::from_str(body).ok()?)
+    }
+
+    fn call_value(&self, v: &Value) -> Option<ParsedCall> {
+        let name = v.get("name")?.as_str()?;
+        if !self.known(name) {
+            return None;
+        }
+        let args = v
+            .get("arguments")
+            .or_else(|| v.get("parameters"))
+            .cloned()
+            .unwrap_or(json!({}));
+        let arguments = match args {
+            Value::String(s) => s,
+            other => serde_json::to_string(&other).ok()?,
+        };
+        Some(ParsedCall {
+            name: name.to_string(),
+            arguments,
+        })
+    }
+}
+
+const OPEN: &str = "<tool_call>";
+const CLOSE: &str = "</tool_call>";
+
+/// A tool call in a response: `{"id", "type": "function", "function": {"name", "arguments"}}`.
+pub fn call_json(c: &ParsedCall, id: &str) -> Value {
+    json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// A fresh tool-call id.
+pub fn call_id() -> String {
+    crate::events::request_id("call").replacen("call-", "call_", 1)
+}
+
+/// Rewrites tool traffic in normalised messages for a template that does not render it: assistant
+/// `tool_calls` become `<tool_call>` text, `tool` messages become user messages in
+/// `<tool_response>` tags (Hermes' convention), and the tools' description joins the system message.
+pub fn adapt_messages(messages: &Value, system: Option<&str>) -> Value {
+    let Some(arr) = messages.as_array() else {
+        return messages.clone();
+    };
+    let mut out: Vec<Value> = vec![];
+    for m in arr {
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
+        let content = m.get("content").and_then(Value::as_str).unwrap_or("");
+        match role {
+            "assistant" if m.get("tool_calls").is_some() => {
+                let mut text = content.to_string();
+                for c in m["tool_calls"].as_array().into_iter().flatten() {
+                    let f = &c["function"];
+                    let call = json!({"name": f["name"], "arguments": f["arguments"]});
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text.push_str(&format!("{OPEN}\n{call}\n{CLOSE}"));
+                }
+                out.push(json!({"role": "assistant", "content": text}));
+            }
+            "tool" => out.push(json!({
+                "role": "user",
+                "content": format!("<tool_response>\n{content}\n</tool_response>"),
+            })),
+            _ => out.push(m.clone()),
+        }
+    }
+    if let Some(sys) = system {
+        match out.first_mut() {
+            Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => {
+                let c = first["content"].as_str().unwrap_or("").to_string();
+                first["content"] = format!("{c}\n\n{sys}").into();
+            }
+            _ => out.insert(0, json!({"role": "system", "content": sys})),
+        }
+    }
+    Value::Array(out)
+}
+
+/// Normalises an assistant message's `tool_calls` (OpenAI's shape; `arguments` is a JSON string) for
+/// templates, which expect `arguments` as an object (as vLLM passes them).
+pub fn normalize_tool_calls(v: &Value, at: &str) -> Result<Value, String> {
+    let Some(arr) = v.as_array() else {
+        return Err(format!("{at} must be a list"));
+    };
+    let mut out = vec![];
+    for (j, c) in arr.iter().enumerate() {
+        let f = c.get("function").and_then(Value::as_object);
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let (Some(f), Some(name)) = (f, name) else {
+            return Err(format!(
+                "{at}[{j}] must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
+            ));
+        };
+        let args = match f.get("arguments") {
+            Some(Value::String(s)) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
+            Some(o @ Value::Object(_)) => o.clone(),
+            None | Some(Value::Null) => json!({}),
+            Some(_) => return Err(format!("{at}[{j}].function.arguments must be a JSON string")),
+        };
+        let mut m = Map::new();
+        m.insert("id".into(), c.get("id").cloned().unwrap_or(Value::Null));
+        m.insert("type".into(), "function".into());
+        m.insert("function".into(), json!({"name": name, "arguments": args}));
+        out.push(Value::Object(m));
+    }
+    Ok(Value::Array(out))
+}
+
+#[cfg(test)]
+mod tests;
