@@ -5,7 +5,8 @@
 #   - Debian's chromium: the browser test (tests/browser.rs) drives it headless;
 #   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
-#     tests/jevcompat.rs, and the OpenAI Python SDK for tests/openai_sdk.rs.
+#     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs, and langchain-openai for
+#     tests/structured_clients.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -36,4 +37,10 @@ if ! .ci/venv/bin/python -c "import openai" 2>/dev/null; then
   echo "setup: installing openai==3.57.0 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.57.0
+fi
+# LangChain's OpenAI integration (tests/structured_clients.rs: with_structured_output, bind_tools).
+if ! .ci/venv/bin/python -c "import langchain_openai" 2>/dev/null; then
+  echo "setup: installing langchain-openai==1.7.4 (langchain-core==1.8.3) into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check langchain-openai==1.7.4 langchain-core==1.8.3 openai==3.57.0
 fi

@@ -1,7 +1,8 @@
 //! What real OpenAI clients send besides the sampling parameters (in-process, tiny model): the
 //! harmless fields (`store`, `metadata`, `user`, `service_tier`, `reasoning_effort`) accepted and
 //! checked, `stream_options.continuous_usage_stats` (guidellm's default) answered with usage in every
-//! chunk as vLLM does, and `GET /v1/models/{id}` (`client.models.retrieve()`).
+//! chunk as vLLM does, `GET /v1/models/{id}` (`client.models.retrieve()`), and `GET /tokenizer_info`
+//! (lm-eval's remote tokenizer).
 
 mod common;
 
@@ -221,4 +222,34 @@ fn streamed_echo_carries_the_prompt_logprobs_and_offsets() {
     );
     let text: String = cs.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect();
     assert_eq!(text, whole["choices"][0]["text"].as_str().unwrap());
+}
+
+#[test]
+fn tokenizer_info_serves_what_a_remote_tokenizer_reads() {
+    // lm-eval's RemoteTokenizer: GET /tokenizer_info (eos_token, bos_token, chat_template), then
+    // POST /tokenize {prompt, add_special_tokens: false} → tokens and /detokenize {tokens} → prompt.
+    let s = InProcess::tiny(&[]);
+    let (st, info) = s.get("/tokenizer_info").unwrap();
+    assert_eq!(st, 200, "{info}");
+    let eos = info["eos_token"].as_str().expect("eos_token");
+    assert!(!eos.is_empty());
+    assert!(
+        info["chat_template"].as_str().is_some_and(|t| t.contains("messages")),
+        "{info}"
+    );
+    assert!(info["model_max_length"].as_u64().unwrap() > 0);
+    let (st, t) = s.post("/tokenize", &json!({"prompt": eos, "add_special_tokens": false}));
+    assert_eq!(st, 200);
+    assert_eq!(
+        t["tokens"].as_array().unwrap().len(),
+        1,
+        "the eos string is one token: {t}"
+    );
+    assert_eq!(t["tokens"][0], info["eos_token_ids"][0]);
+    let (_, t) = s.post(
+        "/tokenize",
+        &json!({"prompt": "hello world", "add_special_tokens": false}),
+    );
+    let (_, d) = s.post("/detokenize", &json!({"tokens": t["tokens"]}));
+    assert_eq!(d["prompt"], "hello world");
 }

@@ -15,6 +15,7 @@ pub struct ChatTemplate {
     bos: String,
     eos: String,
     tools: bool,
+    source: String,
 }
 
 fn raise_exception(msg: String) -> std::result::Result<Value, Error> {
@@ -224,7 +225,23 @@ impl ChatTemplate {
             bos: bos.to_string(),
             eos: eos.to_string(),
             tools: source.contains("tools") && source.contains("tool_call"),
+            source: source.to_string(),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The string the template sees as `bos_token`.
+    pub fn bos_token(&self) -> &str {
+        &self.bos
+    }
+
+    /// The string the template sees as `eos_token`.
+    pub fn eos_token(&self) -> &str {
+        &self.eos
     }
 
     /// Whether the template renders `tools`, assistant `tool_calls` and `tool` messages itself (it

@@ -38,6 +38,7 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/v1/systemone", post(systemone::route::systemone))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
+        .route("/tokenizer_info", get(routes::tokenizer_info))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .with_state(st)

@@ -276,6 +276,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         int8_activations: args.activations == Activations::Int8,
     };
     let grammars = crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, loaded.model.config().vocab_size);
+    let eos_token_ids = loaded.eos_token_ids.clone();
     let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
         "model_name" => served_names[0].clone(),
@@ -308,6 +309,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         created: crate::events::now_secs(),
         priors: Default::default(),
         grammars,
+        eos_token_ids,
     };
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);
     Ok(Built {

@@ -130,6 +130,43 @@ pub async fn tokenize(
     )
 }
 
+/// `GET /tokenizer_info`: what a remote tokenizer client needs (lm-eval's `tokenized_requests`
+/// through the server, as vLLM serves it): the special tokens as strings, the chat template, the
+/// context length and vocabulary size.
+pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Response {
+    let tok = &st.tokenizer;
+    let name = |id: Option<&u32>| id.and_then(|&i| tok.id_to_token(i));
+    let eos = st
+        .chat
+        .as_ref()
+        .map(|c| c.eos_token().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| name(st.eos_token_ids.first()));
+    let bos = st
+        .chat
+        .as_ref()
+        .map(|c| c.bos_token().to_string())
+        .filter(|s| !s.is_empty());
+    let find = |cands: &[&str]| {
+        cands
+            .iter()
+            .find(|c| tok.token_to_id(c).is_some())
+            .map(|c| c.to_string())
+    };
+    axum::Json(json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "eos_token_ids": st.eos_token_ids,
+        "bos_token": bos,
+        "pad_token": find(&["<pad>", "<|pad|>", "<|finetune_right_pad_id|>"]),
+        "unk_token": find(&["<unk>", "<|unk|>"]),
+        "chat_template": st.chat.as_ref().map(|c| c.source()),
+        "model_max_length": st.engine.limits().max_model_len,
+        "vocab_size": tok.vocab_size(),
+    }))
+    .into_response()
+}
+
 /// `POST /detokenize`: `{tokens}` → `{prompt}`.
 pub async fn detokenize(
     State(st): State<Arc<AppState>>,

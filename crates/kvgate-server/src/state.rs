@@ -38,6 +38,8 @@ pub struct AppState {
     pub created: u64,
     /// Calibration priors of System One question shapes.
     pub priors: PriorCache,
+    /// The model's end-of-sequence token ids.
+    pub eos_token_ids: Vec<u32>,
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
     pub grammars: Option<Arc<Grammars>>,
 }

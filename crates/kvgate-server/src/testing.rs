@@ -60,6 +60,7 @@ impl TestServer {
             engine,
             labels: LabelTable::new(&tokenizer),
             grammars: crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, vocab),
+            eos_token_ids: loaded.eos_token_ids.clone(),
             tokenizer,
             chat: loaded.chat_template.map(Arc::new),
             served_names: vec![loaded.name],

@@ -217,9 +217,10 @@ impl ToolSpec {
         )
     }
 
-    /// The grammar `required` and a named choice are held to: one call (or, with
-    /// `parallel_tool_calls`, one or more), each `<tool_call>\n{…}\n</tool_call>` with the function's
-    /// name and arguments that follow its schema.
+    /// The grammar `required` and a named choice are held to: one call (`required` with
+    /// `parallel_tool_calls`: one or more; a named function: exactly one, as vLLM and OpenAI give),
+    /// each `<tool_call>\n{…}\n</tool_call>` with the function's name and arguments that follow its
+    /// schema.
     pub fn grammar(&self) -> Option<GrammarSpec> {
         let which: Vec<&Tool> = match &self.choice {
             ToolChoice::Required => self.tools.iter().collect(),
@@ -244,7 +245,7 @@ impl ToolSpec {
         let schema = json!({"anyOf": calls, "x-guidance": json_options(strict)});
         let open = lark_literal("<tool_call>\n");
         let close = lark_literal("\n</tool_call>");
-        let more = if self.parallel {
+        let more = if self.parallel && self.choice == ToolChoice::Required {
             format!("({} call)*", lark_literal("\n"))
         } else {
             String::new()
