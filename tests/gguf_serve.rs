@@ -142,4 +142,35 @@ fn qwen_serves_chat_and_renders_its_own_template() {
     assert_eq!(st, 200, "{r}");
     let text = r["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(text.contains('4'), "{text}");
+    // Tools go through Qwen's own template; its <tool_call> (or fenced JSON) answer is parsed.
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "add", "description": "Add two integers",
+         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                        "required": ["a", "b"]}}}
+    ]);
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What is 17 + 25? Use the tool."}],
+                "tools": tools, "max_tokens": 60, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{r}");
+    let call = &c["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "add", "{r}");
+    let args: serde_json::Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, json!({"a": 17, "b": 25}));
+    // and the conversation goes on with the result, rendered back by the template
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": [
+            {"role": "user", "content": "What is 17 + 25?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 17, \"b\": 25}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"}],
+            "tools": tools, "max_tokens": 20, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
 }

@@ -3,7 +3,8 @@
 //! Hermes-style system message, the one Qwen2.5 and NousResearch models are trained on), the grammar
 //! that enforces `required` and a named function, and the parser that turns output into
 //! `message.tool_calls`: `<tool_call>{"name": …, "arguments": …}</tool_call>` blocks (as Qwen2.5 emits
-//! them) or a bare JSON object / list of them naming a tool.
+//! them) or bare JSON naming a tool — an object, a list, one object per line, or any of these in a
+//! Markdown code fence (as Qwen2.5-Coder writes them).
 
 pub mod stream;
 
@@ -298,15 +299,21 @@ impl ToolSpec {
         (content, calls)
     }
 
-    /// A whole output that is a JSON call object or a list of them.
+    /// A whole output that is calls as bare JSON: one call object, a list of them, or one per line
+    /// (JSON Lines), optionally inside a Markdown code fence (as Qwen2.5-Coder writes them).
     fn bare_json(&self, t: &str) -> Option<Vec<ParsedCall>> {
+        let t = unfence(t);
         if !(t.starts_with('{') || t.starts_with('[')) {
             return None;
         }
-        let v: Value = serde_json::from_str(t).ok()?;
-        let items = match v {
-            Value::Array(a) => a,
-            o => vec![o],
+        let items = match serde_json::from_str::<Value>(t) {
+            Ok(Value::Array(a)) => a,
+            Ok(o) => vec![o],
+            Err(_) => t
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| serde_json::from_str(l.trim()).ok())
+                .collect::<Option<Vec<Value>>>()?,
         };
         let calls: Option<Vec<ParsedCall>> = items.iter().map(|i| self.call_value(i)).collect();
         calls.filter(|c| !c.is_empty())
@@ -335,6 +342,20 @@ impl ToolSpec {
             arguments,
         })
     }
+}
+
+/// The text inside a Markdown code fence (```` ```json … ``` ````), or `t` itself.
+fn unfence(t: &str) -> &str {
+    let Some(inner) = t.strip_prefix("```").and_then(|r| r.strip_suffix("```")) else {
+        return t;
+    };
+    let inner = inner.strip_prefix("json").unwrap_or(inner);
+    inner.trim()
+}
+
+/// Whether an output that starts like `t` may be bare-JSON calls (held back whole when streamed).
+fn may_be_bare(t: &str) -> bool {
+    t.starts_with('{') || t.starts_with('[') || t.starts_with("```")
 }
 
 const OPEN: &str = "<tool_call>";

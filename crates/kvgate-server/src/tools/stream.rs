@@ -1,6 +1,7 @@
 //! Tool calls out of a token stream: text is released as content until a `<tool_call>` opens (a
 //! possible start of one is held back), a call is released whole once its `</tool_call>` arrives, and
-//! an output that starts as bare JSON is held to the end and then read as calls or as content.
+//! an output that starts as bare JSON (or a code fence) is held to the end and then read as calls or
+//! as content.
 
 use super::{ParsedCall, ToolSpec, CLOSE, OPEN};
 
@@ -62,7 +63,10 @@ impl CallStream {
             if t.is_empty() {
                 return out;
             }
-            self.bare = Some(t.starts_with('{') || t.starts_with('['));
+            if "```".starts_with(t) {
+                return out;
+            }
+            self.bare = Some(super::may_be_bare(t));
         }
         if self.bare == Some(true) {
             return out;

@@ -40,6 +40,12 @@ fn parses_hermes_blocks_bare_json_and_leaves_the_rest_as_content() {
     let (_, calls) =
         s.parse(r#"[{"name": "add", "arguments": {}}, {"name": "get_weather", "arguments": {"city": "X"}}]"#);
     assert_eq!(calls.len(), 2);
+    // JSON Lines and Markdown fences (Qwen2.5-Coder's habits).
+    let (_, calls) = s.parse("{\"name\": \"add\", \"arguments\": {}}\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}");
+    assert_eq!(calls.len(), 2);
+    let (content, calls) =
+        s.parse("```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```");
+    assert_eq!((content, calls[0].arguments.as_str()), (None, r#"{"city":"Paris"}"#));
     // Unknown tools and broken JSON stay content, untouched.
     for t in [
         "<tool_call>{\"name\": \"nope\", \"arguments\": {}}</tool_call>",
