@@ -10,17 +10,22 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
-use kvgate_engine::{Event, GenerateRequest, TokenLogprob};
-use serde_json::{json, Map, Value};
+use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, running_usage, sse, stop_reason, submit_all, usage_json};
-use crate::params::{kind, Body};
-use crate::sampling::{self, COMMON, UNSUPPORTED};
+use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
+use crate::openai::request::{field_names, only_known, typed, ChatFields, SamplingFields, StructuredFields};
+use crate::openai::response::{
+    to_json, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta,
+    FunctionCallOut, StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
+};
+use crate::params::kind;
+use crate::sampling::{self, int_in};
 use crate::state::AppState;
 use crate::structured;
 use crate::tools::stream::{CallStream, Piece};
-use crate::tools::{self, call_id, call_json, ToolSpec};
+use crate::tools::{self, call_id, ParsedCall, ToolSpec};
 
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
@@ -189,55 +194,72 @@ pub fn render_with_tools(
     Ok(text)
 }
 
-fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> Value {
-    let entry = |id: u32, lp: f32| {
-        let s = st.tokenizer.decode(&[id], false).unwrap_or_default();
-        let bytes: Vec<u8> = s.as_bytes().to_vec();
-        (s, lp, bytes)
-    };
-    let content: Vec<Value> = lps
+fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> ChatLogprobs {
+    let text = |id: u32| st.tokenizer.decode(&[id], false).unwrap_or_default();
+    let content = lps
         .iter()
         .map(|l| {
-            let (s, lp, bytes) = entry(l.token, l.logprob);
-            let top: Vec<Value> = l
-                .top
-                .iter()
-                .map(|(id, lp)| {
-                    let (s, lp, bytes) = entry(*id, *lp);
-                    json!({"token": s, "logprob": lp, "bytes": bytes})
-                })
-                .collect();
-            json!({"token": s, "logprob": lp, "bytes": bytes, "top_logprobs": top})
+            let s = text(l.token);
+            TokenLogprobOut {
+                bytes: s.as_bytes().to_vec(),
+                token: s,
+                logprob: l.logprob,
+                top_logprobs: l
+                    .top
+                    .iter()
+                    .map(|&(id, lp)| {
+                        let s = text(id);
+                        TopLogprob {
+                            bytes: s.as_bytes().to_vec(),
+                            token: s,
+                            logprob: lp,
+                        }
+                    })
+                    .collect(),
+            }
         })
         .collect();
-    json!({ "content": content })
+    ChatLogprobs { content }
+}
+
+/// A parsed call as it goes out (`index` only in stream deltas).
+fn call_out(c: &ParsedCall, index: Option<usize>) -> ToolCallOut {
+    ToolCallOut {
+        index,
+        id: call_id(),
+        kind: "function",
+        function: FunctionCallOut {
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        },
+    }
 }
 
 /// The assistant message of a finished choice: tool calls parsed out when tools were offered.
-fn message(text: &str, tools: Option<&ToolSpec>) -> (Value, bool) {
+fn message(text: &str, tools: Option<&ToolSpec>) -> (AssistantMessage, bool) {
     let Some(spec) = tools else {
-        return (json!({"role": "assistant", "content": text}), false);
+        let m = AssistantMessage {
+            role: "assistant",
+            content: Some(text.to_string()),
+            tool_calls: None,
+        };
+        return (m, false);
     };
     let (content, calls) = spec.parse(text);
-    if calls.is_empty() {
-        return (
-            json!({"role": "assistant", "content": content, "tool_calls": []}),
-            false,
-        );
-    }
-    let calls: Vec<Value> = calls.iter().map(|c| call_json(c, &call_id())).collect();
-    (
-        json!({"role": "assistant", "content": content, "tool_calls": calls}),
-        true,
-    )
+    let called = !calls.is_empty();
+    let m = AssistantMessage {
+        role: "assistant",
+        content,
+        tool_calls: Some(calls.iter().map(|c| call_out(c, None)).collect()),
+    };
+    (m, called)
 }
 
 /// `finish_reason`: `tool_calls` when a choice that stopped by itself made calls.
-fn finish_reason(reason: Option<kvgate_engine::FinishReason>, called: bool) -> Value {
+fn finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'static str> {
     match reason {
-        Some(kvgate_engine::FinishReason::Stop) if called => "tool_calls".into(),
-        Some(r) => r.as_str().into(),
-        None => Value::Null,
+        Some(FinishReason::Stop) if called => Some("tool_calls"),
+        r => r.map(FinishReason::as_str),
     }
 }
 
@@ -248,35 +270,35 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
-    let b = Body::new(&map);
-    let mut allowed: Vec<&str> = COMMON.iter().copied().filter(|k| *k != "echo").collect();
-    allowed.extend([
-        "messages",
-        "logprobs",
-        "top_logprobs",
-        "max_completion_tokens",
-        "chat_template_kwargs",
-        "add_generation_prompt",
-        "continue_final_message",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-    ]);
-    allowed.extend(structured::FIELDS);
-    let mut unsupported = UNSUPPORTED.to_vec();
-    unsupported.push("echo");
-    b.only(&allowed, &unsupported)?;
-    let model = st.check_model(b.str("model")?)?;
-    let messages = normalize_messages(b.raw("messages"), "messages")?;
-    let add_gen = b.bool("add_generation_prompt")?.unwrap_or(true);
-    let cont = b.bool("continue_final_message")?.unwrap_or(false);
-    if add_gen && cont && b.raw("add_generation_prompt").is_some() {
+    only_known(
+        &map,
+        &[
+            field_names::<SamplingFields>(),
+            field_names::<StructuredFields>(),
+            field_names::<ChatFields>(),
+        ],
+    )?;
+    let value = Value::Object(map);
+    let sf: SamplingFields = typed(&value)?;
+    let so: StructuredFields = typed(&value)?;
+    let cf: ChatFields = typed(&value)?;
+    if cf.echo.is_some() {
+        return Err(ApiError::param(
+            "echo",
+            "'echo' is not supported by kvgate on chat completions",
+        ));
+    }
+    let model = st.check_model(sf.model.as_deref())?;
+    let messages = normalize_messages(cf.messages.as_ref().filter(|v| !v.is_null()), "messages")?;
+    let add_gen = cf.add_generation_prompt.unwrap_or(true);
+    let cont = cf.continue_final_message.unwrap_or(false);
+    if add_gen && cont && cf.add_generation_prompt.is_some() {
         return Err(ApiError::param(
             "continue_final_message",
             "'continue_final_message' cannot be combined with 'add_generation_prompt'",
         ));
     }
-    let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
+    let kwargs = cf.chat_template_kwargs.clone().unwrap_or_default();
     for reserved in ["messages", "add_generation_prompt", "tools"] {
         if kwargs.contains_key(reserved) {
             return Err(ApiError::param(
@@ -285,8 +307,8 @@ pub async fn chat_completions(
             ));
         }
     }
-    let tool_spec = tools::read(&b)?;
-    let mut constraint = structured::read(&b)?;
+    let tool_spec = tools::read(cf.tools.as_ref(), cf.tool_choice.as_ref(), cf.parallel_tool_calls)?;
+    let mut constraint = structured::read(&so)?;
     if let Some(g) = tool_spec.as_ref().and_then(ToolSpec::grammar) {
         if let Some((field, _)) = &constraint {
             return Err(ApiError::param(
@@ -302,19 +324,19 @@ pub async fn chat_completions(
         .encode(&text, false)
         .map_err(|e| ApiError::param("messages", e.to_string()))?;
     let mt = match (
-        b.int_in("max_completion_tokens", 1, i64::MAX)?,
-        b.int_in("max_tokens", 1, i64::MAX)?,
+        int_in("max_completion_tokens", cf.max_completion_tokens, 1, i64::MAX)?,
+        int_in("max_tokens", sf.max_tokens, 1, i64::MAX)?,
     ) {
         (Some(a), _) => Some(a),
         (None, b) => b,
     };
-    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, mt)?;
+    let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, mt)?;
     let room = st.engine.limits().room_after(ids.len())?;
     if !c.max_tokens_given {
         c.params.max_tokens = room;
     }
-    let want_lp = b.bool("logprobs")?.unwrap_or(false);
-    let top = b.int_in("top_logprobs", 0, 20)?;
+    let want_lp = cf.logprobs.unwrap_or(false);
+    let top = int_in("top_logprobs", cf.top_logprobs, 0, 20)?;
     if top.is_some() && !want_lp {
         return Err(ApiError::param(
             "top_logprobs",
@@ -328,7 +350,7 @@ pub async fn chat_completions(
         c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
     }
     if st.args.log_requests {
-        tracing::info!(body = %serde_json::Value::Object(map.clone()), "chat request");
+        tracing::info!(body = %value, "chat request");
     }
     let n = c.params.n;
     let prompt_len = ids.len();
@@ -344,29 +366,29 @@ pub async fn chat_completions(
     let created = now_secs();
     if !c.stream {
         let (choices, _, usage) = collect(tagged, n).await?;
-        let out: Vec<Value> = choices
+        let choices = choices
             .iter()
             .enumerate()
             .map(|(i, ch)| {
-                let (msg, called) = message(&ch.text, tool_spec.as_ref());
-                json!({
-                    "index": i,
-                    "message": msg,
-                    "logprobs": if want_lp { chat_logprobs(&st, &ch.logprobs) } else { Value::Null },
-                    "finish_reason": finish_reason(ch.finish, called),
-                    "stop_reason": stop_reason(&ch.stop),
-                })
+                let (message, called) = message(&ch.text, tool_spec.as_ref());
+                ChatChoice {
+                    index: i,
+                    message,
+                    logprobs: want_lp.then(|| chat_logprobs(&st, &ch.logprobs)),
+                    finish_reason: finish_reason(ch.finish, called),
+                    stop_reason: StopReason::of(&ch.stop),
+                }
             })
             .collect();
-        return Ok(axum::Json(json!({
-            "id": id,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": out,
-            "usage": usage_json(&usage),
-        }))
-        .into_response());
+        let out = ChatCompletion {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices,
+            usage: UsageOut::of(&usage),
+        };
+        return Ok(axum::Json(out).into_response());
     }
     let include_usage = c.include_usage;
     let continuous = c.continuous_usage;
@@ -374,92 +396,132 @@ pub async fn chat_completions(
     let mut started = vec![false; n];
     let mut calls: Vec<CallStream> = (0..n).map(|_| CallStream::default()).collect();
     let stream = merged(tagged).map(move |(_, ev)| {
-        let chunk = |index: usize, delta: Value, lp: Value, finish: Value, stop: Value| {
-            json!({
-                "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish, "stop_reason": stop}],
-            })
+        let chunk = |choices: Vec<ChunkChoice>, usage: Option<UsageOut>| ChatChunk {
+            id: id.clone(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.clone(),
+            choices,
+            usage,
         };
-        let mut out = vec![];
-        let mut open = |choice: usize, out: &mut Vec<Value>| {
-            if !started[choice] {
-                started[choice] = true;
-                out.push(chunk(choice, json!({"role": "assistant", "content": ""}), Value::Null, Value::Null, Value::Null));
+        let choice = |index: usize, delta: Delta| ChunkChoice {
+            index,
+            delta,
+            logprobs: None,
+            finish_reason: None,
+            stop_reason: None,
+        };
+        let mut out: Vec<ChatChunk> = vec![];
+        let mut open = |index: usize, out: &mut Vec<ChatChunk>| {
+            if !started[index] {
+                started[index] = true;
+                let d = Delta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                    tool_calls: None,
+                };
+                out.push(chunk(vec![choice(index, d)], None));
             }
         };
         // Text deltas of a choice, through its tool-call stream when tools were offered.
-        let deltas = |choice: usize, pieces: Vec<Piece>, calls: &CallStream| -> Vec<Value> {
-            let first = calls.calls() - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
-            let mut k = first;
+        let deltas = |index: usize, pieces: Vec<Piece>, calls: &CallStream| -> Vec<ChatChunk> {
+            let mut k = calls.calls() - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
             pieces
                 .into_iter()
                 .map(|p| match p {
-                    Piece::Content(t) => json!({"content": t}),
+                    Piece::Content(t) => Delta {
+                        content: Some(t),
+                        ..Default::default()
+                    },
                     Piece::Call(c) => {
-                        let mut v = call_json(&c, &call_id());
-                        v["index"] = k.into();
                         k += 1;
-                        json!({"tool_calls": [v]})
+                        Delta {
+                            tool_calls: Some(vec![call_out(&c, Some(k - 1))]),
+                            ..Default::default()
+                        }
                     }
                 })
-                .map(|d| chunk(choice, d, Value::Null, Value::Null, Value::Null))
+                .map(|d| chunk(vec![choice(index, d)], None))
                 .collect()
         };
         match ev {
-            Event::Token { choice, text, logprob, .. } => {
+            Event::Token {
+                choice: index,
+                text,
+                logprob,
+                ..
+            } => {
                 emitted += 1;
-                open(choice, &mut out);
+                open(index, &mut out);
                 let lp = match (want_lp, logprob) {
-                    (true, Some(l)) => chat_logprobs(&st, &[l]),
-                    _ => Value::Null,
+                    (true, Some(l)) => Some(chat_logprobs(&st, &[l])),
+                    _ => None,
                 };
-                match (&tool_spec, calls.get_mut(choice)) {
+                match (&tool_spec, calls.get_mut(index)) {
                     (Some(spec), Some(cs)) => {
                         let pieces = cs.push(spec, &text);
-                        out.extend(deltas(choice, pieces, cs));
-                        if !lp.is_null() {
-                            out.push(chunk(choice, json!({}), lp, Value::Null, Value::Null));
+                        out.extend(deltas(index, pieces, cs));
+                        if lp.is_some() {
+                            let mut c = choice(index, Delta::default());
+                            c.logprobs = lp;
+                            out.push(chunk(vec![c], None));
                         }
                     }
                     _ => {
-                        if !text.is_empty() || !lp.is_null() {
-                            out.push(chunk(choice, json!({"content": text}), lp, Value::Null, Value::Null));
+                        if !text.is_empty() || lp.is_some() {
+                            let mut c = choice(
+                                index,
+                                Delta {
+                                    content: Some(text),
+                                    ..Default::default()
+                                },
+                            );
+                            c.logprobs = lp;
+                            out.push(chunk(vec![c], None));
                         }
                     }
                 }
             }
-            Event::Finished { choice, reason, text, stop } => {
-                open(choice, &mut out);
-                let delta = match (&tool_spec, calls.get_mut(choice)) {
+            Event::Finished {
+                choice: index,
+                reason,
+                text,
+                stop,
+            } => {
+                open(index, &mut out);
+                let delta = match (&tool_spec, calls.get_mut(index)) {
                     (Some(spec), Some(cs)) => {
                         let mut pieces = cs.push(spec, &text);
                         pieces.extend(cs.finish(spec));
-                        out.extend(deltas(choice, pieces, cs));
-                        json!({})
+                        out.extend(deltas(index, pieces, cs));
+                        Delta::default()
                     }
-                    _ if text.is_empty() => json!({}),
-                    _ => json!({"content": text}),
+                    _ if text.is_empty() => Delta::default(),
+                    _ => Delta {
+                        content: Some(text),
+                        ..Default::default()
+                    },
                 };
-                let called = calls.get(choice).is_some_and(|c| c.calls() > 0);
-                out.push(chunk(choice, delta, Value::Null, finish_reason(Some(reason), called), stop_reason(&stop)));
+                let called = calls.get(index).is_some_and(|c| c.calls() > 0);
+                let mut c = choice(index, delta);
+                c.finish_reason = finish_reason(Some(reason), called);
+                c.stop_reason = StopReason::of(&stop);
+                out.push(chunk(vec![c], None));
             }
             Event::Done(u) => {
                 if include_usage {
-                    out.push(json!({
-                        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": [], "usage": usage_json(&u),
-                    }));
+                    out.push(chunk(vec![], Some(UsageOut::of(&u))));
                 }
             }
-            Event::Error(e) => out.push(ApiError::from(e).body()),
+            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
             Event::PromptLogprobs(_) | Event::Decision { .. } => {}
         }
         if continuous {
-            for c in out.iter_mut().filter(|c| c.get("usage").is_none() && c.get("choices").is_some()) {
-                c["usage"] = running_usage(prompt_len, emitted);
+            for c in out.iter_mut().filter(|c| c.usage.is_none()) {
+                c.usage = Some(UsageOut::running(prompt_len, emitted));
             }
         }
-        out
+        out.iter().map(to_json).collect()
     });
     Ok(sse(stream))
 }

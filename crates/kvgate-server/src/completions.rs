@@ -10,12 +10,13 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
 use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, running_usage, sse, stop_reason, submit_all, usage_json};
-use crate::params::Body;
-use crate::sampling::{self, COMMON, UNSUPPORTED};
+use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
+use crate::openai::request::{field_names, only_known, typed, CompletionFields, SamplingFields, StructuredFields};
+use crate::openai::response::{to_json, Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
+use crate::sampling::{self, int_in};
 use crate::state::AppState;
 
 /// A prompt as given: its tokens and its text (for `echo`).
@@ -27,7 +28,7 @@ struct Prompt {
 /// Tokens an empty text prompt is read as, the first this vocabulary has.
 const DOCUMENT_START: [&str; 4] = ["<|endoftext|>", "<|begin_of_text|>", "<s>", "<bos>"];
 
-fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
+fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
     let tok = &st.tokenizer;
     let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
         let mut ids = tok
@@ -64,7 +65,7 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
         let text = tok.decode(&ids, false).unwrap_or_default();
         Ok(Prompt { ids, text })
     };
-    let prompts = match b.raw("prompt") {
+    let prompts = match prompt.filter(|v| !v.is_null()) {
         None => return Err(ApiError::param("prompt", "'prompt' is required")),
         Some(Value::String(s)) => vec![text_prompt(s)?],
         Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::param("prompt", "'prompt' must not be empty")),
@@ -98,38 +99,30 @@ fn read_prompts(b: &Body, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
 }
 
 /// Legacy completions logprobs for a run of tokens, `text_offset` starting at `offset`.
-fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], offset: usize) -> Value {
-    let mut toks = vec![];
-    let mut token_lps = vec![];
-    let mut tops = vec![];
-    let mut offsets = vec![];
+fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], offset: usize) -> LegacyLogprobs {
+    let mut out = LegacyLogprobs {
+        tokens: vec![],
+        token_logprobs: vec![],
+        top_logprobs: vec![],
+        text_offset: vec![],
+    };
     let mut off = offset;
     for (i, &t) in tokens.iter().enumerate() {
         let s = st.tokenizer.decode(&[t], false).unwrap_or_default();
-        offsets.push(off);
+        out.text_offset.push(off);
         off += s.len();
-        toks.push(Value::String(s));
-        match lps.get(i).and_then(|x| x.as_ref()) {
-            Some(l) => {
-                token_lps.push(json!(l.logprob));
-                let mut m = Map::new();
-                for (id, lp) in &l.top {
-                    m.entry(st.tokenizer.decode(&[*id], false).unwrap_or_default())
-                        .or_insert(json!(lp));
-                }
-                tops.push(if l.top.is_empty() {
-                    Value::Null
-                } else {
-                    Value::Object(m)
-                });
+        out.tokens.push(s);
+        let l = lps.get(i).and_then(|x| x.as_ref());
+        out.token_logprobs.push(l.map(|l| l.logprob));
+        out.top_logprobs.push(l.filter(|l| !l.top.is_empty()).map(|l| {
+            let mut m = TopMap::default();
+            for &(id, lp) in &l.top {
+                m.insert(st.tokenizer.decode(&[id], false).unwrap_or_default(), lp);
             }
-            None => {
-                token_lps.push(Value::Null);
-                tops.push(Value::Null);
-            }
-        }
+            m
+        }));
     }
-    json!({"tokens": toks, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets})
+    out
 }
 
 /// The handler.
@@ -139,30 +132,43 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
-    let b = Body::new(&map);
-    let mut allowed = COMMON.to_vec();
-    allowed.extend(["prompt", "logprobs"]);
-    allowed.extend(crate::structured::FIELDS);
-    b.only(&allowed, UNSUPPORTED)?;
-    let model = st.check_model(b.str("model")?)?;
-    let max_tokens = b.int_in("max_tokens", 0, i64::MAX)?.unwrap_or(16);
+    only_known(
+        &map,
+        &[
+            field_names::<SamplingFields>(),
+            field_names::<StructuredFields>(),
+            field_names::<CompletionFields>(),
+        ],
+    )?;
+    let value = Value::Object(map);
+    let sf: SamplingFields = typed(&value)?;
+    let so: StructuredFields = typed(&value)?;
+    let cf: CompletionFields = typed(&value)?;
+    let model = st.check_model(sf.model.as_deref())?;
+    let echo = cf.echo.unwrap_or(false);
+    let max_tokens = int_in("max_tokens", sf.max_tokens, 0, i64::MAX)?.unwrap_or(16);
     // `max_tokens: 0` with `echo` scores the prompt only (lm-eval's loglikelihood): the engine samples
     // one token from the last position's logits (no further forward pass), which is left out of the
     // answer and of `usage`
     let score_only = max_tokens == 0;
-    if score_only && !(b.bool("echo")?.unwrap_or(false)) {
+    if score_only && !echo {
         return Err(ApiError::param(
             "max_tokens",
             "'max_tokens' must be at least 1 unless 'echo' is true (0 with echo scores the prompt only), got 0",
         ));
     }
-    if score_only && b.bool("stream")?.unwrap_or(false) {
+    if score_only && sf.stream.unwrap_or(false) {
         return Err(ApiError::param(
             "max_tokens",
             "'max_tokens' 0 (score the prompt only) is not supported with 'stream'",
         ));
     }
-    let mut c = sampling::read(&b, &st.defaults, st.engine.limits().vocab_size, Some(max_tokens.max(1)))?;
+    let mut c = sampling::read(
+        &sf,
+        &st.defaults,
+        st.engine.limits().vocab_size,
+        Some(max_tokens.max(1)),
+    )?;
     if score_only && c.params.min_tokens > 0 {
         return Err(ApiError::param(
             "min_tokens",
@@ -172,13 +178,13 @@ pub async fn completions(
             ),
         ));
     }
-    let logprobs = b.int_in("logprobs", 0, 20)?.map(|x| x as usize);
+    let logprobs = int_in("logprobs", cf.logprobs, 0, 20)?.map(|x| x as usize);
     c.params.logprobs = logprobs;
-    if c.echo && logprobs.is_some() {
+    if echo && logprobs.is_some() {
         c.params.prompt_logprobs = logprobs;
     }
-    let prompts = read_prompts(&b, &st)?;
-    if let Some((field, spec)) = crate::structured::read(&b)? {
+    let prompts = read_prompts(cf.prompt.as_ref(), &st)?;
+    if let Some((field, spec)) = crate::structured::read(&so)? {
         if score_only {
             return Err(ApiError::param(
                 field,
@@ -188,7 +194,7 @@ pub async fn completions(
         c.params.guide = Some(crate::structured::compile(st.grammars.clone(), field, spec).await?);
     }
     if st.args.log_requests {
-        tracing::info!(body = %serde_json::Value::Object(map.clone()), "completion request");
+        tracing::info!(body = %value, "completion request");
     }
     let n = c.params.n;
     let reqs = prompts
@@ -214,19 +220,19 @@ pub async fn completions(
             }
             usage.completion_tokens = 0;
         }
-        let out: Vec<Value> = choices
+        let choices = choices
             .iter()
             .enumerate()
             .map(|(i, ch)| {
                 let p = &prompts[i / n];
                 let mut text = String::new();
-                if c.echo {
+                if echo {
                     text.push_str(&p.text);
                 }
                 text.push_str(&ch.text);
                 let lp = logprobs.map(|_| {
                     let gen: Vec<Option<TokenLogprob>> = ch.logprobs.iter().cloned().map(Some).collect();
-                    if c.echo {
+                    if echo {
                         let mut all = prompt_lps[i / n].clone().unwrap_or_else(|| vec![None; p.ids.len()]);
                         all.extend(gen);
                         let mut toks = p.ids.clone();
@@ -236,24 +242,24 @@ pub async fn completions(
                         legacy_logprobs(&st, &gen, &ch.tokens, 0)
                     }
                 });
-                json!({
-                    "index": i,
-                    "text": text,
-                    "logprobs": lp,
-                    "finish_reason": ch.finish.map(|f| f.as_str()),
-                    "stop_reason": stop_reason(&ch.stop),
-                })
+                CompletionChoice {
+                    index: i,
+                    text,
+                    logprobs: lp,
+                    finish_reason: ch.finish.map(FinishReason::as_str),
+                    stop_reason: StopReason::of(&ch.stop),
+                }
             })
             .collect();
-        return Ok(axum::Json(json!({
-            "id": id,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": out,
-            "usage": usage_json(&usage),
-        }))
-        .into_response());
+        let out = Completion {
+            id,
+            object: "text_completion",
+            created,
+            model,
+            choices,
+            usage: Some(UsageOut::of(&usage)),
+        };
+        return Ok(axum::Json(out).into_response());
     }
     // Streaming.
     let prompts_text: Vec<String> = prompts.iter().map(|p| p.text.clone()).collect();
@@ -268,19 +274,32 @@ pub async fn completions(
     let continuous = c.continuous_usage;
     let prompt_len: usize = prompts.iter().map(|p| p.ids.len()).sum();
     let mut emitted = 0usize;
-    let echo = c.echo;
     let stream = merged(tagged).map(move |(pi, ev)| {
-        let chunk = |index: usize, text: String, lp: Value, finish: Value, stop: Value| {
-            json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish, "stop_reason": stop}],
-            })
+        let chunk = |choices: Vec<CompletionChoice>, usage: Option<UsageOut>| Completion {
+            id: id.clone(),
+            object: "text_completion",
+            created,
+            model: model.clone(),
+            choices,
+            usage,
         };
-        let mut out: Vec<Value> = vec![];
+        let choice = |index: usize, text: String, logprobs: Option<LegacyLogprobs>| CompletionChoice {
+            index,
+            text,
+            logprobs,
+            finish_reason: None,
+            stop_reason: None,
+        };
+        let mut out: Vec<Completion> = vec![];
         match ev {
-            Event::Token { choice, token, text, logprob } => {
+            Event::Token {
+                choice: c,
+                token,
+                text,
+                logprob,
+            } => {
                 emitted += 1;
-                let idx = pi * n + choice;
+                let idx = pi * n + c;
                 let mut t = String::new();
                 let first_echo = echo && !echoed[idx];
                 if first_echo {
@@ -291,12 +310,13 @@ pub async fn completions(
                 let lp = match (logprobs, logprob) {
                     // the echoed prompt's logprobs come with its text, offsets counting from its start
                     (Some(_), Some(l)) if first_echo => {
-                        let mut all =
-                            prompt_lps[pi].clone().unwrap_or_else(|| vec![None; prompt_ids[pi].len()]);
+                        let mut all = prompt_lps[pi]
+                            .clone()
+                            .unwrap_or_else(|| vec![None; prompt_ids[pi].len()]);
                         all.push(Some(l));
                         let mut toks = prompt_ids[pi].clone();
                         toks.push(token);
-                        let v = legacy_logprobs(&st, &all, &toks, 0);
+                        let v = Some(legacy_logprobs(&st, &all, &toks, 0));
                         offsets[idx] = toks
                             .iter()
                             .map(|&t| st.tokenizer.decode(&[t], false).map(|s| s.len()).unwrap_or(0))
@@ -304,16 +324,24 @@ pub async fn completions(
                         v
                     }
                     (Some(_), Some(l)) => {
-                        let v = legacy_logprobs(&st, &[Some(l)], &[token], offsets[idx]);
+                        let v = Some(legacy_logprobs(&st, &[Some(l)], &[token], offsets[idx]));
                         offsets[idx] += st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0);
                         v
                     }
-                    _ => Value::Null,
+                    _ => None,
                 };
-                out.push(chunk(idx, t, lp, Value::Null, Value::Null));
+                out.push(chunk(vec![choice(idx, t, lp)], None));
             }
-            Event::Finished { choice, reason, text, stop } => {
-                out.push(chunk(pi * n + choice, text, Value::Null, reason.as_str().into(), stop_reason(&stop)));
+            Event::Finished {
+                choice: c,
+                reason,
+                text,
+                stop,
+            } => {
+                let mut ch = choice(pi * n + c, text, None);
+                ch.finish_reason = Some(reason.as_str());
+                ch.stop_reason = StopReason::of(&stop);
+                out.push(chunk(vec![ch], None));
             }
             Event::Done(u) => {
                 usage.prompt_tokens += u.prompt_tokens;
@@ -321,22 +349,19 @@ pub async fn completions(
                 usage.cached_tokens += u.cached_tokens;
                 done += 1;
                 if done == total_prompts && include_usage {
-                    out.push(json!({
-                        "id": id, "object": "text_completion", "created": created, "model": model,
-                        "choices": [], "usage": usage_json(&usage),
-                    }));
+                    out.push(chunk(vec![], Some(UsageOut::of(&usage))));
                 }
             }
-            Event::Error(e) => out.push(ApiError::from(e).body()),
+            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
             Event::PromptLogprobs(l) => prompt_lps[pi] = Some(l),
             Event::Decision { .. } => {}
         }
         if continuous {
-            for c in out.iter_mut().filter(|c| c.get("usage").is_none() && c.get("choices").is_some()) {
-                c["usage"] = running_usage(prompt_len, emitted);
+            for c in out.iter_mut().filter(|c| c.usage.is_none()) {
+                c.usage = Some(UsageOut::running(prompt_len, emitted));
             }
         }
-        out
+        out.iter().map(to_json).collect()
     });
     Ok(sse(stream))
 }

@@ -116,10 +116,10 @@ pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
     stream::select_all(streams).boxed()
 }
 
-/// An SSE response: one `data: {json}` event per value, then `data: [DONE]`.
+/// An SSE response: one `data: {json}` event per serialized chunk, then `data: [DONE]`.
 pub fn sse<S>(chunks: S) -> axum::response::Response
 where
-    S: futures::Stream<Item = Vec<serde_json::Value>> + Send + 'static,
+    S: futures::Stream<Item = Vec<String>> + Send + 'static,
 {
     use axum::response::sse::{Event as SseEvent, Sse};
     use axum::response::IntoResponse;
@@ -128,39 +128,11 @@ where
             stream::iter(
                 values
                     .into_iter()
-                    .map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v.to_string()))),
+                    .map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v))),
             )
         })
         .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
     Sse::new(events).into_response()
-}
-
-/// `usage` in the OpenAI shape (with `prompt_tokens_details.cached_tokens` always present).
-pub fn usage_json(u: &Usage) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-    })
-}
-
-/// The running `usage` vLLM puts in every streamed chunk with `stream_options.continuous_usage_stats`.
-pub fn running_usage(prompt: usize, completion: usize) -> serde_json::Value {
-    serde_json::json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    })
-}
-
-/// `stop_reason` as vLLM reports it (the stop string, the stop token id, or null).
-pub fn stop_reason(s: &Option<StopMatch>) -> serde_json::Value {
-    match s {
-        Some(StopMatch::Text(t)) => t.clone().into(),
-        Some(StopMatch::Token(id)) => (*id).into(),
-        None => serde_json::Value::Null,
-    }
 }
 
 /// Unix seconds now.

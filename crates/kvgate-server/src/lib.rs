@@ -14,6 +14,7 @@ mod error;
 mod events;
 pub mod infer;
 mod middleware;
+mod openai;
 mod params;
 mod routes;
 mod sampling;

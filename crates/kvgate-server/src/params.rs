@@ -1,6 +1,6 @@
-//! Typed reading of request bodies: every field is checked for its type and range, and every error is
-//! a 400 that names the parameter, the limit and the value. Unknown or unsupported parameters are
-//! refused by name rather than silently ignored.
+//! Field-by-field reading of the small bodies that have no wire struct of their own (`/tokenize`,
+//! `/detokenize`, System One's model field): every error is a 400 that names the parameter and the
+//! value. The OpenAI endpoints use the serde types of [`crate::openai::request`].
 
 use serde_json::{Map, Value};
 
@@ -67,49 +67,6 @@ impl<'a> Body<'a> {
         }
     }
 
-    /// A number within `[lo, hi]`.
-    pub fn f32_in(&self, k: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
-        match self.raw(k) {
-            None => Ok(None),
-            Some(v) => {
-                let x = v
-                    .as_f64()
-                    .ok_or_else(|| ApiError::param(k, format!("'{k}' must be a number, got {}", show(v))))?;
-                if !(x >= lo as f64 && x <= hi as f64) {
-                    return Err(ApiError::param(
-                        k,
-                        format!("'{k}' must be between {lo} and {hi}, got {x}"),
-                    ));
-                }
-                Ok(Some(x as f32))
-            }
-        }
-    }
-
-    /// An integer within `[lo, hi]`.
-    pub fn int_in(&self, k: &str, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
-        match self.raw(k) {
-            None => Ok(None),
-            Some(v) => {
-                let x = v.as_i64().or_else(|| {
-                    v.as_f64()
-                        .filter(|f| f.fract() == 0.0 && f.abs() < 9e15)
-                        .map(|f| f as i64)
-                });
-                let x = x.ok_or_else(|| ApiError::param(k, format!("'{k}' must be an integer, got {}", show(v))))?;
-                if x < lo || x > hi {
-                    let range = if hi == i64::MAX {
-                        format!("at least {lo}")
-                    } else {
-                        format!("between {lo} and {hi}")
-                    };
-                    return Err(ApiError::param(k, format!("'{k}' must be {range}, got {x}")));
-                }
-                Ok(Some(x))
-            }
-        }
-    }
-
     /// A string.
     pub fn str(&self, k: &str) -> Result<Option<&'a str>, ApiError> {
         match self.raw(k) {
@@ -117,38 +74,6 @@ impl<'a> Body<'a> {
             Some(Value::String(s)) => Ok(Some(s.as_str())),
             Some(v) => Err(ApiError::param(k, format!("'{k}' must be a string, got {}", show(v)))),
         }
-    }
-
-    /// A string or a list of strings (e.g. `stop`), at most `max` items.
-    pub fn strings(&self, k: &str, max: usize) -> Result<Vec<String>, ApiError> {
-        let out = match self.raw(k) {
-            None => vec![],
-            Some(Value::String(s)) => vec![s.clone()],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| {
-                    x.as_str().map(str::to_string).ok_or_else(|| {
-                        ApiError::param(
-                            k,
-                            format!("'{k}' must be a string or a list of strings, got an item {}", show(x)),
-                        )
-                    })
-                })
-                .collect::<Result<_, _>>()?,
-            Some(v) => {
-                return Err(ApiError::param(
-                    k,
-                    format!("'{k}' must be a string or a list of strings, got {}", show(v)),
-                ))
-            }
-        };
-        if out.len() > max {
-            return Err(ApiError::param(
-                k,
-                format!("'{k}' may hold at most {max} items, got {}", out.len()),
-            ));
-        }
-        Ok(out)
     }
 
     /// A list of token ids.

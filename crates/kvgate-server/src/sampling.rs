@@ -1,56 +1,12 @@
-//! The sampling parameters shared by `/v1/completions` and `/v1/chat/completions`, read and validated
-//! into the engine's [`SamplingParams`], with the server defaults of `generation_config.json`.
+//! The sampling parameters shared by `/v1/completions` and `/v1/chat/completions`: the typed
+//! [`SamplingFields`] validated (ranges, combinations, the limit and the value named) into the
+//! engine's [`SamplingParams`], with the server defaults of `generation_config.json`.
 
 use kvgate_engine::SamplingParams;
 use kvgate_model::GenerationDefaults;
 
 use crate::error::ApiError;
-use crate::params::Body;
-
-/// Parameters accepted by both endpoints.
-pub const COMMON: &[&str] = &[
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "include_stop_str_in_output",
-    "ignore_eos",
-    "min_tokens",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "stream",
-    "stream_options",
-    "user",
-    "store",
-    "metadata",
-    "service_tier",
-    "reasoning_effort",
-    "cache_salt",
-    "skip_special_tokens",
-    "echo",
-];
-
-/// OpenAI parameters kvgate does not implement: refused by name instead of silently ignored.
-pub const UNSUPPORTED: &[&str] = &[
-    "best_of",
-    "suffix",
-    "functions",
-    "function_call",
-    "audio",
-    "modalities",
-    "prediction",
-    "web_search_options",
-    "use_beam_search",
-    "prompt_logprobs",
-];
+use crate::openai::request::{Int, OneOrMany, SamplingFields};
 
 /// What the handlers need besides the sampling parameters.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,28 +23,54 @@ pub struct Common {
     pub continuous_usage: bool,
     /// `cache_salt`.
     pub cache_salt: Option<String>,
-    /// `echo`.
-    pub echo: bool,
 }
 
-/// Reads the common parameters. `max_tokens_key` is `max_tokens` (or chat's `max_completion_tokens`).
+/// `name` as an f32 within `[lo, hi]` (NaN never is).
+fn in_range(name: &str, v: Option<f64>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(x) if x >= lo as f64 && x <= hi as f64 => Ok(Some(x as f32)),
+        Some(x) => Err(ApiError::param(
+            name,
+            format!("'{name}' must be between {lo} and {hi}, got {x}"),
+        )),
+    }
+}
+
+/// `name` as an integer within `[lo, hi]`.
+pub fn int_in(name: &str, v: Option<Int>, lo: i64, hi: i64) -> Result<Option<i64>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(Int(x)) if x >= lo && x <= hi => Ok(Some(x)),
+        Some(Int(x)) => {
+            let range = if hi == i64::MAX {
+                format!("at least {lo}")
+            } else {
+                format!("between {lo} and {hi}")
+            };
+            Err(ApiError::param(name, format!("'{name}' must be {range}, got {x}")))
+        }
+    }
+}
+
+/// The validation pass over the sampling fields: ranges, combinations, the server defaults of
+/// `generation_config.json`. `max_tokens` is the endpoint's (chat's `max_completion_tokens` wins).
 pub fn read(
-    b: &Body,
+    b: &SamplingFields,
     defaults: &GenerationDefaults,
     vocab: usize,
     max_tokens: Option<i64>,
 ) -> Result<Common, ApiError> {
+    b.refuse_unsupported()?;
     let mut p = SamplingParams {
-        temperature: b
-            .f32_in("temperature", 0.0, f32::MAX)?
+        temperature: in_range("temperature", b.temperature, 0.0, f32::MAX)?
             .or(defaults.temperature)
             .unwrap_or(1.0),
-        top_p: b.f32_in("top_p", 0.0, 1.0)?.or(defaults.top_p).unwrap_or(1.0),
-        min_p: b.f32_in("min_p", 0.0, 1.0)?.or(defaults.min_p).unwrap_or(0.0),
-        presence_penalty: b.f32_in("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        frequency_penalty: b.f32_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        repetition_penalty: b
-            .f32_in("repetition_penalty", 0.0, f32::MAX)?
+        top_p: in_range("top_p", b.top_p, 0.0, 1.0)?.or(defaults.top_p).unwrap_or(1.0),
+        min_p: in_range("min_p", b.min_p, 0.0, 1.0)?.or(defaults.min_p).unwrap_or(0.0),
+        presence_penalty: in_range("presence_penalty", b.presence_penalty, -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: in_range("frequency_penalty", b.frequency_penalty, -2.0, 2.0)?.unwrap_or(0.0),
+        repetition_penalty: in_range("repetition_penalty", b.repetition_penalty, 0.0, f32::MAX)?
             .or(defaults.repetition_penalty)
             .unwrap_or(1.0),
         ..Default::default()
@@ -102,13 +84,13 @@ pub fn read(
             "'repetition_penalty' must be greater than 0, got 0",
         ));
     }
-    let top_k = b.int_in("top_k", -1, i64::MAX)?.or(defaults.top_k).unwrap_or(0);
+    let top_k = int_in("top_k", b.top_k, -1, i64::MAX)?.or(defaults.top_k).unwrap_or(0);
     p.top_k = if top_k <= 0 { 0 } else { top_k as usize };
-    p.seed = b.int_in("seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
-    p.n = b.int_in("n", 1, 128)?.unwrap_or(1) as usize;
+    p.seed = b.seed.map(|Int(s)| s as u64);
+    p.n = int_in("n", b.n, 1, 128)?.unwrap_or(1) as usize;
     let mt = max_tokens;
     p.max_tokens = mt.unwrap_or(0) as usize;
-    p.min_tokens = b.int_in("min_tokens", 0, i64::MAX)?.unwrap_or(0) as usize;
+    p.min_tokens = int_in("min_tokens", b.min_tokens, 0, i64::MAX)?.unwrap_or(0) as usize;
     if mt.is_some() && p.min_tokens > p.max_tokens {
         return Err(ApiError::param(
             "min_tokens",
@@ -118,73 +100,58 @@ pub fn read(
             ),
         ));
     }
-    p.stop = b.strings("stop", 64)?;
-    p.stop_token_ids = b.ids("stop_token_ids")?;
+    p.stop = b.stop.clone().map(OneOrMany::into_vec).unwrap_or_default();
+    if p.stop.len() > 64 {
+        return Err(ApiError::param(
+            "stop",
+            format!("'stop' may hold at most 64 items, got {}", p.stop.len()),
+        ));
+    }
+    p.stop_token_ids = b.stop_token_ids.clone().unwrap_or_default();
     if let Some(&bad) = p.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::param(
             "stop_token_ids",
             format!("token id {bad} is outside the vocabulary (size {vocab})"),
         ));
     }
-    p.include_stop_str_in_output = b.bool("include_stop_str_in_output")?.unwrap_or(false);
-    p.ignore_eos = b.bool("ignore_eos")?.unwrap_or(false);
-    p.skip_special_tokens = b.bool("skip_special_tokens")?.unwrap_or(true);
-    if let Some(bias) = b.object("logit_bias")? {
+    p.include_stop_str_in_output = b.include_stop_str_in_output.unwrap_or(false);
+    p.ignore_eos = b.ignore_eos.unwrap_or(false);
+    p.skip_special_tokens = b.skip_special_tokens.unwrap_or(true);
+    if let Some(bias) = &b.logit_bias {
         if bias.len() > 300 {
             return Err(ApiError::param(
                 "logit_bias",
                 format!("'logit_bias' may hold at most 300 entries, got {}", bias.len()),
             ));
         }
-        for (k, v) in bias {
+        for (k, &x) in bias {
             let id: u32 = k.parse().ok().filter(|&i: &u32| (i as usize) < vocab).ok_or_else(|| {
                 ApiError::param(
                     "logit_bias",
                     format!("'logit_bias' key {k:?} is not a token id below {vocab}"),
                 )
             })?;
-            let x = v.as_f64().filter(|x| (-100.0..=100.0).contains(x)).ok_or_else(|| {
-                ApiError::param(
+            if !(-100.0..=100.0).contains(&x) {
+                return Err(ApiError::param(
                     "logit_bias",
-                    format!("'logit_bias' values must be numbers between -100 and 100, got {v}"),
-                )
-            })?;
+                    format!("'logit_bias' values must be numbers between -100 and 100, got {x}"),
+                ));
+            }
             p.logit_bias.push((id, x as f32));
         }
     }
-    let stream = b.bool("stream")?.unwrap_or(false);
-    let mut include_usage = false;
-    let mut continuous = false;
-    if let Some(so) = b.object("stream_options")? {
-        if !stream {
-            return Err(ApiError::param(
-                "stream_options",
-                "'stream_options' is only allowed when 'stream' is true",
-            ));
-        }
-        for (k, v) in so {
-            match (k.as_str(), v) {
-                ("include_usage", serde_json::Value::Bool(x)) => include_usage = *x,
-                ("continuous_usage_stats", serde_json::Value::Bool(x)) => continuous = *x,
-                ("include_usage" | "continuous_usage_stats", _) => {
-                    return Err(ApiError::param(
-                        "stream_options",
-                        format!("'stream_options.{k}' must be a boolean"),
-                    ))
-                }
-                _ => {
-                    return Err(ApiError::param(
-                        "stream_options",
-                        format!("unsupported stream option '{k}'"),
-                    ))
-                }
-            }
-        }
+    let stream = b.stream.unwrap_or(false);
+    let so = b.stream_options.clone().unwrap_or_default();
+    if b.stream_options.is_some() && !stream {
+        return Err(ApiError::param(
+            "stream_options",
+            "'stream_options' is only allowed when 'stream' is true",
+        ));
     }
-    let _ = b.str("user")?;
+    let include_usage = so.include_usage.unwrap_or(false);
+    let continuous = so.continuous_usage_stats.unwrap_or(false);
     harmless(b)?;
-    let cache_salt = b.str("cache_salt")?.map(str::to_string);
-    if cache_salt.as_deref() == Some("") {
+    if b.cache_salt.as_deref() == Some("") {
         return Err(ApiError::param("cache_salt", "'cache_salt' must not be empty"));
     }
     Ok(Common {
@@ -193,18 +160,16 @@ pub fn read(
         stream,
         include_usage,
         continuous_usage: include_usage && continuous,
-        cache_salt,
-        echo: b.bool("echo")?.unwrap_or(false),
+        cache_salt: b.cache_salt.clone(),
     })
 }
 
 /// OpenAI fields accepted with the meaning they have for a server that stores nothing and has one
-/// service tier and no reasoning mode (as vLLM): checked for their type and OpenAI's limits, then
-/// ignored. `store`: nothing is stored; `metadata`: for stored completions only; `service_tier`:
-/// kvgate has one; `reasoning_effort`: the served model does not reason.
-fn harmless(b: &Body) -> Result<(), ApiError> {
-    let _ = b.bool("store")?;
-    if let Some(m) = b.object("metadata")? {
+/// service tier and no reasoning mode (as vLLM): checked for OpenAI's limits, then ignored. `user`:
+/// for abuse tracking; `store`: nothing is stored; `metadata`: for stored completions only;
+/// `service_tier`: kvgate has one; `reasoning_effort`: the served model does not reason.
+fn harmless(b: &SamplingFields) -> Result<(), ApiError> {
+    if let Some(m) = &b.metadata {
         if m.len() > 16 {
             return Err(ApiError::param(
                 "metadata",
@@ -223,15 +188,20 @@ fn harmless(b: &Body) -> Result<(), ApiError> {
             }
         }
     }
-    for (k, allowed) in [
-        ("service_tier", &["auto", "default", "flex", "scale", "priority"][..]),
+    for (k, v, allowed) in [
+        (
+            "service_tier",
+            &b.service_tier,
+            &["auto", "default", "flex", "scale", "priority"][..],
+        ),
         (
             "reasoning_effort",
+            &b.reasoning_effort,
             &["none", "minimal", "low", "medium", "high", "xhigh"][..],
         ),
     ] {
-        if let Some(v) = b.str(k)? {
-            if !allowed.contains(&v) {
+        if let Some(v) = v {
+            if !allowed.contains(&v.as_str()) {
                 return Err(ApiError::param(
                     k,
                     format!("'{k}' must be one of {}, got {v:?}", allowed.join(", ")),

@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
-use crate::params::Body;
 
 /// `tools[i]`.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -93,23 +92,14 @@ pub struct ParsedCall {
 fn serde_msg(e: serde_json::Error) -> String {
     e.to_string()
 }
-
-/// Reads `tools`, `tool_choice` and `parallel_tool_calls`. `None` when no tool is offered (no
-/// `tools`, an empty list, or only `tool_choice: "none"` / `"auto"`).
-pub fn read(b: &Body) -> Result<Option<ToolSpec>, ApiError> {
-    for legacy in ["functions", "function_call"] {
-        if b.raw(legacy).is_some() {
-            return Err(ApiError::param(
-                legacy,
-                format!("'{legacy}' (deprecated by OpenAI) is not supported by kvgate; use 'tools' and 'tool_choice'"),
-            ));
-        }
-    }
-    let tools: Vec<Tool> = match b.raw("tools") {
-        None => vec![],
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|e| ApiError::param("tools", format!("'tools' is not a list of tools: {}", serde_msg(e))))?,
-    };
+/// Checks `tools`, `tool_choice` and `parallel_tool_calls` (already typed). `None` when no tool is
+/// offered (no `tools`, an empty list, or `tool_choice: "none"`).
+pub fn read(
+    tools: Option<&Vec<Tool>>,
+    tool_choice: Option<&Value>,
+    parallel: Option<bool>,
+) -> Result<Option<ToolSpec>, ApiError> {
+    let tools: Vec<Tool> = tools.cloned().unwrap_or_default();
     if tools.len() > 128 {
         return Err(ApiError::param(
             "tools",
@@ -146,7 +136,7 @@ pub fn read(b: &Body) -> Result<Option<ToolSpec>, ApiError> {
             }
         }
     }
-    let choice = match b.raw("tool_choice") {
+    let choice = match tool_choice.filter(|v| !v.is_null()) {
         None => ToolChoice::Auto,
         Some(Value::String(s)) => match s.as_str() {
             "none" => ToolChoice::None,
@@ -172,7 +162,7 @@ pub fn read(b: &Body) -> Result<Option<ToolSpec>, ApiError> {
             ToolChoice::Named(n.function.name)
         }
     };
-    let parallel = b.bool("parallel_tool_calls")?.unwrap_or(true);
+    let parallel = parallel.unwrap_or(true);
     match (&choice, tools.is_empty()) {
         (ToolChoice::Required | ToolChoice::Named(_), true) => {
             return Err(ApiError::param(
@@ -360,11 +350,6 @@ fn may_be_bare(t: &str) -> bool {
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
-
-/// A tool call in a response: `{"id", "type": "function", "function": {"name", "arguments"}}`.
-pub fn call_json(c: &ParsedCall, id: &str) -> Value {
-    json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
-}
 
 /// A fresh tool-call id.
 pub fn call_id() -> String {
