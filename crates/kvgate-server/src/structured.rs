@@ -64,12 +64,14 @@ pub fn read(b: &StructuredFields) -> Result<Option<(&'static str, GrammarSpec)>,
         match specs.len() {
             0 => {}
             1 => found.extend(specs.into_iter().map(|s| ("structured_outputs", s))),
-            k => return Err(ApiError::param(
-                "structured_outputs",
-                format!(
+            k => {
+                return Err(ApiError::param(
+                    "structured_outputs",
+                    format!(
                     "'structured_outputs' must set exactly one of json, regex, choice, grammar, json_object; got {k}"
                 ),
-            )),
+                ))
+            }
         }
     }
     if let Some(v) = &b.guided_json {
