@@ -36,6 +36,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         max_model_len: 4096,
         model_name: "bench".into(),
         int8_activations: false,
+        max_pinned_blocks: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

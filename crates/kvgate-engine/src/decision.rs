@@ -82,6 +82,11 @@ impl Pins {
         done.into_iter().map(|(_, b)| b).collect()
     }
 
+    /// Removes and returns the oldest pin's blocks (the caller drops their references).
+    pub(crate) fn take_oldest(&mut self) -> Option<Vec<BlockId>> {
+        (!self.pins.is_empty()).then(|| self.pins.remove(0).1)
+    }
+
     /// Earliest deadline, if any.
     pub(crate) fn next_expiry(&self) -> Option<u64> {
         self.pins.iter().map(|(t, _)| *t).min()

@@ -59,6 +59,8 @@ pub struct EngineConfig {
     /// accuracy. Their KV blocks are cached apart from f32-computed ones, so no request ever reads
     /// blocks computed in the other mode.
     pub int8_activations: bool,
+    /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
+    pub max_pinned_blocks: Option<usize>,
 }
 
 /// Joined in front of the cache salt of requests computed with 8-bit activations: their blocks never
@@ -143,7 +145,7 @@ pub fn start_with_backend(
         next_id: AtomicU64::new(1),
         limits,
     });
-    let sched = Scheduler::new(
+    let mut sched = Scheduler::new(
         SchedulerConfig {
             max_num_seqs: cfg.max_num_seqs,
             max_num_batched_tokens: cfg.max_num_batched_tokens,
@@ -153,6 +155,9 @@ pub fn start_with_backend(
         },
         cfg.num_blocks,
     );
+    if let Some(n) = cfg.max_pinned_blocks {
+        sched.set_max_pinned_blocks(n);
+    }
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
         out: OutputProcessor::new(tok, eos, limits),
@@ -277,6 +282,7 @@ impl Engine {
                     preemptions: self.sched.preemptions(),
                     active_requests: self.reqs.len(),
                     pins: self.sched.pinned_blocks(),
+                    pins_released_early: self.sched.pins_released_early(),
                 });
             }
             Command::InjectPanic => self.panic_next = true,
@@ -340,7 +346,9 @@ impl Engine {
         }
         // Whatever bookkeeping a failed step left behind goes with it; cached content is dropped too.
         self.sched.clear_pins();
+        let cap = self.sched.max_pinned_blocks();
         self.sched = Scheduler::new(*self.sched.config(), self.backend.num_blocks());
+        self.sched.set_max_pinned_blocks(cap);
     }
 
     fn drop_abandoned(&mut self) {

@@ -79,6 +79,8 @@ pub struct EngineStats {
     pub active_requests: usize,
     /// Blocks pinned by keep_alive.
     pub pins: usize,
+    /// Pins released before their deadline (the cap, or blocks needed for real work).
+    pub pins_released_early: u64,
 }
 
 pub(crate) enum Command {

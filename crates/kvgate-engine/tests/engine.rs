@@ -57,6 +57,7 @@ fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
         int8_activations: o.int8,
+        max_pinned_blocks: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

@@ -29,6 +29,7 @@ fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
         int8_activations: false,
+        max_pinned_blocks: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok, vocab)
 }

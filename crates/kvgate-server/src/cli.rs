@@ -274,6 +274,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         max_model_len,
         model_name: served_names[0].clone(),
         int8_activations: args.activations == Activations::Int8,
+        max_pinned_blocks: args.max_pinned_blocks,
     };
     let grammars = crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, loaded.model.config().vocab_size);
     let eos_token_ids = loaded.eos_token_ids.clone();

@@ -274,6 +274,11 @@ pub struct Args {
     #[arg(long, env = "KVGATE_ENABLE_PREFIX_CACHING", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub enable_prefix_caching: bool,
 
+    /// Most KV blocks `keep_alive` pins may hold; older pins are released to make room, and any pin is
+    /// released early when real work needs the blocks [default: half the cache]
+    #[arg(long, env = "KVGATE_MAX_PINNED_BLOCKS")]
+    pub max_pinned_blocks: Option<usize>,
+
     /// Turn automatic prefix caching off
     #[arg(long, default_value_t = false)]
     #[serde(skip)]

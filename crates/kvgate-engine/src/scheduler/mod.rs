@@ -43,6 +43,8 @@ pub struct Scheduler {
     waiting: VecDeque<GroupId>,
     running: Vec<GroupId>,
     pins: Pins,
+    max_pinned: usize,
+    pins_released_early: u64,
     preemptions: u64,
 }
 
@@ -54,7 +56,10 @@ impl Scheduler {
 
     /// A scheduler over a given pool (tests use pools with colliding hashes).
     pub fn with_pool(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
+        let max_pinned = pool.total() / 2;
         Scheduler {
+            max_pinned,
+            pins_released_early: 0,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
             reg: Registry::default(),
@@ -223,16 +228,52 @@ impl Scheduler {
     }
 
     /// Pins the full blocks among the first `tokens` tokens of a sequence (those computed) until `until`
-    /// (a caller-defined clock value); returns how many blocks. See [`Scheduler::expire_pins`].
+    /// (a caller-defined clock value); returns how many blocks. Pins never hold more than
+    /// [`Scheduler::max_pinned_blocks`]: older pins are released to make room, and a prefix larger than
+    /// the cap is not pinned at all (0). See [`Scheduler::expire_pins`].
     pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> Result<usize> {
         let s = self.reg.seq(seq)?;
         let n = tokens.min(s.computed) / self.cfg.block_size;
         // Released blocks (slid out of a windowed model's reach) cannot be pinned; the rest can.
         let blocks: Vec<_> = (0..n).filter_map(|i| s.blocks.get(i)).collect();
-        self.kv.pin(&blocks);
         let n = blocks.len();
+        if n == 0 || n > self.max_pinned {
+            return Ok(0);
+        }
+        while self.pinned_blocks() + n > self.max_pinned && self.release_oldest_pin() {}
+        self.kv.pin(&blocks);
         self.pins.add(until, blocks);
         Ok(n)
+    }
+
+    /// Releases the oldest pin before its deadline (its blocks stay cached, now evictable); false when
+    /// nothing is pinned. Pins give way to real work: the scheduler calls this before it preempts a
+    /// running request or leaves a waiting one waiting for blocks.
+    pub fn release_oldest_pin(&mut self) -> bool {
+        match self.pins.take_oldest() {
+            Some(blocks) => {
+                self.kv.unpin(&blocks);
+                self.pins_released_early += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The most blocks pins may hold (half the pool unless set).
+    pub fn max_pinned_blocks(&self) -> usize {
+        self.max_pinned
+    }
+
+    /// Sets the most blocks pins may hold.
+    pub fn set_max_pinned_blocks(&mut self, n: usize) {
+        self.max_pinned = n;
+        while self.pinned_blocks() > self.max_pinned && self.release_oldest_pin() {}
+    }
+
+    /// Pins released before their deadline to make room (pressure or the cap).
+    pub fn pins_released_early(&self) -> u64 {
+        self.pins_released_early
     }
 
     /// Releases pins whose time is `≤ now`; returns how many were released.

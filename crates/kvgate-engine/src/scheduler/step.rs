@@ -95,6 +95,16 @@ impl Scheduler {
         Ok(ok)
     }
 
+    /// Blocks a group needs at least when it runs alone: the distinct blocks its sequences hold plus
+    /// what `sid`'s next `len` tokens need beyond them (at least one: the step could not reserve it).
+    fn needed_alone(&self, g: GroupId, sid: SeqId, len: usize) -> Result<usize> {
+        let mut held = HashSet::new();
+        for &s in self.group_seqs(g) {
+            held.extend(self.reg.seq(s)?.blocks.live().iter().copied());
+        }
+        Ok(held.len() + self.blocks_needed(sid, len)?.max(1))
+    }
+
     /// Blocks a sequence's next `len` tokens need beyond what it holds.
     fn blocks_needed(&self, sid: SeqId, len: usize) -> Result<usize> {
         let s = self.reg.seq(sid)?;
@@ -207,6 +217,10 @@ impl Scheduler {
                         st.budget -= len;
                         break;
                     }
+                    // Pins give way before any running request is preempted.
+                    if self.release_oldest_pin() {
+                        continue;
+                    }
                     let victim = self.running.iter().rev().copied().find(|&v| v != g);
                     let newer =
                         |v: GroupId| -> Result<bool> { Ok(self.reg.group(v)?.order > self.reg.group(g)?.order) };
@@ -219,8 +233,8 @@ impl Scheduler {
                             break;
                         }
                         None => {
-                            // Alone and still too big: it can never run.
-                            let needed = self.blocks_needed(sid, len)?;
+                            // Alone, nothing pinned, and still too big: it can never run.
+                            let needed = self.needed_alone(g, sid, len)?;
                             self.drop_chunks(g, st);
                             st.failed.push((g, needed));
                             self.finish_group(g);
@@ -256,8 +270,13 @@ impl Scheduler {
             let hit = self.match_seq(first)?;
             let s = self.reg.seq(first)?;
             let len = (s.tokens.len() - s.computed).min(st.budget);
-            if len > 0 && !self.try_reserve(first, len, &mut st.copies)? {
-                let needed = self.blocks_needed(first, len)?;
+            let mut fits = len == 0 || self.try_reserve(first, len, &mut st.copies)?;
+            // Pins give way before a request is left waiting for blocks.
+            while !fits && self.release_oldest_pin() {
+                fits = self.try_reserve(first, len, &mut st.copies)?;
+            }
+            if !fits {
+                let needed = self.needed_alone(g, first, len)?;
                 self.unmatch_seq(first)?;
                 if self.running.is_empty() && st.chunks.is_empty() {
                     // Nothing else holds blocks, and it still does not fit.
