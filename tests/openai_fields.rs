@@ -253,3 +253,60 @@ fn tokenizer_info_serves_what_a_remote_tokenizer_reads() {
     let (_, d) = s.post("/detokenize", &json!({"tokens": t["tokens"]}));
     assert_eq!(d["prompt"], "hello world");
 }
+
+#[test]
+fn hostile_corner_values_behave() {
+    let s = InProcess::tiny(&[]);
+    // a subnormal temperature is greedy (it used to overflow 1/T into garbage); a positive top_p too
+    // small for an f32 is still positive (it used to be refused as "got 0")
+    let (_, greedy) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 6, "temperature": 0}),
+    );
+    for extra in [json!({"temperature": 1e-39}), json!({"temperature": 1e-45, "seed": 3})] {
+        let mut b = json!({"prompt": "hello", "max_tokens": 6});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let (st, r) = s.post("/v1/completions", &b);
+        assert_eq!(st, 200, "{r}");
+        assert_eq!(r["choices"][0]["text"], greedy["choices"][0]["text"], "{extra}");
+    }
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "hello", "max_tokens": 2, "top_p": 5e-324}),
+    );
+    assert_eq!(st, 200, "{r}");
+    // a forged X-Request-Id (spaces, quotes, '=': fields in a text log line) is replaced by kvgate's own
+    let body = json!({"prompt": "hi", "max_tokens": 1}).to_string();
+    let (_, hs, _) = s
+        .raw(
+            "POST",
+            "/v1/completions",
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Request-Id", "abc\" status=500 forged=\"1"),
+            ],
+            body.as_bytes(),
+        )
+        .unwrap();
+    let id = hs
+        .iter()
+        .find(|(k, _)| k == "x-request-id")
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    assert!(id.starts_with("req-") && !id.contains(' '), "{id}");
+    let (_, hs, _) = s
+        .raw(
+            "POST",
+            "/v1/completions",
+            &[
+                ("Content-Type", "application/json"),
+                ("X-Request-Id", "trace-42:a/b.c_d"),
+            ],
+            body.as_bytes(),
+        )
+        .unwrap();
+    assert!(
+        hs.iter().any(|(k, v)| k == "x-request-id" && v == "trace-42:a/b.c_d"),
+        "{hs:?}"
+    );
+}

@@ -27,10 +27,14 @@ fn startup_logs_env_keys_and_refused_settings() {
         &body,
     );
     assert_openai_error(st, &r, 401);
+    // the scheme is case-insensitive (RFC 9110)
+    let (st, _, _) = s.post_with("/v1/completions", &[("Authorization", "BEARER first-key")], &body);
+    assert_eq!(st, 200);
     let log = s.log_text();
     assert!(log.contains(ui), "the policy is logged at start-up");
     assert!(log.contains("1 API key(s)"), "{log}");
     assert!(!log.contains("first-key"), "keys never reach the logs");
+    assert!(!log.contains('\x1b'), "no ANSI colour codes in a log written to a file");
     drop(s);
     // keys from the environment (comma-separated); the default policy denies every origin
     let s = Server::start_env(&[], &[("KVGATE_API_KEY", "env-key-1,env-key-2")]);

@@ -369,6 +369,28 @@ fn scripted(refuse: Option<EngineError>, fail_with: Option<EngineError>) -> InPr
 }
 
 #[test]
+fn a_stream_the_engine_drops_ends_with_an_error_event() {
+    // the engine went away mid-request (its channel closed without a terminal event): the SSE stream
+    // says so before [DONE] instead of ending silently
+    let s = scripted(None, None);
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": "hi", "max_tokens": 1, "stream": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "stream": true}),
+        ),
+    ] {
+        let events = s.stream(path, &body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+        let last: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert!(last["error"]["message"].as_str().is_some(), "{path}: {events:?}");
+    }
+}
+
+#[test]
 fn engine_errors_map_to_one_http_shape_each() {
     let completion = json!({"prompt": "hi", "max_tokens": 1});
     let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});

@@ -84,6 +84,9 @@ impl Default for SamplingParams {
     }
 }
 
+/// Temperatures below this sample greedily.
+pub const GREEDY_BELOW: f32 = 1e-5;
+
 /// A token's logprob and the top alternatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
@@ -223,7 +226,8 @@ impl Sampler {
                 m.apply(&mut x);
             }
         }
-        let tok = if p.temperature <= 0.0 {
+        // Below 1e-5 (vLLM's epsilon) is greedy: 1/T would overflow (a subnormal T gives inf).
+        let tok = if p.temperature < GREEDY_BELOW {
             argmax(&x)
         } else {
             self.draw(&mut x, p)
@@ -289,6 +293,23 @@ mod tests {
 
     fn params() -> SamplingParams {
         SamplingParams::default()
+    }
+
+    #[test]
+    fn a_subnormal_temperature_is_greedy() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let want = argmax(&logits);
+        for t in [1e-39f32, 1e-45, 1e-6] {
+            let p = SamplingParams {
+                temperature: t,
+                seed: Some(1),
+                ..params()
+            };
+            let mut s = Sampler::new(&p, &[], 0);
+            for _ in 0..20 {
+                assert_eq!(s.sample(&logits, &p, &[], None).0, want, "temperature {t}");
+            }
+        }
     }
 
     #[test]

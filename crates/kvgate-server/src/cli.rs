@@ -85,8 +85,11 @@ pub enum StartError {
 fn init_logging(args: &Args) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a log written to a file or a pipe gets no ANSI escapes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match args.log_format {
         LogFormat::Json => {

@@ -3,7 +3,7 @@
 //! prompt index · n + choice).
 
 use futures::stream::{self, BoxStream, StreamExt};
-use kvgate_engine::{Event, FinishReason, GenerateRequest, RequestStream, StopMatch, TokenLogprob, Usage};
+use kvgate_engine::{EngineError, Event, FinishReason, GenerateRequest, RequestStream, StopMatch, TokenLogprob, Usage};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -101,12 +101,14 @@ pub async fn collect(
 }
 
 /// All prompts' events merged into one stream of (prompt index, event), ending after each prompt's
-/// terminal event.
+/// terminal event (an `EngineDead` error when its stream ended without one).
 pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
     let streams = tagged.into_iter().map(|t| {
         stream::unfold(Some(t), |state| async move {
             let mut t = state?;
-            let ev = t.stream.next().await?;
+            // A stream that ends without its terminal event (the engine died mid-request) ends with
+            // an error event, never silently.
+            let ev = t.stream.next().await.unwrap_or(Event::Error(EngineError::EngineDead));
             let terminal = matches!(ev, Event::Done(_) | Event::Error(_) | Event::Decision { .. });
             let item = (t.prompt, ev);
             Some((item, if terminal { None } else { Some(t) }))

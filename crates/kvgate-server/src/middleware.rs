@@ -170,9 +170,13 @@ fn key_ok(headers: &HeaderMap, keys: &[String]) -> bool {
     let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let Some(token) = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")) else {
+    // The scheme is case-insensitive (RFC 9110 §11.1): `Bearer`, `bearer`, `BEARER`.
+    let Some((scheme, token)) = v.split_once(' ') else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
     let token = token.trim().as_bytes();
     // Compare against every key without stopping early.
     let mut ok = subtle::Choice::from(0u8);
@@ -221,6 +225,13 @@ pub async fn body_encoding(req: Request, next: Next) -> Response<Body> {
     }
 }
 
+/// Whether a client's `X-Request-Id` may be used as is: 1–128 characters of `A-Z a-z 0-9 . _ : / -`.
+/// Anything else (spaces, quotes, `=`: what could forge fields in a text log line) is replaced by an id
+/// of kvgate's own.
+pub fn safe_request_id(v: &str) -> bool {
+    !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b))
+}
+
 /// Structured request log line per request: id, method, route, status, latency.
 pub async fn log(req: Request, next: Next) -> Response<Body> {
     let start = Instant::now();
@@ -234,7 +245,7 @@ pub async fn log(req: Request, next: Next) -> Response<Body> {
         .headers()
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())
-        .filter(|v| v.len() <= 128)
+        .filter(|v| safe_request_id(v))
         .map(str::to_string)
         .unwrap_or_else(|| crate::events::request_id("req"));
     let mut r = next.run(req).await;

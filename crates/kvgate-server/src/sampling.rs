@@ -25,10 +25,12 @@ pub struct Common {
     pub cache_salt: Option<String>,
 }
 
-/// `name` as an f32 within `[lo, hi]` (NaN never is).
+/// `name` as an f32 within `[lo, hi]` (NaN never is). A positive value too small for an f32 stays
+/// positive (the smallest normal f32), so `top_p: 5e-324` means "the top token", not 0.
 fn in_range(name: &str, v: Option<f64>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
     match v {
         None => Ok(None),
+        Some(x) if x > 0.0 && x < f32::MIN_POSITIVE as f64 && lo as f64 <= x => Ok(Some(f32::MIN_POSITIVE)),
         Some(x) if x >= lo as f64 && x <= hi as f64 => Ok(Some(x as f32)),
         Some(x) => Err(ApiError::param(
             name,
