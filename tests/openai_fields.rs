@@ -310,3 +310,49 @@ fn hostile_corner_values_behave() {
         "{hs:?}"
     );
 }
+
+#[test]
+fn giant_prompts_are_refused_by_their_bytes_before_tokenizing() {
+    // `"a " × 2,000,000` (4 MB): far more bytes than max_model_len tokens can hold; refused without
+    // being tokenized, on every route that tokenizes text, naming the limit
+    let s = InProcess::tiny(&[]);
+    let giant = "a ".repeat(2_000_000);
+    let cases = [
+        ("/v1/completions", json!({"prompt": giant, "max_tokens": 1}), "prompt"),
+        (
+            "/v1/completions",
+            json!({"prompt": ["ok", giant], "max_tokens": 1}),
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": giant}], "max_tokens": 1}),
+            "messages",
+        ),
+        ("/tokenize", json!({"prompt": giant}), "prompt"),
+        (
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": giant}]}),
+            "messages",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let (st, r) = s.post(path, &body);
+        assert_openai_error(st, &r, 400);
+        assert_eq!(r["error"]["param"], field, "{path}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("4000000 bytes") && msg.contains("not tokenized"), "{msg}");
+        assert!(msg.contains("maximum context length is"), "{msg}");
+    }
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": giant, "questions": {"q": {"type": "noul", "instructions": "ok?"}}}),
+    );
+    assert_eq!(st, 400, "{r}");
+    assert!(r.to_string().contains("not tokenized"), "{r}");
+    let (st, _) = s.get("/health").unwrap();
+    assert_eq!(st, 200);
+    // a prompt just inside the context still works
+    let (st, r) = s.post("/v1/completions", &json!({"prompt": "a ".repeat(100), "max_tokens": 1}));
+    assert_eq!(st, 200, "{r}");
+}

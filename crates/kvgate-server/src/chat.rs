@@ -145,6 +145,20 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
     Ok(Value::Array(out))
 }
 
+/// The text bytes of normalised messages (their contents and tool calls): what decides, before any
+/// rendering or tokenizing, whether they can fit the context.
+pub fn message_bytes(messages: &Value) -> usize {
+    messages
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            m.get("content").and_then(Value::as_str).map_or(0, str::len)
+                + m.get("tool_calls").map_or(0, |c| c.to_string().len())
+        })
+        .sum()
+}
+
 /// Renders messages with the model's template exactly as `/v1/chat/completions` does (no tools).
 pub fn render(
     st: &AppState,
@@ -318,11 +332,9 @@ pub async fn chat_completions(
         }
         constraint = Some(("tool_choice", g));
     }
+    st.check_prompt_bytes("messages", message_bytes(&messages))?;
     let text = render_with_tools(&st, &messages, add_gen && !cont, cont, &kwargs, tool_spec.as_ref())?;
-    let ids = st
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::param("messages", e.to_string()))?;
+    let ids = st.encode("messages", text, false).await?;
     let mt = match (
         int_in("max_completion_tokens", cf.max_completion_tokens, 1, i64::MAX)?,
         int_in("max_tokens", sf.max_tokens, 1, i64::MAX)?,

@@ -301,6 +301,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         };
         info!("KV cache dtype {dtype}: {how}");
     }
+    let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
     let state = AppState {
         engine: Arc::new(engine),
         tokenizer,
@@ -314,6 +315,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         priors: Default::default(),
         grammars,
         eos_token_ids,
+        tokenize,
     };
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);
     Ok(Built {

@@ -28,56 +28,27 @@ struct Prompt {
 /// Tokens an empty text prompt is read as, the first this vocabulary has.
 const DOCUMENT_START: [&str; 4] = ["<|endoftext|>", "<|begin_of_text|>", "<s>", "<bos>"];
 
-fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
+/// A prompt as sent, before tokenization.
+enum RawPrompt<'a> {
+    Text(&'a str),
+    Ids(&'a [Value]),
+}
+
+async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
     let tok = &st.tokenizer;
-    let text_prompt = |s: &str| -> Result<Prompt, ApiError> {
-        let mut ids = tok
-            .encode(s, true)
-            .map_err(|e| ApiError::param("prompt", e.to_string()))?;
-        if ids.is_empty() {
-            // `""` (which OpenAI accepts): the model's document-start token, as GPT models read an
-            // empty prompt after `<|endoftext|>`
-            ids.extend(DOCUMENT_START.iter().find_map(|t| tok.token_to_id(t)));
-        }
-        Ok(Prompt {
-            ids,
-            text: s.to_string(),
-        })
-    };
-    let id_prompt = |a: &[Value]| -> Result<Prompt, ApiError> {
-        let ids: Vec<u32> = a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .filter(|&t| (t as usize) < st.engine.limits().vocab_size)
-                    .map(|t| t as u32)
-                    .ok_or_else(|| {
-                        ApiError::param(
-                            "prompt",
-                            format!(
-                                "'prompt' contains token id {x}, outside the vocabulary (size {})",
-                                st.engine.limits().vocab_size
-                            ),
-                        )
-                    })
-            })
-            .collect::<Result<_, _>>()?;
-        let text = tok.decode(&ids, false).unwrap_or_default();
-        Ok(Prompt { ids, text })
-    };
-    let prompts = match prompt.filter(|v| !v.is_null()) {
+    let raw: Vec<RawPrompt> = match prompt.filter(|v| !v.is_null()) {
         None => return Err(ApiError::param("prompt", "'prompt' is required")),
-        Some(Value::String(s)) => vec![text_prompt(s)?],
+        Some(Value::String(s)) => vec![RawPrompt::Text(s)],
         Some(Value::Array(a)) if a.is_empty() => return Err(ApiError::param("prompt", "'prompt' must not be empty")),
         Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
             .iter()
-            .map(|s| text_prompt(s.as_str().unwrap_or_default()))
-            .collect::<Result<_, _>>()?,
-        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![id_prompt(a)?],
+            .map(|s| RawPrompt::Text(s.as_str().unwrap_or_default()))
+            .collect(),
+        Some(Value::Array(a)) if a.iter().all(Value::is_number) => vec![RawPrompt::Ids(a)],
         Some(Value::Array(a)) if a.iter().all(Value::is_array) => a
             .iter()
-            .map(|x| id_prompt(x.as_array().map(Vec::as_slice).unwrap_or_default()))
-            .collect::<Result<_, _>>()?,
+            .map(|x| RawPrompt::Ids(x.as_array().map(Vec::as_slice).unwrap_or_default()))
+            .collect(),
         Some(_) => {
             return Err(ApiError::param(
                 "prompt",
@@ -85,15 +56,52 @@ fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, Ap
             ))
         }
     };
-    if prompts.len() > 64 {
+    if raw.len() > 64 {
         return Err(ApiError::param(
             "prompt",
-            format!("at most 64 prompts per request, got {}", prompts.len()),
+            format!("at most 64 prompts per request, got {}", raw.len()),
         ));
     }
-    if let Some(p) = prompts.iter().find(|p| p.ids.is_empty()) {
-        let _ = p;
-        return Err(ApiError::param("prompt", "'prompt' must contain at least one token"));
+    let vocab = st.engine.limits().vocab_size;
+    let mut prompts = Vec::with_capacity(raw.len());
+    for r in raw {
+        let p = match r {
+            RawPrompt::Text(s) => {
+                // bounded by bytes, then tokenized off the async runtime
+                let mut ids = st.encode("prompt", s.to_string(), true).await?;
+                if ids.is_empty() {
+                    // `""` (which OpenAI accepts): the model's document-start token, as GPT models read
+                    // an empty prompt after `<|endoftext|>`
+                    ids.extend(DOCUMENT_START.iter().find_map(|t| tok.token_to_id(t)));
+                }
+                Prompt {
+                    ids,
+                    text: s.to_string(),
+                }
+            }
+            RawPrompt::Ids(a) => {
+                let ids: Vec<u32> = a
+                    .iter()
+                    .map(|x| {
+                        x.as_u64()
+                            .filter(|&t| (t as usize) < vocab)
+                            .map(|t| t as u32)
+                            .ok_or_else(|| {
+                                ApiError::param(
+                                    "prompt",
+                                    format!("'prompt' contains token id {x}, outside the vocabulary (size {vocab})"),
+                                )
+                            })
+                    })
+                    .collect::<Result<_, _>>()?;
+                let text = tok.decode(&ids, false).unwrap_or_default();
+                Prompt { ids, text }
+            }
+        };
+        if p.ids.is_empty() {
+            return Err(ApiError::param("prompt", "'prompt' must contain at least one token"));
+        }
+        prompts.push(p);
     }
     Ok(prompts)
 }
@@ -183,7 +191,7 @@ pub async fn completions(
     if echo && logprobs.is_some() {
         c.params.prompt_logprobs = logprobs;
     }
-    let prompts = read_prompts(cf.prompt.as_ref(), &st)?;
+    let prompts = read_prompts(cf.prompt.as_ref(), &st).await?;
     if let Some((field, spec)) = crate::structured::read(&so)? {
         if score_only {
             return Err(ApiError::param(

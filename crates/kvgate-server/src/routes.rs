@@ -101,13 +101,12 @@ pub async fn tokenize(
         (Some(_), Some(_)) => return Err(ApiError::bad("give either 'prompt' or 'messages', not both")),
         (Some(Value::String(p)), None) => {
             let add = b.bool("add_special_tokens")?.unwrap_or(true);
-            st.tokenizer
-                .encode(p, add)
-                .map_err(|e| ApiError::param("prompt", e.to_string()))?
+            st.encode("prompt", p.clone(), add).await?
         }
         (Some(_), None) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
         (None, Some(m)) => {
             let msgs = normalize_messages(Some(m), "messages")?;
+            st.check_prompt_bytes("messages", crate::chat::message_bytes(&msgs))?;
             let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
             let cont = b.bool("continue_final_message")?.unwrap_or(false);
             let text = render(
@@ -118,9 +117,7 @@ pub async fn tokenize(
                 &kwargs,
             )?;
             let add = b.bool("add_special_tokens")?.unwrap_or(false);
-            st.tokenizer
-                .encode(&text, add)
-                .map_err(|e| ApiError::param("messages", e.to_string()))?
+            st.encode("messages", text, add).await?
         }
         (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
     };

@@ -40,8 +40,34 @@ pub struct AppState {
     pub priors: PriorCache,
     /// The model's end-of-sequence token ids.
     pub eos_token_ids: Vec<u32>,
+    /// Tokenization off the async runtime: bytes per token at most, and the slots.
+    pub tokenize: TokenizeSlots,
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
     pub grammars: Option<Arc<Grammars>>,
+}
+
+/// Tokenization runs on the blocking pool, a few at a time (the cores), with a bounded queue; text is
+/// only tokenized once it is known to be able to fit the context by its bytes (no token is longer than
+/// the vocabulary's longest, so more bytes than `max_model_len` × that cannot fit).
+pub struct TokenizeSlots {
+    longest_token: usize,
+    slots: Arc<tokio::sync::Semaphore>,
+    waiting: std::sync::atomic::AtomicUsize,
+    max_waiting: usize,
+}
+
+impl TokenizeSlots {
+    /// Slots for `tok`: as many at once as there are cores, up to 256 waiting.
+    pub fn new(tok: &Tokenizer) -> TokenizeSlots {
+        let longest_token = tok.token_bytes().iter().map(|(b, _)| b.len()).max().unwrap_or(1).max(1);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        TokenizeSlots {
+            longest_token,
+            slots: Arc::new(tokio::sync::Semaphore::new(cores)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            max_waiting: 256,
+        }
+    }
 }
 
 /// Builds the grammar compiler for a tokenizer (logged; `None` with a warning when it cannot).
@@ -83,6 +109,61 @@ impl AppState {
             Some(n) if self.served_names.iter().any(|s| s == n) => Ok(self.model_name().to_string()),
             Some(n) => Err(ApiError::NotFound(format!("The model `{n}` does not exist."))),
         }
+    }
+
+    /// The most bytes a text of at most `max_model_len` tokens can have.
+    pub fn max_prompt_bytes(&self) -> usize {
+        self.engine
+            .limits()
+            .max_model_len
+            .saturating_mul(self.tokenize.longest_token)
+    }
+
+    /// A 400 on `field` when `bytes` of text cannot fit the context, decided before tokenizing it.
+    pub fn check_prompt_bytes(&self, field: &str, bytes: usize) -> Result<(), ApiError> {
+        let max = self.max_prompt_bytes();
+        if bytes <= max {
+            return Ok(());
+        }
+        Err(ApiError::param(
+            field,
+            format!(
+                "This model's maximum context length is {} tokens. However, your '{field}' is {bytes} bytes, \
+                 more than {} tokens can hold ({max} bytes: no token is longer than {} bytes); it was not tokenized.",
+                self.engine.limits().max_model_len,
+                self.engine.limits().max_model_len,
+                self.tokenize.longest_token
+            ),
+        ))
+    }
+
+    /// Tokenizes `text` (checked by bytes first) on the blocking pool; 503 with the queue's size when
+    /// too many tokenizations are waiting.
+    pub async fn encode(&self, field: &str, text: String, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        use std::sync::atomic::Ordering;
+        self.check_prompt_bytes(field, text.len())?;
+        let t = &self.tokenize;
+        if t.waiting.fetch_add(1, Ordering::SeqCst) >= t.max_waiting {
+            t.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "the server is busy: {} tokenizations are already waiting; retry later",
+                    t.max_waiting
+                ),
+                retry_after: 1,
+            });
+        }
+        let permit = t.slots.clone().acquire_owned().await;
+        t.waiting.fetch_sub(1, Ordering::SeqCst);
+        let permit = permit.map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
+        let tok = self.tokenizer.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            tok.encode(&text, add_special)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+        r.map_err(|e| ApiError::param(field, e.to_string()))
     }
 
     /// Checks the content type and parses a JSON object body (415 / 413 / 400 as appropriate).

@@ -56,11 +56,13 @@ impl TestServer {
         let loaded = tiny_model(TinySpec::default()).expect("tiny model");
         let tokenizer = Arc::new(loaded.tokenizer);
         let vocab = loaded.model.config().vocab_size;
+        let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
         let state = AppState {
             engine,
             labels: LabelTable::new(&tokenizer),
             grammars: crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, vocab),
             eos_token_ids: loaded.eos_token_ids.clone(),
+            tokenize,
             tokenizer,
             chat: loaded.chat_template.map(Arc::new),
             served_names: vec![loaded.name],

@@ -49,6 +49,13 @@ async fn answer_request(
         })?;
         req.state = StateKind::Conversation(norm);
     }
+    // A state that cannot fit the context by its bytes is refused before any question renders and
+    // tokenizes it (each read would).
+    let state_bytes = match &req.state {
+        StateKind::Conversation(c) => crate::chat::message_bytes(c),
+        StateKind::Text(t) => t.len(),
+    };
+    st.check_prompt_bytes("state", state_bytes)?;
     if st.args.log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
