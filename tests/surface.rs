@@ -775,3 +775,34 @@ fn fewer_orders_and_per_type_temperature() {
     );
     assert!((n1 - 0.5).abs() > (n0 - 0.5).abs(), "{n0} -> {n1}");
 }
+
+#[test]
+fn tenants_with_different_keys_do_not_share_prefixes_unless_told_to() {
+    let body = json!({"prompt": "A long shared system prompt that one tenant sends. ".repeat(8), "max_tokens": 1});
+    let cached_for = |s: &InProcess, key: &str, extra: &[(&str, &str)], body: &serde_json::Value| -> u64 {
+        let auth = format!("Bearer {key}");
+        let mut h = vec![("Authorization", auth.as_str())];
+        h.extend_from_slice(extra);
+        let (st, _, r) = s.post_with("/v1/completions", &h, body);
+        assert_eq!(st, 200, "{r}");
+        r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    let cached = |s: &InProcess, key: &str, extra: &[(&str, &str)]| cached_for(s, key, extra, &body);
+    let s = InProcess::tiny(&["--api-key", "key-a", "--api-key", "key-b"]);
+    assert_eq!(cached(&s, "key-a", &[]), 0);
+    assert!(cached(&s, "key-a", &[]) > 0, "a tenant hits its own prefix");
+    assert_eq!(cached(&s, "key-b", &[]), 0, "another tenant does not see it");
+    // a client cannot claim another tenant through the internal header
+    let other = json!({"prompt": "Another long prompt only the first tenant has sent. ".repeat(8), "max_tokens": 1});
+    assert_eq!(cached_for(&s, "key-a", &[], &other), 0);
+    assert_eq!(cached_for(&s, "key-b", &[("x-kvgate-tenant", "0")], &other), 0);
+    let s = InProcess::tiny(&[
+        "--api-key",
+        "key-a",
+        "--api-key",
+        "key-b",
+        "--share-prefix-cache-across-keys",
+    ]);
+    assert_eq!(cached(&s, "key-a", &[]), 0);
+    assert!(cached(&s, "key-b", &[]) > 0, "shared when told to");
+}

@@ -364,6 +364,7 @@ pub async fn chat_completions(
     if st.args.log_requests {
         tracing::info!(body = %value, "chat request");
     }
+    c.cache_salt = st.salted(&headers, c.cache_salt.take());
     let n = c.params.n;
     let prompt_len = ids.len();
     let tagged = submit_all(

@@ -338,7 +338,10 @@ pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Ar
         headers: args.allowed_headers.clone(),
         credentials: args.allow_credentials,
     });
-    let keys = Arc::new(Keys(args.api_key.clone()));
+    let keys = Arc::new(Keys(
+        args.api_key.clone(),
+        args.api_key.len() > 1 && !args.share_prefix_cache_across_keys,
+    ));
     let state = Arc::new(state);
     let router = app::router(state.clone(), policy.clone(), keys.clone(), test_hooks);
     (router, state, policy, keys)

@@ -204,6 +204,7 @@ pub async fn completions(
     if st.args.log_requests {
         tracing::info!(body = %value, "completion request");
     }
+    c.cache_salt = st.salted(&headers, c.cache_salt.take());
     let n = c.params.n;
     let reqs = prompts
         .iter()

@@ -230,6 +230,11 @@ pub struct Args {
     #[arg(long, env = "KVGATE_API_KEY", value_delimiter = ',', hide_env_values = true)]
     pub api_key: Vec<String>,
 
+    /// With several --api-key, let tenants share prefix-cache blocks (by default each key's prefixes are
+    /// salted apart, so no tenant can learn from cached_tokens or latency what another one sent)
+    #[arg(long, env = "KVGATE_SHARE_PREFIX_CACHE_ACROSS_KEYS", default_value_t = false)]
+    pub share_prefix_cache_across_keys: bool,
+
     /// CORS origins allowed to read responses: a JSON list ('["https://ui.example.com"]') or the flag repeated; "*" only when listed
     #[arg(long, env = "KVGATE_ALLOWED_ORIGINS", default_value = "[]")]
     pub allowed_origins: Vec<String>,

@@ -159,39 +159,46 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
     r
 }
 
-/// The API keys.
+/// The API keys, and whether each key's prefix-cache blocks are kept apart (several keys, not shared).
 #[derive(Debug, Clone)]
-pub struct Keys(pub Vec<String>);
+pub struct Keys(pub Vec<String>, pub bool);
+
+/// The internal header by which the auth layer tells handlers which key (its index) a request used
+/// when tenants are kept apart; a client's own is always removed.
+pub const TENANT_HEADER: &str = "x-kvgate-tenant";
 
 /// Routes that never need a key.
 pub const OPEN_ROUTES: [&str; 4] = ["/health", "/ping", "/version", "/metrics"];
 
-fn key_ok(headers: &HeaderMap, keys: &[String]) -> bool {
-    let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
+/// The index of the key a request carries (`Authorization: Bearer <key>`, the scheme in any case),
+/// compared against every key in constant time.
+fn key_index(headers: &HeaderMap, keys: &[String]) -> Option<usize> {
+    let v = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())?;
     // The scheme is case-insensitive (RFC 9110 §11.1): `Bearer`, `bearer`, `BEARER`.
-    let Some((scheme, token)) = v.split_once(' ') else {
-        return false;
-    };
+    let (scheme, token) = v.split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("bearer") {
-        return false;
+        return None;
     }
     let token = token.trim().as_bytes();
     // Compare against every key without stopping early.
-    let mut ok = subtle::Choice::from(0u8);
-    for k in keys {
-        ok |= k.as_bytes().ct_eq(token);
+    let mut found = subtle::CtOption::new(0u64, subtle::Choice::from(0u8));
+    for (i, k) in keys.iter().enumerate() {
+        let hit = k.as_bytes().ct_eq(token);
+        found = subtle::CtOption::new(i as u64, hit).or_else(|| found);
     }
-    ok.into()
+    Option::<u64>::from(found).map(|i| i as usize)
 }
 
 /// The API-key layer.
-pub async fn auth(State(keys): State<Arc<Keys>>, req: Request, next: Next) -> Response<Body> {
+pub async fn auth(State(keys): State<Arc<Keys>>, mut req: Request, next: Next) -> Response<Body> {
+    req.headers_mut().remove(TENANT_HEADER);
     if keys.0.is_empty() || OPEN_ROUTES.contains(&req.uri().path()) || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
-    if key_ok(req.headers(), &keys.0) {
+    if let Some(i) = key_index(req.headers(), &keys.0) {
+        if keys.1 {
+            req.headers_mut().insert(TENANT_HEADER, HeaderValue::from(i));
+        }
         return next.run(req).await;
     }
     let why = if req.headers().contains_key(header::AUTHORIZATION) {

@@ -111,6 +111,18 @@ impl AppState {
         }
     }
 
+    /// The `cache_salt` a request computes with: its own, joined to its API key's tenant when tenants
+    /// are kept apart (several keys), so prefixes are only shared within a key.
+    pub fn salted(&self, headers: &HeaderMap, salt: Option<String>) -> Option<String> {
+        match headers
+            .get(crate::middleware::TENANT_HEADER)
+            .and_then(|v| v.to_str().ok())
+        {
+            Some(t) => Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default())),
+            None => salt,
+        }
+    }
+
     /// The most bytes a text of at most `max_model_len` tokens can have.
     pub fn max_prompt_bytes(&self) -> usize {
         self.engine

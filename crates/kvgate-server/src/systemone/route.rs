@@ -59,6 +59,7 @@ async fn answer_request(
     if st.args.log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
+    req.cache_salt = st.salted(&headers, req.cache_salt.take());
     let read = reads::run(&st, &req, &model).await?;
     let usage = read.usage;
     let mut answers = Map::new();
