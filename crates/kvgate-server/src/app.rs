@@ -1,8 +1,9 @@
 //! The router: every route with its layers. CORS is outermost (so every response, errors included,
 //! carries the CORS headers for a listed origin, and preflights never reach auth), then the request
 //! log, the panic catcher, API-key auth, request-body decompression (`Content-Encoding: zstd`, `gzip`,
-//! `deflate`, `br`: the official Jev Python SDK sends zstd bodies) and the body limit, which the
-//! handlers apply to the decompressed bytes, so a small compressed bomb gets a 413, never the memory.
+//! `deflate`, `br`: the official Jev Python SDK sends zstd bodies), the body-read timeout
+//! (`--body-read-timeout`: a body that stalls fails) and the body limit, which the handlers apply to
+//! the decompressed bytes, so a small compressed bomb gets a 413, never the memory.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::decompression::RequestDecompressionLayer;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::middleware::{auth, body_encoding, cors, log, panic_response, CorsPolicy, Keys};
 use crate::state::AppState;
@@ -20,6 +22,7 @@ use crate::{chat, completions, routes, systemone};
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
 pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_hooks: bool) -> Router {
     let limit = st.args.max_request_body.bytes().min(usize::MAX as u64) as usize;
+    let body_timeout = std::time::Duration::from_secs(st.args.body_read_timeout.max(1));
     let mut r = Router::new();
     if test_hooks {
         // For the test suite only: routes that break things on purpose.
@@ -44,6 +47,7 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .with_state(st)
         .layer(DefaultBodyLimit::max(limit))
         .layer(RequestDecompressionLayer::new())
+        .layer(RequestBodyTimeoutLayer::new(body_timeout))
         .layer(from_fn(body_encoding))
         .layer(from_fn_with_state(keys, auth))
         .layer(CatchPanicLayer::custom(panic_response))

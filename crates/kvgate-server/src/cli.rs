@@ -391,6 +391,10 @@ async fn run(args: Args) -> Result<(), StartError> {
     }
     let (host, port, block_size, shutdown_timeout) =
         (args.host.clone(), args.port, args.block_size, args.shutdown_timeout);
+    let conn_limits = crate::listen::ConnLimits {
+        header_read: Duration::from_secs(args.header_read_timeout.max(1)),
+        max_connections: args.max_connections.max(1),
+    };
     let opts = BuildOptions {
         is_default,
         metrics,
@@ -444,7 +448,7 @@ async fn run(args: Args) -> Result<(), StartError> {
     info!("kvgate {} listening on http://{local}", env!("CARGO_PKG_VERSION"));
     let timeout = Duration::from_secs(shutdown_timeout);
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, built.router).with_graceful_shutdown(async move {
+    let server = crate::listen::serve(listener, built.router, conn_limits, async move {
         shutdown_signal().await;
         info!(
             "shutdown requested: no new connections; finishing in-flight requests (up to {}s)",
@@ -460,7 +464,7 @@ async fn run(args: Args) -> Result<(), StartError> {
         }
     };
     tokio::select! {
-        r = server => r.map_err(|e| StartError::Server(e.to_string()))?,
+        _ = server => {}
         _ = deadline => warn!("shutdown timeout reached with requests still in flight; exiting"),
     }
     info!("kvgate stopped");

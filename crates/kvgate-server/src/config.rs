@@ -297,6 +297,19 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_NUM_BATCHED_TOKENS", default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
 
+    /// Seconds for a request head to arrive: also closes silent, half-sent and idle keep-alive
+    /// connections
+    #[arg(long, env = "KVGATE_HEADER_READ_TIMEOUT", default_value_t = 10)]
+    pub header_read_timeout: u64,
+
+    /// Seconds to receive a request body
+    #[arg(long, env = "KVGATE_BODY_READ_TIMEOUT", default_value_t = 30)]
+    pub body_read_timeout: u64,
+
+    /// Connections open at once; past it new ones are closed at once (and logged)
+    #[arg(long, env = "KVGATE_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+
     /// Waiting requests before new ones get 429
     #[arg(long, env = "KVGATE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,

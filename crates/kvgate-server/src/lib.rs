@@ -13,6 +13,7 @@ pub mod default_model;
 mod error;
 mod events;
 pub mod infer;
+pub mod listen;
 mod middleware;
 mod openai;
 mod params;
