@@ -35,7 +35,7 @@ fn connect(port: u16) -> TcpStream {
 
 #[test]
 fn slow_and_silent_connections_are_closed_and_the_cap_is_kept() {
-    let mut s = Server::start(&[
+    let s = Server::start(&[
         "--header-read-timeout",
         "1",
         "--body-read-timeout",
