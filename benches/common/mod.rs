@@ -16,6 +16,14 @@ impl Drop for Serve {
     }
 }
 
+impl Serve {
+    /// The server's process id.
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 /// Starts `serve` with `args` after the model and port, and waits for /health.
 #[allow(dead_code)]
 pub fn start(args: &[&str]) -> Serve {
@@ -49,6 +57,7 @@ pub fn start_model(model: &std::path::Path, name: &str, args: &[&str]) -> Serve 
 }
 
 /// POSTs JSON and returns the JSON reply.
+#[allow(dead_code)]
 pub fn post(port: u16, path: &str, body: &Value) -> Value {
     let mut r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
         .send_json(body)
