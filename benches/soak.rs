@@ -123,7 +123,7 @@ fn main() {
                                   let mut d = json!({"state": state, "questions": {
                                       "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "Billing", "tech": null}},
                                       "urgent": {"type": "noul", "instructions": "Is it urgent?"}}});
-                                  if i % 2 == 0 {
+                                  if i.is_multiple_of(2) {
                                       d["keep_alive"] = json!(5);
                                   }
                                   d
