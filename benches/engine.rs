@@ -37,6 +37,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         model_name: "bench".into(),
         int8_activations: false,
         max_pinned_blocks: None,
+        max_pinned_blocks_per_tenant: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

@@ -66,35 +66,52 @@ impl DecisionState {
 /// Blocks held from eviction until a deadline (`keep_alive`), each pin one extra reference per block.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pins {
-    pins: Vec<(u64, Vec<BlockId>)>,
+    pins: Vec<(u64, Option<u32>, Vec<BlockId>)>,
 }
 
 impl Pins {
     /// Records a pin (the caller took the references).
-    pub(crate) fn add(&mut self, until: u64, blocks: Vec<BlockId>) {
-        self.pins.push((until, blocks));
+    pub(crate) fn add(&mut self, until: u64, tenant: Option<u32>, blocks: Vec<BlockId>) {
+        self.pins.push((until, tenant, blocks));
     }
 
     /// Removes and returns the pins whose deadline is `≤ now` (the caller drops their references).
     pub(crate) fn take_expired(&mut self, now: u64) -> Vec<Vec<BlockId>> {
-        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins).into_iter().partition(|(t, _)| *t <= now);
+        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins)
+            .into_iter()
+            .partition(|(t, _, _)| *t <= now);
         self.pins = keep;
-        done.into_iter().map(|(_, b)| b).collect()
+        done.into_iter().map(|(_, _, b)| b).collect()
     }
 
     /// Removes and returns the oldest pin's blocks (the caller drops their references).
     pub(crate) fn take_oldest(&mut self) -> Option<Vec<BlockId>> {
-        (!self.pins.is_empty()).then(|| self.pins.remove(0).1)
+        (!self.pins.is_empty()).then(|| self.pins.remove(0).2)
+    }
+
+    /// Removes and returns the oldest pin of `tenant`.
+    pub(crate) fn take_oldest_of(&mut self, tenant: u32) -> Option<Vec<BlockId>> {
+        let i = self.pins.iter().position(|(_, t, _)| *t == Some(tenant))?;
+        Some(self.pins.remove(i).2)
+    }
+
+    /// Blocks pinned by `tenant`.
+    pub(crate) fn count_of(&self, tenant: u32) -> usize {
+        self.pins
+            .iter()
+            .filter(|(_, t, _)| *t == Some(tenant))
+            .map(|(_, _, b)| b.len())
+            .sum()
     }
 
     /// Earliest deadline, if any.
     pub(crate) fn next_expiry(&self) -> Option<u64> {
-        self.pins.iter().map(|(t, _)| *t).min()
+        self.pins.iter().map(|(t, _, _)| *t).min()
     }
 
     /// Blocks pinned (with multiplicity: a block pinned twice counts twice).
     pub(crate) fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.pins.iter().flat_map(|(_, b)| b.iter().copied())
+        self.pins.iter().flat_map(|(_, _, b)| b.iter().copied())
     }
 }
 
@@ -125,8 +142,8 @@ mod tests {
     #[test]
     fn pins_expire_in_order() {
         let mut p = Pins::default();
-        p.add(5, vec![]);
-        p.add(3, vec![]);
+        p.add(5, None, vec![]);
+        p.add(3, Some(1), vec![]);
         assert_eq!(p.next_expiry(), Some(3));
         assert_eq!(p.take_expired(4).len(), 1);
         assert_eq!(p.next_expiry(), Some(5));

@@ -61,6 +61,8 @@ pub struct EngineConfig {
     pub int8_activations: bool,
     /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
     pub max_pinned_blocks: Option<usize>,
+    /// Most blocks one tenant's pins may hold (`None`: only the overall cap).
+    pub max_pinned_blocks_per_tenant: Option<usize>,
 }
 
 /// Joined in front of the cache salt of requests computed with 8-bit activations: their blocks never
@@ -158,6 +160,7 @@ pub fn start_with_backend(
     if let Some(n) = cfg.max_pinned_blocks {
         sched.set_max_pinned_blocks(n);
     }
+    sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
         out: OutputProcessor::new(tok, eos, limits),
@@ -316,7 +319,7 @@ impl Engine {
             .add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
         let shared = self.sched.decision_layout(g).map_or(0, |l| l.shared);
         self.reqs
-            .insert(g, Active::decide(id, req.reads, shared, req.keep_alive, tx));
+            .insert(g, Active::decide(id, req.reads, shared, req.keep_alive, req.tenant, tx));
         self.by_id.insert(id, g);
         self.rec.decision_request();
     }
@@ -346,9 +349,10 @@ impl Engine {
         }
         // Whatever bookkeeping a failed step left behind goes with it; cached content is dropped too.
         self.sched.clear_pins();
-        let cap = self.sched.max_pinned_blocks();
+        let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         self.sched = Scheduler::new(*self.sched.config(), self.backend.num_blocks());
         self.sched.set_max_pinned_blocks(cap);
+        self.sched.set_max_pinned_per_tenant(per_tenant);
     }
 
     fn drop_abandoned(&mut self) {

@@ -74,6 +74,7 @@ pub(crate) struct DecState {
     reads: Vec<DecisionRead>,
     results: Vec<Option<ReadResult>>,
     keep_alive: Option<Duration>,
+    tenant: Option<u32>,
     shared_len: usize,
     pinned: bool,
 }
@@ -136,6 +137,7 @@ impl Active {
         reads: Vec<DecisionRead>,
         shared_len: usize,
         keep_alive: Option<Duration>,
+        tenant: Option<u32>,
         tx: tmpsc::UnboundedSender<Event>,
     ) -> Active {
         let n = reads.len();
@@ -146,6 +148,7 @@ impl Active {
                 reads,
                 results: vec![None; n],
                 keep_alive,
+                tenant,
                 shared_len,
                 pinned: false,
             })),
@@ -277,7 +280,7 @@ impl OutputProcessor {
         });
         if let (Some(k), false) = (d.keep_alive, d.pinned) {
             d.pinned = true;
-            cx.sched.pin_prefix(c.seq, d.shared_len, (cx.pin_until)(k))?;
+            cx.sched.pin_prefix(c.seq, d.shared_len, (cx.pin_until)(k), d.tenant)?;
         }
         cx.sched.finish_seq(c.seq)?;
         if !d.results.iter().all(Option::is_some) {

@@ -38,6 +38,9 @@ pub struct DecideRequest {
     pub cache_salt: Option<String>,
     /// Keep the shared prefix's blocks from eviction this long after the decision.
     pub keep_alive: Option<Duration>,
+    /// Who asks (the API key's index when several keys are configured): its pins count against its
+    /// own cap.
+    pub tenant: Option<u32>,
 }
 
 /// The outcome of one read.

@@ -238,7 +238,7 @@ impl Sim {
         if let Some(&g) = gs.first() {
             if let Some(&sid) = self.s.group_seqs(g).first() {
                 let t = self.clock + self.rng.random_range(1..20);
-                self.s.pin_prefix(sid, 1000, t).unwrap();
+                self.s.pin_prefix(sid, 1000, t, Some((t % 3) as u32)).unwrap();
             }
         }
     }

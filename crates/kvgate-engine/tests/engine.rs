@@ -58,6 +58,7 @@ fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         model_name: "tiny".into(),
         int8_activations: o.int8,
         max_pinned_blocks: None,
+        max_pinned_blocks_per_tenant: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
@@ -329,6 +330,7 @@ fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
                 reads: vec![DecisionRead { prompt, labels }],
                 cache_salt: None,
                 keep_alive: None,
+                tenant: None,
             });
             async move {
                 match s.unwrap().next().await.unwrap() {
@@ -474,6 +476,7 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                     reads: reads.clone(),
                     cache_salt: salt.map(str::to_string),
                     keep_alive: None,
+                    tenant: None,
                 })
                 .unwrap();
             async move {
@@ -540,6 +543,7 @@ fn decision_prefix_is_computed_once() {
                 reads: reads.clone(),
                 cache_salt: None,
                 keep_alive: None,
+                tenant: None,
             })
             .unwrap();
         let Event::Decision { usage, .. } = s.next().await.unwrap() else {
@@ -556,6 +560,7 @@ fn decision_prefix_is_computed_once() {
                 reads,
                 cache_salt: None,
                 keep_alive: None,
+                tenant: None,
             })
             .unwrap();
         let Event::Decision { usage, .. } = s.next().await.unwrap() else {

@@ -30,6 +30,7 @@ fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
         model_name: "tiny".into(),
         int8_activations: false,
         max_pinned_blocks: None,
+        max_pinned_blocks_per_tenant: None,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok, vocab)
 }

@@ -15,6 +15,10 @@ use kvgate_model::tiny::{tiny_model, TinySpec};
 const BLOCKS: usize = 64;
 
 fn engine(max_pinned: Option<usize>) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
+    engine_with(max_pinned, None)
+}
+
+fn engine_with(max_pinned: Option<usize>, per_tenant: Option<usize>) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let m = tiny_model(TinySpec::default()).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
@@ -31,6 +35,7 @@ fn engine(max_pinned: Option<usize>) -> (EngineHandle, Arc<kvgate_model::Tokeniz
         model_name: "tiny".into(),
         int8_activations: false,
         max_pinned_blocks: max_pinned,
+        max_pinned_blocks_per_tenant: per_tenant,
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
@@ -44,6 +49,16 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// A decision over a state of about `tokens` tokens, pinned for an hour.
 async fn pinned_decision(h: &EngineHandle, tok: &kvgate_model::Tokenizer, id: usize, tokens: usize) {
+    pinned_decision_of(h, tok, id, tokens, None).await
+}
+
+async fn pinned_decision_of(
+    h: &EngineHandle,
+    tok: &kvgate_model::Tokenizer,
+    id: usize,
+    tokens: usize,
+    tenant: Option<u32>,
+) {
     let mut state = format!("State {id}:");
     while tok.encode(&state, false).unwrap().len() < tokens {
         state.push_str(&format!(" item {id} is fine;"));
@@ -56,6 +71,7 @@ async fn pinned_decision(h: &EngineHandle, tok: &kvgate_model::Tokenizer, id: us
             reads: vec![DecisionRead { prompt, labels }],
             cache_salt: None,
             keep_alive: Some(Duration::from_secs(3600)),
+            tenant,
         })
         .unwrap();
     match s.next().await.unwrap() {
@@ -127,5 +143,27 @@ fn a_prefix_larger_than_the_cap_is_not_pinned_and_real_block_counts_are_reported
             }
             other => panic!("{other:?}"),
         }
+    });
+}
+
+#[test]
+fn a_tenant_over_its_share_gives_up_its_own_pins_only() {
+    let (h, tok) = engine_with(None, Some(10));
+    rt().block_on(async {
+        pinned_decision_of(&h, &tok, 10, 6, Some(1)).await;
+        let other = h.stats().await.unwrap().pins;
+        assert!(other > 0 && other <= 10, "{other}");
+        pinned_decision_of(&h, &tok, 11, 6, Some(0)).await;
+        pinned_decision_of(&h, &tok, 12, 6, Some(0)).await;
+        let s = h.stats().await.unwrap();
+        // tenant 0 holds one pin (its first was released for its second); tenant 1's stays
+        assert_eq!(s.pins_released_early, 1, "{s:?}");
+        assert!(s.pins <= other + 10, "{s:?}");
+        pinned_decision_of(&h, &tok, 13, 80, Some(1)).await;
+        let s2 = h.stats().await.unwrap();
+        assert_eq!(
+            s2.pins, s.pins,
+            "a prefix over the tenant's share is not pinned: {s2:?}"
+        );
     });
 }

@@ -278,6 +278,10 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         model_name: served_names[0].clone(),
         int8_activations: args.activations == Activations::Int8,
         max_pinned_blocks: args.max_pinned_blocks,
+        // with several keys each key's pins get a fair share of the pin cap unless told otherwise
+        max_pinned_blocks_per_tenant: args.max_pinned_blocks_per_key.or_else(|| {
+            (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
+        }),
     };
     let grammars = crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, loaded.model.config().vocab_size);
     let eos_token_ids = loaded.eos_token_ids.clone();
@@ -338,10 +342,7 @@ pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Ar
         headers: args.allowed_headers.clone(),
         credentials: args.allow_credentials,
     });
-    let keys = Arc::new(Keys(
-        args.api_key.clone(),
-        args.api_key.len() > 1 && !args.share_prefix_cache_across_keys,
-    ));
+    let keys = Arc::new(Keys(args.api_key.clone(), args.api_key.len() > 1));
     let state = Arc::new(state);
     let router = app::router(state.clone(), policy.clone(), keys.clone(), test_hooks);
     (router, state, policy, keys)

@@ -284,6 +284,11 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_PINNED_BLOCKS")]
     pub max_pinned_blocks: Option<usize>,
 
+    /// With several --api-key, most KV blocks one key's pins may hold (a key over it releases its own
+    /// oldest pins) [default: the pin cap divided by the number of keys]
+    #[arg(long, env = "KVGATE_MAX_PINNED_BLOCKS_PER_KEY")]
+    pub max_pinned_blocks_per_key: Option<usize>,
+
     /// Turn automatic prefix caching off
     #[arg(long, default_value_t = false)]
     #[serde(skip)]

@@ -159,12 +159,12 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
     r
 }
 
-/// The API keys, and whether each key's prefix-cache blocks are kept apart (several keys, not shared).
+/// The API keys, and whether they are several tenants (more than one key).
 #[derive(Debug, Clone)]
 pub struct Keys(pub Vec<String>, pub bool);
 
 /// The internal header by which the auth layer tells handlers which key (its index) a request used
-/// when tenants are kept apart; a client's own is always removed.
+/// when there are several; a client's own is always removed.
 pub const TENANT_HEADER: &str = "x-kvgate-tenant";
 
 /// Routes that never need a key.

@@ -114,12 +114,11 @@ impl AppState {
     /// The `cache_salt` a request computes with: its own, joined to its API key's tenant when tenants
     /// are kept apart (several keys), so prefixes are only shared within a key.
     pub fn salted(&self, headers: &HeaderMap, salt: Option<String>) -> Option<String> {
-        match headers
-            .get(crate::middleware::TENANT_HEADER)
-            .and_then(|v| v.to_str().ok())
-        {
-            Some(t) => Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default())),
-            None => salt,
+        match tenant(headers) {
+            Some(t) if !self.args.share_prefix_cache_across_keys => {
+                Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default()))
+            }
+            _ => salt,
         }
     }
 
@@ -199,6 +198,14 @@ impl AppState {
             ApiError::bad(format!("cannot read the request body: {e}"))
         }
     }
+}
+
+/// The API key (its index) a request used, when several keys are configured (set by the auth layer).
+pub fn tenant(headers: &HeaderMap) -> Option<u32> {
+    headers
+        .get(crate::middleware::TENANT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 /// 415 unless the body is declared as JSON.

@@ -44,6 +44,7 @@ pub struct Scheduler {
     running: Vec<GroupId>,
     pins: Pins,
     max_pinned: usize,
+    max_pinned_per_tenant: Option<usize>,
     pins_released_early: u64,
     preemptions: u64,
 }
@@ -59,6 +60,7 @@ impl Scheduler {
         let max_pinned = pool.total() / 2;
         Scheduler {
             max_pinned,
+            max_pinned_per_tenant: None,
             pins_released_early: 0,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
@@ -231,19 +233,38 @@ impl Scheduler {
     /// (a caller-defined clock value); returns how many blocks. Pins never hold more than
     /// [`Scheduler::max_pinned_blocks`]: older pins are released to make room, and a prefix larger than
     /// the cap is not pinned at all (0). See [`Scheduler::expire_pins`].
-    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64) -> Result<usize> {
+    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>) -> Result<usize> {
         let s = self.reg.seq(seq)?;
         let n = tokens.min(s.computed) / self.cfg.block_size;
         // Released blocks (slid out of a windowed model's reach) cannot be pinned; the rest can.
         let blocks: Vec<_> = (0..n).filter_map(|i| s.blocks.get(i)).collect();
         let n = blocks.len();
-        if n == 0 || n > self.max_pinned {
+        let tenant_cap = tenant.and(self.max_pinned_per_tenant).unwrap_or(usize::MAX);
+        if n == 0 || n > self.max_pinned || n > tenant_cap {
             return Ok(0);
+        }
+        if let Some(t) = tenant {
+            // a tenant over its share gives up its own oldest pins first
+            while self.pins.count_of(t) + n > tenant_cap {
+                let Some(old) = self.pins.take_oldest_of(t) else { break };
+                self.kv.unpin(&old);
+                self.pins_released_early += 1;
+            }
         }
         while self.pinned_blocks() + n > self.max_pinned && self.release_oldest_pin() {}
         self.kv.pin(&blocks);
-        self.pins.add(until, blocks);
+        self.pins.add(until, tenant, blocks);
         Ok(n)
+    }
+
+    /// Sets the most blocks one tenant's pins may hold (`None`: only the overall cap).
+    pub fn set_max_pinned_per_tenant(&mut self, n: Option<usize>) {
+        self.max_pinned_per_tenant = n;
+    }
+
+    /// The most blocks one tenant's pins may hold.
+    pub fn max_pinned_per_tenant(&self) -> Option<usize> {
+        self.max_pinned_per_tenant
     }
 
     /// Releases the oldest pin before its deadline (its blocks stay cached, now evictable); false when

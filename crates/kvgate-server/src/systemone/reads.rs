@@ -121,6 +121,7 @@ async fn read_trie(
             reads,
             cache_salt: salt.clone(),
             keep_alive: None,
+            tenant: None,
         },
     )
     .await?;
@@ -216,7 +217,7 @@ async fn execute(
     plan: &[Planned],
     questions: usize,
     salt: &Option<String>,
-    keep_alive: Option<Duration>,
+    keep: Option<(Duration, Option<u32>)>,
     usage: &mut Usage,
 ) -> Result<Vec<(Vec<f64>, f64)>, ApiError> {
     let (results, u) = decide(
@@ -230,7 +231,8 @@ async fn execute(
                 })
                 .collect(),
             cache_salt: salt.clone(),
-            keep_alive,
+            keep_alive: keep.map(|k| k.0),
+            tenant: keep.and_then(|k| k.1),
         },
     )
     .await?;
@@ -321,7 +323,7 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
     let main = plan(st, req, model, true)?;
     let n = req.questions.len();
     let mut usage = Usage::default();
-    let keep = req.keep_alive.map(Duration::from_secs_f64);
+    let keep = req.keep_alive.map(|k| (Duration::from_secs_f64(k), req.tenant));
     let is_trie = |qi: usize| {
         main.iter()
             .any(|r| r.question == qi && matches!(r.labels, Labels::Trie(_)))

@@ -60,6 +60,7 @@ async fn answer_request(
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
     req.cache_salt = st.salted(&headers, req.cache_salt.take());
+    req.tenant = crate::state::tenant(&headers);
     let read = reads::run(&st, &req, &model).await?;
     let usage = read.usage;
     let mut answers = Map::new();

@@ -95,6 +95,9 @@ pub struct Request {
     pub read: ReadMethod,
     /// Option orders read per choice when ordered (`x_orders`).
     pub orders: usize,
+    /// The API key's tenant (set by the route from the auth layer, never from the body): its
+    /// `keep_alive` pins count against its own cap.
+    pub tenant: Option<u32>,
 }
 
 /// The longest keep_alive accepted, in seconds.
@@ -479,6 +482,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
         diagnostics,
         read,
         orders,
+        tenant: None,
     })
 }
 
