@@ -11,7 +11,8 @@
 //!    systemone without `keep_alive`, systemone with `keep_alive` 60 s — the follow-ups' cached-token
 //!    share, failed requests (with their status) and the wall time.
 //!
-//! `cargo bench --bench agent_turn` prints the tables (~10 minutes on 2 cores).
+//! `cargo bench --bench agent_turn` prints the tables (~17 minutes on 2 cores; `AGENT_TURN_PARTS=two`
+//! runs only the second, ~12 minutes).
 
 use std::time::Instant;
 
@@ -250,11 +251,18 @@ fn part_two(rows: &mut Vec<String>) {
 }
 
 fn main() {
-    let mut one = vec![];
-    part_one(&mut one);
-    println!("\n| questions | turn | routing answered | follow-up done | follow-up cached |\n|---|---|---|---|---|");
-    for r in one {
-        println!("{r}");
+    // AGENT_TURN_PARTS=two runs only the 32-conversation table
+    let parts = std::env::var("AGENT_TURN_PARTS").unwrap_or_else(|_| "one,two".into());
+    if parts.contains("one") {
+        let mut one = vec![];
+        part_one(&mut one);
+        println!("\n| questions | turn | routing answered | follow-up done | follow-up cached |\n|---|---|---|---|---|");
+        for r in one {
+            println!("{r}");
+        }
+    }
+    if !parts.contains("two") {
+        return;
     }
     let mut two = vec![];
     part_two(&mut two);
