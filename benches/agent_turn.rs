@@ -256,7 +256,9 @@ fn main() {
     if parts.contains("one") {
         let mut one = vec![];
         part_one(&mut one);
-        println!("\n| questions | turn | routing answered | follow-up done | follow-up cached |\n|---|---|---|---|---|");
+        println!(
+            "\n| questions | turn | routing answered | follow-up done | follow-up cached |\n|---|---|---|---|---|"
+        );
         for r in one {
             println!("{r}");
         }
