@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 mod common;
 
+use common::metric;
+
 use serde_json::{json, Value};
 
 #[derive(Default)]
@@ -63,18 +65,6 @@ fn rss_mb(pid: u32) -> f64 {
                 .and_then(|k| k.parse::<f64>().ok())
         })
         .map_or(0.0, |k| k / 1024.0)
-}
-
-fn metric(port: u16, name: &str) -> f64 {
-    ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 mod common;
 
-use common::{post, Serve};
+use common::{metric, post, Serve};
 use serde_json::{json, Value};
 
 fn schemas() -> Vec<(&'static str, Value, Vec<&'static str>)> {
@@ -337,19 +337,6 @@ fn validity(s: &Serve) {
         );
     }
     println!("\n**{all_valid}/{all} valid**\n");
-}
-
-fn metric(port: u16, name: &str) -> f64 {
-    let text = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
 }
 
 fn run_streams(port: u16, k: usize, guided: bool) -> (f64, u64) {

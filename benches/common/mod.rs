@@ -64,3 +64,17 @@ pub fn post(port: u16, path: &str, body: &Value) -> Value {
         .unwrap_or_else(|e| panic!("{path}: {e}"));
     r.body_mut().read_json::<Value>().unwrap()
 }
+
+/// The sum of a metric's series in `/metrics` (0 when absent or unreachable).
+#[allow(dead_code)]
+pub fn metric(port: u16, name: &str) -> f64 {
+    ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

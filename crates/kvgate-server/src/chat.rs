@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
-use crate::openai::request::{field_names, only_known, typed, ChatFields, SamplingFields, StructuredFields};
+use crate::openai::request::{endpoint_body, ChatFields};
 use crate::openai::response::{
     to_json, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta,
     FunctionCallOut, StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
@@ -284,18 +284,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
-    only_known(
-        &map,
-        &[
-            field_names::<SamplingFields>(),
-            field_names::<StructuredFields>(),
-            field_names::<ChatFields>(),
-        ],
-    )?;
-    let value = Value::Object(map);
-    let sf: SamplingFields = typed(&value)?;
-    let so: StructuredFields = typed(&value)?;
-    let cf: ChatFields = typed(&value)?;
+    let (sf, so, cf, value) = endpoint_body::<ChatFields>(map)?;
     if cf.echo.is_some() {
         return Err(ApiError::param(
             "echo",

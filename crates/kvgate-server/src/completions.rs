@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
-use crate::openai::request::{field_names, only_known, typed, CompletionFields, SamplingFields, StructuredFields};
+use crate::openai::request::{endpoint_body, CompletionFields};
 use crate::openai::response::{to_json, Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
 use crate::state::AppState;
@@ -140,18 +140,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
-    only_known(
-        &map,
-        &[
-            field_names::<SamplingFields>(),
-            field_names::<StructuredFields>(),
-            field_names::<CompletionFields>(),
-        ],
-    )?;
-    let value = Value::Object(map);
-    let sf: SamplingFields = typed(&value)?;
-    let so: StructuredFields = typed(&value)?;
-    let cf: CompletionFields = typed(&value)?;
+    let (sf, so, cf, value) = endpoint_body::<CompletionFields>(map)?;
     let model = st.check_model(sf.model.as_deref())?;
     let echo = cf.echo.unwrap_or(false);
     let max_tokens = int_in("max_tokens", sf.max_tokens, 0, i64::MAX)?.unwrap_or(16);

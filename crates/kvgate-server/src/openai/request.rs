@@ -278,6 +278,24 @@ pub fn only_known(body: &Map<String, Value>, known: &[&[&str]]) -> Result<(), Ap
     }
 }
 
+/// An OpenAI endpoint's body: checked against the exact field set (the shared sampling and
+/// structured-output fields and the endpoint's own `E`), then deserialised into the three; the whole
+/// body is returned too (for `--log-requests`).
+pub fn endpoint_body<E: for<'de> Deserialize<'de>>(
+    body: Map<String, Value>,
+) -> Result<(SamplingFields, StructuredFields, E, Value), ApiError> {
+    only_known(
+        &body,
+        &[
+            field_names::<SamplingFields>(),
+            field_names::<StructuredFields>(),
+            field_names::<E>(),
+        ],
+    )?;
+    let value = Value::Object(body);
+    Ok((typed(&value)?, typed(&value)?, typed(&value)?, value))
+}
+
 /// Deserialises `body` into `T`; a wrong type is a 400 naming the field's path.
 pub fn typed<T: for<'de> Deserialize<'de>>(body: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(body).map_err(|e| {
