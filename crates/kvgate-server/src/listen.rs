@@ -76,7 +76,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
         };
         if open.load(Ordering::SeqCst) >= limits.max_connections {
             refused += 1;
-            drop(stream);
+            // logged before the close, so whoever sees the close can also find the line
             if last_refusal_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
                 warn!(
                     max_connections = limits.max_connections,
@@ -85,6 +85,7 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
                 last_refusal_log = Some(Instant::now());
                 refused = 0;
             }
+            drop(stream);
             continue;
         }
         let _ = stream.set_nodelay(true);
