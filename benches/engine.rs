@@ -31,6 +31,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         max_queue: 4096,
         prefix_caching: prefix,
         kv_dtype: KvDtype::F32,
+        kv_quant: kvgate_kv::KvQuant::PLAIN,
         kv_scales: None,
         calculate_kv_scales: false,
         max_model_len: 4096,

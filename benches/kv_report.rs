@@ -1,20 +1,30 @@
 //! The KV-cache dtype report on the default model, through the real `serve` (HTTP on loopback), one
-//! server per dtype with the same `--kv-cache-memory` (scaled dtypes calibrated from the first prefill):
-//! KV bytes per token, blocks that fit, the max |Δ| of decision probabilities over a fixed set of 50
-//! decision questions against the float32 cache, and the perplexity on a fixed text (this repo's
-//! LICENSE: 1,975 tokens, capped at 2,000). `cargo bench --bench kv_report` prints a table.
+//! server per (dtype, method) with the same `--kv-cache-memory` (scaled dtypes calibrated from the
+//! first prefill): KV bytes per token (scales included), blocks that fit, the max and mean |Δ| of
+//! decision probabilities over a fixed set of 50 decision questions against the float32 cache, the
+//! perplexity on a fixed text (this repo's LICENSE: 1,975 tokens, capped at 2,000), and the CPU
+//! attention throughput of the (dtype, method) in process (16 decode rows over 4,096 tokens, the
+//! default model's 9 query / 3 KV heads of 64; best of three seconds), after the server has exited. `cargo bench --bench kv_report` prints a table;
+//! `KV_REPORT_ONLY=fp8_e4m3` (a dtype name, or `dtype/method`) narrows the rows.
 
 mod common;
 
+use std::time::Instant;
+
 use common::{post, Serve};
+use kvgate_kv::{
+    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant,
+};
 use serde_json::{json, Value};
 
-fn start(dtype: &str) -> Serve {
+fn start(dtype: &str, method: &str) -> Serve {
     let mut args = vec![
         "--kv-cache-memory",
         "1GiB",
         "--kv-cache-dtype",
         dtype,
+        "--kv-cache-method",
+        method,
         "--max-num-batched-tokens",
         "512",
         // the reads' own drift, not sharpened by the choice temperature
@@ -75,13 +85,80 @@ fn probabilities(r: &Value) -> Vec<f64> {
     out
 }
 
+/// Attention reads per second (K/V positions × query rows) of `CpuAttention` over a cache of `dtype`
+/// written with `quant`: 16 decode rows at position 4,095, 9 query / 3 KV heads of 64.
+fn attention_throughput(dtype: KvDtype, quant: KvQuant) -> f64 {
+    let shape = CacheShape::new(1, 3, 64, 16, dtype).unwrap().with_quant(quant).unwrap();
+    let ctx = 4096;
+    let mut cache = KvCache::new(shape, ctx / 16);
+    let _ = cache.set_scales(0, 0.05, 0.05);
+    for t in 0..ctx {
+        let kv: Vec<f32> = (0..3 * 64)
+            .map(|i| (((i * 7 + t * 13) % 29) as f32 - 14.0) / 4.0)
+            .collect();
+        cache.write(0, &[t], &kv, &kv);
+    }
+    let table: Vec<u32> = (0..(ctx / 16) as u32).collect();
+    let tables = [table.as_slice(); 16];
+    let rows: Vec<AttnRow> = (0..16)
+        .map(|i| AttnRow {
+            table: i,
+            pos: (ctx - 1) as u32,
+        })
+        .collect();
+    let q: Vec<f32> = (0..16 * 9 * 64).map(|i| ((i % 11) as f32 - 5.0) / 5.0).collect();
+    let mut out = vec![0f32; q.len()];
+    let p = AttnParams {
+        num_heads: 9,
+        num_kv_heads: 3,
+        head_dim: 64,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+    };
+    let query = AttnQuery {
+        q: &q,
+        rows: &rows,
+        tables: &tables,
+    };
+    CpuAttention.attend(&cache, 0, &query, &p, &mut out);
+    // the best of three one-second runs (this machine has two cores; a stray process costs a run)
+    (0..3)
+        .map(|_| {
+            let (t0, mut n) = (Instant::now(), 0);
+            while t0.elapsed().as_secs_f64() < 1.0 {
+                CpuAttention.attend(&cache, 0, &query, &p, &mut out);
+                n += 1;
+            }
+            (n * 16 * ctx) as f64 / t0.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
 fn main() {
     let license = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/LICENSE")).unwrap();
+    let only = std::env::var("KV_REPORT_ONLY").ok();
     let mut rows = vec![];
     let mut reference: Option<Vec<f64>> = None;
     let mut ref_ppl = 0.0;
-    for dtype in ["float32", "bfloat16", "float16", "fp8_e4m3", "fp8_e5m2", "nvfp4"] {
-        let s = start(dtype);
+    let mut plain_speed = std::collections::HashMap::new();
+    let mut cases: Vec<(KvDtype, KvQuant)> = vec![
+        (KvDtype::F32, KvQuant::PLAIN),
+        (KvDtype::BF16, KvQuant::PLAIN),
+        (KvDtype::F16, KvQuant::PLAIN),
+    ];
+    for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2, KvDtype::Nvfp4] {
+        cases.extend(KvQuant::ALL.map(|q| (dtype, q)));
+    }
+    for (dtype, quant) in cases {
+        let (name, method) = (dtype.name(), quant.name());
+        let wanted = only
+            .as_deref()
+            .is_none_or(|o| dtype == KvDtype::F32 || o == name || o == format!("{name}/{method}"));
+        if !wanted {
+            continue;
+        }
+        let s = start(name, method);
         // Perplexity first (it is also the calibrating prefill for the scaled dtypes).
         let toks = post(s.1, "/tokenize", &json!({"prompt": license}));
         let all = toks["tokens"].as_array().unwrap();
@@ -119,23 +196,38 @@ fn main() {
         };
         let blocks: usize = label("num_gpu_blocks").parse().unwrap_or(0);
         let bpb: usize = label("bytes_per_block").parse().unwrap_or(0);
-        let delta = match &reference {
+        drop(s);
+        let (max_d, mean_d) = match &reference {
             None => {
                 reference = Some(probs.clone());
                 ref_ppl = ppl;
-                0.0
+                (0.0, 0.0)
             }
-            Some(r) => r.iter().zip(&probs).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max),
+            Some(r) => {
+                let d: Vec<f64> = r.iter().zip(&probs).map(|(a, b)| (a - b).abs()).collect();
+                (
+                    d.iter().cloned().fold(0.0, f64::max),
+                    d.iter().sum::<f64>() / d.len() as f64,
+                )
+            }
         };
+        let speed = attention_throughput(dtype, quant);
+        if quant == KvQuant::PLAIN {
+            plain_speed.insert(dtype, speed);
+        }
+        let vs_plain = plain_speed
+            .get(&dtype)
+            .map_or(String::new(), |p| format!(" ({:+.0}%)", 100.0 * (speed / p - 1.0)));
         rows.push(format!(
-            "| {dtype} | {:.0} | {blocks} | {delta:.4} | {ppl:.3} | {:+.3} |",
+            "| {name} | {method} | {:.0} | {blocks} | {max_d:.4} | {mean_d:.4} | {ppl:.3} | {:+.3} | {:.0} M{vs_plain} |",
             bpb as f64 / 16.0,
-            ppl - ref_ppl
+            ppl - ref_ppl,
+            speed / 1e6
         ));
         eprintln!("{}", rows.last().unwrap());
     }
-    println!("\n| KV dtype | KV bytes/token (30 layers, K+V) | blocks in 1 GiB | max |Δp| over 50 decision questions vs float32 | perplexity (LICENSE, 1,975 tokens) | Δ perplexity |");
-    println!("|---|---|---|---|---|---|");
+    println!("\n| KV dtype | method | KV bytes/token (30 layers, K+V, scales incl.) | blocks in 1 GiB | max |Δp| (50 decision questions vs float32) | mean |Δp| | perplexity (LICENSE, 1,975 tokens) | Δ perplexity | CPU attention reads/s (vs plain) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!("{r}");
     }

@@ -1,7 +1,8 @@
-//! How the KV-cache dtypes perturb the default model's next-token distribution on a prompt, with scales
-//! 1.0 and with scales calibrated from the prompt itself. `cargo run --release --example kv_stats`.
+//! How the KV-cache dtypes and methods perturb the default model's next-token distribution on a prompt,
+//! with scales 1.0 and with scales calibrated from the prompt itself: a fast probe before the full
+//! `kv_report`. `cargo run --release --example kv_stats`.
 
-use kvgate_kv::{CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{CpuAttention, KvCache, KvDtype, KvQuant};
 use kvgate_model::{load, Batch, LoadOptions};
 
 fn logprobs(x: &[f32]) -> Vec<f64> {
@@ -23,16 +24,18 @@ fn main() {
     let c = m.model.config().clone();
     let text = "<|im_start|>user\nHelp! My payouts have been failing for 3 days and customers are complaining. Does this convey urgency?<|im_end|>\n<|im_start|>assistant\n";
     let ids = m.tokenizer.encode(text, false).unwrap();
-    let run = |dtype: KvDtype, scales: Option<(Vec<f32>, Vec<f32>, f32)>| {
-        let shape = c.cache_shape(16, dtype).unwrap();
+    let run = |dtype: KvDtype, quant: KvQuant, scales: Option<(Vec<f32>, Vec<f32>, f32)>| {
+        let shape = c.cache_shape(16, dtype).unwrap().with_quant(quant).unwrap();
         let mut cache = KvCache::new(shape, ids.len().div_ceil(16));
         if let Some((k, v, range)) = scales {
             for l in 0..c.num_layers {
-                cache.set_scales(
-                    l,
-                    kvgate_engine::kv_scale(k[l], range),
-                    kvgate_engine::kv_scale(v[l], range),
-                );
+                cache
+                    .set_scales(
+                        l,
+                        kvgate_engine::kv_scale(k[l], range),
+                        kvgate_engine::kv_scale(v[l], range),
+                    )
+                    .unwrap();
             }
         }
         let mut b = Batch::single_sequence(&ids, 16);
@@ -40,7 +43,7 @@ fn main() {
         let (lg, a) = m.model.forward_with_amax(&b, &mut cache, &CpuAttention).unwrap();
         (logprobs(&lg), a)
     };
-    let (base, amax) = run(KvDtype::F32, None);
+    let (base, amax) = run(KvDtype::F32, KvQuant::PLAIN, None);
     let yes = m.tokenizer.token_to_id("Yes").unwrap() as usize;
     for (dtype, range) in [
         (KvDtype::BF16, 0.0),
@@ -52,14 +55,22 @@ fn main() {
             if calibrated && range == 0.0 {
                 continue;
             }
-            let (lp, _) = run(dtype, calibrated.then(|| (amax.k.clone(), amax.v.clone(), range)));
-            let kl: f64 = base.iter().zip(&lp).map(|(p, q)| p.exp() * (p - q)).sum();
-            println!(
-                "{dtype:>9} {:>10}: KL {kl:.5}, logP(Yes) {:.4} vs {:.4}",
-                if calibrated { "calibrated" } else { "scale 1" },
-                lp[yes],
-                base[yes]
-            );
+            let methods: &[KvQuant] = if range == 0.0 { &[KvQuant::PLAIN] } else { &KvQuant::ALL };
+            for &quant in methods {
+                let (lp, _) = run(
+                    dtype,
+                    quant,
+                    calibrated.then(|| (amax.k.clone(), amax.v.clone(), range)),
+                );
+                let kl: f64 = base.iter().zip(&lp).map(|(p, q)| p.exp() * (p - q)).sum();
+                println!(
+                    "{dtype:>9} {:>8} {:>10}: KL {kl:.6}, logP(Yes) {:.4} vs {:.4}",
+                    quant.name(),
+                    if calibrated { "calibrated" } else { "scale 1" },
+                    lp[yes],
+                    base[yes]
+                );
+            }
         }
     }
 }

@@ -9,7 +9,15 @@
 // Cache layout (one layer's K or V, identical to kvgate_kv::CacheShape): block b holds, for every
 // (kv head h, token slot o) in [h][o] order, head_dim elements; for nvfp4 first every vector's packed
 // data (head_dim / 2 bytes, element 2i in the low nibble) and then every vector's scale bytes
-// (head_dim / 16 E4M3 scales).
+// (head_dim / 16 E4M3 scales); for fp8 with per-vector ("fine") scales first every vector's data and
+// then one exponent byte per vector (scale 2^(byte - 127)).
+//
+// Quantization methods (kvgate_kv::quant, the reference): an optional rotation R = H·D/sqrt(b) of each
+// head vector (blockwise Walsh–Hadamard, b the largest power of two dividing head_dim, D fixed signs
+// from splitmix64) applied to K and V on store and to q in attention, whose output is rotated back;
+// "fine" scales (fp8: a power-of-two scale per vector; nvfp4: each group's E4M3 scale chosen by least
+// squared error). The arithmetic is the CPU's step for step, without fused multiply-adds, so stores
+// agree byte for byte.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -173,6 +181,177 @@ extern "C" __global__ void store_nvfp4(const float* __restrict__ x, const i64* _
     cache[base + (u64)nkv * bs * data_bytes + vec * scale_bytes + g] = sf;
 }
 
+
+// ---------------------------------------------------------------- rotation and fine scales
+
+// Whether element i's sign is flipped by D (kvgate_kv::quant::sign_flipped).
+__device__ __forceinline__ bool sign_flipped(u32 i) {
+    u64 z = 0x6b76676174650001ull + (u64)i * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (z >> 63) == 1ull;
+}
+
+// The butterflies of a blockwise Walsh–Hadamard transform of x[0..hd) in shared memory, by `nthreads`
+// threads numbered `tid` (stages separated by `sync`, which the caller's group size decides).
+template <bool BLOCK_SYNC>
+__device__ __forceinline__ void hadamard_butterflies(float* x, int hd, int tid, int nthreads) {
+    int b = hd & -hd;
+    for (int h = 1; h < b; h <<= 1) {
+        for (int p = tid; p < hd / 2; p += nthreads) {
+            int blk = p / (b / 2), r = p % (b / 2);
+            int j = blk * b + (r / h) * 2 * h + (r % h);
+            float a = x[j], c = x[j + h];
+            x[j] = __fadd_rn(a, c);
+            x[j + h] = __fsub_rn(a, c);
+        }
+        if (BLOCK_SYNC) __syncthreads(); else __syncwarp();
+    }
+}
+
+// x ← H·D·x / sqrt(b) (kvgate_kv::quant::rotate); `norm` = 1/sqrt(b) from the host.
+template <bool BLOCK_SYNC>
+__device__ __forceinline__ void rotate_vec(float* x, int hd, float norm, int tid, int nthreads) {
+    for (int i = tid; i < hd; i += nthreads)
+        if (sign_flipped((u32)i)) x[i] = -x[i];
+    if (BLOCK_SYNC) __syncthreads(); else __syncwarp();
+    hadamard_butterflies<BLOCK_SYNC>(x, hd, tid, nthreads);
+    for (int i = tid; i < hd; i += nthreads) x[i] = __fmul_rn(x[i], norm);
+    if (BLOCK_SYNC) __syncthreads(); else __syncwarp();
+}
+
+// x ← D·H·x / sqrt(b) (kvgate_kv::quant::unrotate).
+template <bool BLOCK_SYNC>
+__device__ __forceinline__ void unrotate_vec(float* x, int hd, float norm, int tid, int nthreads) {
+    hadamard_butterflies<BLOCK_SYNC>(x, hd, tid, nthreads);
+    for (int i = tid; i < hd; i += nthreads) {
+        float v = __fmul_rn(x[i], norm);
+        x[i] = sign_flipped((u32)i) ? -v : v;
+    }
+    if (BLOCK_SYNC) __syncthreads(); else __syncwarp();
+}
+
+// 2^e as an f32 for e in -126..127.
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
+
+// fp8 fine: the least e with amax <= max·2^e (max = 1.75·2^m), from the bits (kvgate_kv::quant::
+// fp8_vector_exponent); 0 for a zero, subnormal or non-finite amax.
+__device__ __forceinline__ int fp8_vector_exponent(float amax, int m) {
+    u32 bits = __float_as_uint(amax) & 0x7FFFFFFFu;
+    int field = (int)(bits >> 23);
+    if (field == 0 || field == 0xFF) return 0;
+    return field - 127 - m + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+}
+
+// Squared error of one group of 16 stored with scale byte `code` (kvgate_kv::quant::nvfp4_best_scale).
+__device__ __forceinline__ float nvfp4_group_err(const float* x, float gs, u8 code) {
+    float sf = e4m3_to_f32(code);
+    float e = 0.0f;
+    if (sf == 0.0f || !isfinite(sf)) {
+        for (int i = 0; i < 16; i++) {
+            float d = __fmul_rn(x[i], gs);
+            e = __fadd_rn(e, __fmul_rn(d, d));
+        }
+        return e;
+    }
+    float mul = gs / sf;
+    for (int i = 0; i < 16; i++) {
+        u8 q = f32_to_e2m1(__fmul_rn(x[i], mul));
+        float d = __fsub_rn(__fmul_rn(x[i], gs), __fmul_rn(e2m1_to_f32(q), sf));
+        e = __fadd_rn(e, __fmul_rn(d, d));
+    }
+    return e;
+}
+
+// The least-squares scale byte of a group: from one code below e4m3(gs·amax/6) up to e4m3(gs·amax/4);
+// the standard code wins ties, then the lowest.
+__device__ __forceinline__ u8 nvfp4_best_scale(const float* x, float gs, float amax) {
+    u8 standard = f32_to_e4m3(gs * amax / 6.0f);
+    u8 top = f32_to_e4m3(gs * amax / 4.0f);
+    if (top > 0x7Eu) top = 0x7Eu;
+    if (top < standard) top = standard;
+    u8 best = standard;
+    float best_err = nvfp4_group_err(x, gs, standard);
+    for (u32 code = standard > 0 ? standard - 1u : 0u; code <= top; code++) {
+        if (code == standard) continue;
+        float e = nvfp4_group_err(x, gs, (u8)code);
+        if (e < best_err) {
+            best = (u8)code;
+            best_err = e;
+        }
+    }
+    return best;
+}
+
+// Quantize-on-store with a method: one warp per (token, kv head) vector, `hd` floats of dynamic shared
+// memory per warp (blockDim = 32 × vectors per block). fmt 0 = e4m3, 1 = e5m2, 2 = nvfp4; `layer`: fp8
+// 1/scale, nvfp4 the global scale gs; `rotate`, `fine`: the method's switches; `norm` = 1/sqrt(b).
+extern "C" __global__ void store_quant(const float* __restrict__ x, const i64* __restrict__ slots,
+                                       u8* __restrict__ cache, float layer, int fmt, int rotate, int fine,
+                                       float norm, int ntok, int nkv, int hd, int bs) {
+    extern __shared__ float svec[];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    u64 vid = (u64)blockIdx.x * (blockDim.x >> 5) + w;
+    if (vid >= (u64)ntok * nkv) return;
+    int h = (int)(vid % nkv);
+    int t = (int)(vid / nkv);
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    float* v = svec + (u64)w * hd;
+    const float* src = x + vid * hd;
+    for (int i = lane; i < hd; i += 32) v[i] = src[i];
+    __syncwarp();
+    if (rotate) rotate_vec<false>(v, hd, norm, lane, 32);
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    u64 vec = (u64)h * bs + off;
+    if (fmt == 2) {
+        u64 data_bytes = (u64)hd / 2, scale_bytes = (u64)hd / 16;
+        u64 base = block * (u64)nkv * bs * (data_bytes + scale_bytes);
+        for (int g = lane; g < hd / 16; g += 32) {
+            const float* xs = v + g * 16;
+            float amax = 0.0f;
+            for (int i = 0; i < 16; i++) {
+                float a = fabsf(xs[i]);
+                if (a > amax) amax = a;
+            }
+            u8 sf = fine ? nvfp4_best_scale(xs, layer, amax) : f32_to_e4m3(layer * amax / 6.0f);
+            float sf_f = e4m3_to_f32(sf);
+            float mul = (sf_f == 0.0f || !isfinite(sf_f)) ? 0.0f : layer / sf_f;
+            u8* data = cache + base + vec * data_bytes + (u64)g * 8;
+            for (int i = 0; i < 8; i++) {
+                u8 lo = f32_to_e2m1(__fmul_rn(xs[2 * i], mul));
+                u8 hi = f32_to_e2m1(__fmul_rn(xs[2 * i + 1], mul));
+                data[i] = (u8)(lo | (hi << 4));
+            }
+            cache[base + (u64)nkv * bs * data_bytes + vec * scale_bytes + g] = sf;
+        }
+        return;
+    }
+    u64 per = (u64)hd + (fine ? 1 : 0);
+    u64 base = block * (u64)nkv * bs * per;
+    float inv = layer;
+    if (fine) {
+        float amax = 0.0f;
+        for (int i = lane; i < hd; i += 32) {
+            float a = fabsf(v[i]);
+            if (a > amax) amax = a;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float other = __shfl_xor_sync(0xffffffffu, amax, o);
+            if (other > amax) amax = other;
+        }
+        int e = fp8_vector_exponent(amax, fmt == 0 ? 8 : 15);
+        if (lane == 0) cache[base + (u64)nkv * bs * hd + vec] = (u8)(e + 127);
+        inv = pow2f(-e);
+    }
+    u8* data = cache + base + vec * hd;
+    for (int i = lane; i < hd; i += 32) {
+        float y = __fmul_rn(v[i], inv);
+        data[i] = fmt == 0 ? f32_to_e4m3(y) : f32_to_e5m2(y);
+    }
+}
+
 // ---------------------------------------------------------------- paged attention (decode)
 
 #define DT_BF16 0
@@ -183,9 +362,10 @@ extern "C" __global__ void store_nvfp4(const float* __restrict__ x, const i64* _
 
 // Loads the PER consecutive elements starting at `d` of the vector (block, kvh, off), dequantized, with
 // the widest aligned loads PER allows (d is a multiple of PER).
+// With `fine` (fp8 only) the vector's own scale 2^(byte - 127) replaces `scale`.
 template <int DT, int PER>
 __device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block, int kvh, int off, int nkv,
-                                         int hd, int bs, int d, float scale, float* out) {
+                                         int hd, int bs, int d, float scale, int fine, float* out) {
     u64 vec = (u64)kvh * bs + off;
     if (DT == DT_BF16) {
         const u16* p = (const u16*)cache + (block * nkv * bs + vec) * hd + d;
@@ -203,7 +383,9 @@ __device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block
             for (int i = 0; i < PER; i++) out[i] = bf16_to_f32(p[i]);
         }
     } else if (DT == DT_E4M3 || DT == DT_E5M2) {
-        const u8* p = cache + (block * nkv * bs + vec) * hd + d;
+        u64 base = block * nkv * bs * ((u64)hd + (fine ? 1 : 0));
+        const u8* p = cache + base + vec * hd + d;
+        if (fine) scale = pow2f((int)cache[base + (u64)nkv * bs * hd + vec] - 127);
         if (PER % 4 == 0) {
 #pragma unroll
             for (int i = 0; i < PER; i += 4) {
@@ -258,7 +440,7 @@ template <int DT, int PER>
 __device__ void paged_attention(float* __restrict__ out, const float* __restrict__ q, const u8* __restrict__ kc,
                                 const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
                                 const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                                float k_scale, float v_scale) {
+                                float k_scale, float v_scale, int rotate, int fine, float norm) {
     extern __shared__ float smem[];
     int head = blockIdx.x, seq = blockIdx.y;
     int kvh = head / (nh / nkv);
@@ -268,6 +450,8 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     const float* qrow = q + ((u64)seq * nh + head) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d] * scale;
     __syncthreads();
+    // The cache holds R·k: scores from R·q.
+    if (rotate) rotate_vec<true>(qs, hd, norm, threadIdx.x, blockDim.x);
     const int per = PER;  // hd / 32, a compile-time constant so the per-lane arrays stay in registers
     int d0 = lane * per;
     float qv[PER];
@@ -287,7 +471,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT, PER>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, k_scale, buf[u]);
+            if (t < n) load_vec<DT, PER>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, k_scale, fine, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
@@ -312,7 +496,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT, PER>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, v_scale, buf[u]);
+            if (t < n) load_vec<DT, PER>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, v_scale, fine, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
@@ -340,20 +524,29 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         if (mw != -KV_INF) total += part[w * (hd + 2) + 1] * expf(mw - big);
     }
     float* orow = out + ((u64)seq * nh + head) * hd;
+    // Without rotation each output goes straight out; with it, the vector is gathered in qs (free once
+    // every lane holds its q) and rotated back first.
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float o = 0.0f;
         for (int w = 0; w < WARPS; w++) {
             float mw = part[w * (hd + 2)];
             if (mw != -KV_INF) o += part[w * (hd + 2) + 2 + d] * expf(mw - big);
         }
-        orow[d] = total > 0.0f ? o / total : 0.0f;
+        o = total > 0.0f ? o / total : 0.0f;
+        if (rotate) qs[d] = o;
+        else orow[d] = o;
+    }
+    if (rotate) {
+        __syncthreads();
+        unrotate_vec<true>(qs, hd, norm, threadIdx.x, blockDim.x);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) orow[d] = qs[d];
     }
 }
 
 #define PA_CASE(P)                                                                                            \
     case P:                                                                                                   \
         paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale, \
-                               v_scale);                                                                      \
+                               v_scale, rotate, fine, norm);                                                  \
         break;
 
 // head_dim is a multiple of 32 up to 256 (checked by the host): one instantiation per head_dim / 32.
@@ -362,7 +555,8 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                          const u8* __restrict__ kc, const u8* __restrict__ vc,
                                          const int* __restrict__ tables, int max_blocks,
                                          const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,
-                                         float scale, float k_scale, float v_scale) {
+                                         float scale, float k_scale, float v_scale, int rotate, int fine,
+                                         float norm) {
     switch (hd / 32) {
         PA_CASE(1)
         PA_CASE(2)
@@ -382,9 +576,10 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                     const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
                                     const int* __restrict__ tables, int max_blocks,                          \
                                     const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,       \
-                                    float scale, float k_scale, float v_scale) {                             \
+                                    float scale, float k_scale, float v_scale, int rotate, int fine,         \
+                                    float norm) {                                                            \
         paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale,  \
-                                     k_scale, v_scale);                                                       \
+                                     k_scale, v_scale, rotate, fine, norm);                                   \
     }
 
 PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)

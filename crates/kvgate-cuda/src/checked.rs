@@ -5,7 +5,7 @@
 //! through a bad id (the contract the safe API promises).
 
 use cudarc::driver::CudaSlice;
-use kvgate_kv::KvDtype;
+use kvgate_kv::{KvDtype, KvQuant};
 
 use crate::{CudaError, Dims};
 
@@ -51,8 +51,8 @@ fn bad(msg: String) -> CudaError {
 
 /// Blocks in a cache layer of `bytes` bytes for `dtype` and `d` (the length must be a whole number of
 /// blocks).
-pub(crate) fn cache_blocks(bytes: usize, dtype: KvDtype, d: Dims) -> Result<usize, CudaError> {
-    let per = d.num_kv_heads * d.block_size * dtype.bytes_per_vector(d.head_dim);
+pub(crate) fn cache_blocks(bytes: usize, dtype: KvDtype, quant: KvQuant, d: Dims) -> Result<usize, CudaError> {
+    let per = d.num_kv_heads * d.block_size * (dtype.bytes_per_vector(d.head_dim) + quant.extra_scale_bytes(dtype));
     if per == 0 || !bytes.is_multiple_of(per) {
         return Err(bad(format!(
             "a cache layer of {bytes} bytes is not a whole number of {per}-byte blocks"
@@ -130,8 +130,8 @@ mod tests {
     #[test]
     fn cache_must_be_whole_blocks() {
         let per = 2 * 16 * 64; // fp8: one byte per element
-        assert_eq!(cache_blocks(3 * per, KvDtype::Fp8E4m3, D), Ok(3));
-        assert!(cache_blocks(3 * per + 1, KvDtype::Fp8E4m3, D).is_err());
+        assert_eq!(cache_blocks(3 * per, KvDtype::Fp8E4m3, KvQuant::PLAIN, D), Ok(3));
+        assert!(cache_blocks(3 * per + 1, KvDtype::Fp8E4m3, KvQuant::PLAIN, D).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub use checked::{BlockTables, Slots};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use kvgate_kv::KvDtype;
+use kvgate_kv::{quant, KvDtype, KvQuant, Rotation, Scales};
 use thiserror::Error;
 
 /// The kernel sources, embedded.
@@ -213,19 +213,25 @@ impl Gpu {
 
     /// Quantize-on-store: writes `x` (`slots.len() × kv_heads × head_dim` f32) into the cache layer
     /// `cache` (bytes, `kvgate_kv` layout) at `slots`, with the layer's `scale` (fp8: stored
-    /// `x / scale`; nvfp4: global scale `1 / scale`). Refused unless every slot is inside `cache` and
-    /// `x` holds every row.
+    /// `x / scale`; nvfp4: global scale `1 / scale`) and the method `quant` (rotation, fine scales: as
+    /// `kvgate_kv::quant`). Refused unless every slot is inside `cache`, `x` holds every row and the
+    /// method fits the dtype and shape.
+    #[allow(clippy::too_many_arguments)]
     pub fn store(
         &self,
         dtype: KvDtype,
+        quant: KvQuant,
         x: &CudaSlice<f32>,
         slots: &Slots,
         cache: &mut CudaSlice<u8>,
         d: Dims,
         scale: f32,
     ) -> Result<(), CudaError> {
+        quant
+            .check(dtype, d.head_dim, d.block_size)
+            .map_err(|e| CudaError::Invalid(e.to_string()))?;
         let tokens = slots.len;
-        let blocks = checked::cache_blocks(cache.len(), dtype, d)?;
+        let blocks = checked::cache_blocks(cache.len(), dtype, quant, d)?;
         checked::check_below("slot", slots.max, blocks * d.block_size)?;
         checked::check_len("x", x.len(), tokens * d.num_kv_heads * d.head_dim)?;
         let slots = &slots.dev;
@@ -236,6 +242,43 @@ impl Gpu {
             d.block_size as i32,
         );
         let elems = tokens * d.num_kv_heads * d.head_dim;
+        if quant != KvQuant::PLAIN {
+            let f = self.func("store_quant")?;
+            let (fmt, layer): (i32, f32) = match dtype {
+                KvDtype::Fp8E4m3 => (0, 1.0 / scale),
+                KvDtype::Fp8E5m2 => (1, 1.0 / scale),
+                KvDtype::Nvfp4 => (2, 1.0 / scale),
+                other => return Err(CudaError::Unsupported(other.name())),
+            };
+            let rotate = i32::from(quant.rotation == Rotation::Hadamard);
+            let fine = i32::from(quant.scales == Scales::Fine);
+            let norm = quant::hadamard_norm(quant::hadamard_block(d.head_dim));
+            // 4 warps per block, one vector per warp, each with head_dim floats of shared memory
+            const WARPS: u32 = 4;
+            let vectors = (tokens * d.num_kv_heads) as u32;
+            let cfg = LaunchConfig {
+                grid_dim: (vectors.div_ceil(WARPS).max(1), 1, 1),
+                block_dim: (32 * WARPS, 1, 1),
+                shared_mem_bytes: WARPS * d.head_dim as u32 * 4,
+            };
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(x)
+                .arg(slots)
+                .arg(cache)
+                .arg(&layer)
+                .arg(&fmt)
+                .arg(&rotate)
+                .arg(&fine)
+                .arg(&norm)
+                .arg(&nt)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&bs);
+            // SAFETY: arguments match the kernel's signature; writes stay inside the slots' blocks,
+            // checked above to be inside the cache, laid out for this method.
+            unsafe { b.launch(cfg) }.map_err(drv)?;
+            return Ok(());
+        }
         match dtype {
             KvDtype::BF16 => {
                 let f = self.func("store_bf16")?;
@@ -283,12 +326,14 @@ impl Gpu {
     }
 
     /// Paged-attention decode: one query row per sequence (`q`: `seqs × heads × head_dim`), attending to
-    /// the first `ctx_lens[s]` tokens through `tables`. Refused unless every block in use is inside
-    /// both caches and `q`/`out` hold every row.
+    /// the first `ctx_lens[s]` tokens through `tables`, over caches written with `quant` (a rotating
+    /// method rotates `q` and rotates the output back; fp8 fine scales are read per vector). Refused
+    /// unless every block in use is inside both caches and `q`/`out` hold every row.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
         &self,
         dtype: KvDtype,
+        quant: KvQuant,
         out: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u8>,
@@ -305,8 +350,11 @@ impl Gpu {
                 tables.block_size, d.block_size
             )));
         }
-        let blocks = checked::cache_blocks(k_cache.len(), dtype, d)?;
-        if checked::cache_blocks(v_cache.len(), dtype, d)? != blocks {
+        quant
+            .check(dtype, d.head_dim, d.block_size)
+            .map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let blocks = checked::cache_blocks(k_cache.len(), dtype, quant, d)?;
+        if checked::cache_blocks(v_cache.len(), dtype, quant, d)? != blocks {
             return Err(CudaError::Invalid("K and V caches of different sizes".into()));
         }
         checked::check_below("block", tables.max_block, blocks)?;
@@ -329,6 +377,9 @@ impl Gpu {
             )));
         }
         let f = self.func(name)?;
+        let rotate = i32::from(quant.rotation == Rotation::Hadamard);
+        let fine = i32::from(quant.scales == Scales::Fine && dtype != KvDtype::Nvfp4);
+        let norm = quant::hadamard_norm(quant::hadamard_block(d.head_dim));
         let (mb, nh, nkv, hd, bs) = (
             max_blocks as i32,
             d.num_heads as i32,
@@ -357,7 +408,10 @@ impl Gpu {
             .arg(&bs)
             .arg(&scale)
             .arg(&k_scale)
-            .arg(&v_scale);
+            .arg(&v_scale)
+            .arg(&rotate)
+            .arg(&fine)
+            .arg(&norm);
         // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
         // inside both caches, and q/out hold every row.
         unsafe { b.launch(cfg) }.map_err(drv)?;

@@ -1,18 +1,42 @@
 //! GPU checks (run on a machine with an NVIDIA GPU; elsewhere they print SKIP, and with
 //! `KVGATE_REQUIRE_GPU=1` a missing GPU is a failure):
 //! - the CUDA quantize-on-store kernels write the same bytes as the CPU codecs, for bf16, fp8 e4m3,
-//!   fp8 e5m2 and nvfp4, on every boundary case (ties, saturation, subnormals, ±0, NaN, ±inf);
-//! - the CUDA paged attention matches the CPU paged attention over the same blocks and block tables;
+//!   fp8 e5m2 and nvfp4, with every quantization method (plain, rotation, fine scales, both), on every
+//!   boundary case (ties, saturation, subnormals, ±0, NaN, ±inf);
+//! - the CUDA paged attention matches the CPU paged attention over the same blocks and block tables,
+//!   for every dtype and method;
 //! - a bandwidth report: each kernel's GB/s against the device's measured copy bandwidth
 //!   (`KVGATE_GPU_REPORT=path` also writes it to a file).
 
 use kvgate_cuda::{CudaError, Dims, Gpu};
 use kvgate_kv::Which;
-use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
+use kvgate_kv::{
+    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant, Rotation,
+    Scales,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 const DTYPES: [KvDtype; 4] = [KvDtype::BF16, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2, KvDtype::Nvfp4];
+
+/// Every (dtype, method) pair the kernels take: bf16 plain only, the quantized dtypes with all four.
+fn cases() -> Vec<(KvDtype, KvQuant)> {
+    let methods = [Rotation::None, Rotation::Hadamard]
+        .into_iter()
+        .flat_map(|rotation| [Scales::Layer, Scales::Fine].map(|scales| KvQuant { rotation, scales }));
+    let methods: Vec<KvQuant> = methods.collect();
+    DTYPES
+        .iter()
+        .flat_map(|&d| {
+            let ms = if d.is_scaled() {
+                methods.clone()
+            } else {
+                vec![KvQuant::PLAIN]
+            };
+            ms.into_iter().map(move |m| (d, m))
+        })
+        .collect()
+}
 
 fn gpu() -> Option<Gpu> {
     match Gpu::new(0) {
@@ -81,14 +105,17 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
     eprintln!("device: {}", g.name());
     let (nkv, hd, bs, blocks) = (2usize, 64usize, 16usize, 12usize);
     let tokens = blocks * bs;
-    for dtype in DTYPES {
+    for (dtype, quant) in cases() {
         for scale in [1.0f32, 0.37, 4.0] {
-            let shape = CacheShape::new(1, nkv, hd, bs, dtype).unwrap();
+            let shape = CacheShape::new(1, nkv, hd, bs, dtype)
+                .unwrap()
+                .with_quant(quant)
+                .unwrap();
             let x = boundary_inputs(tokens * nkv * hd, 7);
             // scattered slots: token t goes to block (t·5) mod blocks
             let slots: Vec<usize> = (0..tokens).map(|t| ((t / bs) * 5 % blocks) * bs + t % bs).collect();
             let mut cpu = KvCache::new(shape, blocks);
-            cpu.set_scales(0, scale, scale);
+            cpu.set_scales(0, scale, scale).unwrap();
             cpu.write(0, &slots, &x, &x);
             let want = cpu.layer(0).raw(Which::K).as_bytes().to_vec();
             let dx = g.upload(&x).unwrap();
@@ -100,15 +127,16 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
                 head_dim: hd,
                 block_size: bs,
             };
-            g.store(dtype, &dx, &ds, &mut dc, dims, scale).unwrap();
+            g.store(dtype, quant, &dx, &ds, &mut dc, dims, scale).unwrap();
             let got = g.download(&dc).unwrap();
+            let m = quant.name();
             if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) {
                 panic!(
-                    "{dtype} scale {scale}: byte {i} differs: CPU {:#04x}, GPU {:#04x}",
+                    "{dtype} {m} scale {scale}: byte {i} differs: CPU {:#04x}, GPU {:#04x}",
                     want[i], got[i]
                 );
             }
-            eprintln!("{dtype} scale {scale}: {} bytes identical", want.len());
+            eprintln!("{dtype} {m} scale {scale}: {} bytes identical", want.len());
         }
     }
 }
@@ -119,10 +147,13 @@ fn paged_attention_matches_the_cpu() {
     let (nkv, nh, bs, blocks) = (2usize, 6usize, 16usize, 128usize);
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     // head_dim 96: a lane's elements straddle two nvfp4 groups.
-    for (dtype, hd) in DTYPES.iter().flat_map(|&d| [64usize, 96, 128].map(|h| (d, h))) {
-        let shape = CacheShape::new(1, nkv, hd, bs, dtype).unwrap();
+    for ((dtype, quant), hd) in cases().into_iter().flat_map(|c| [64usize, 96, 128].map(|h| (c, h))) {
+        let shape = CacheShape::new(1, nkv, hd, bs, dtype)
+            .unwrap()
+            .with_quant(quant)
+            .unwrap();
         let mut cpu = KvCache::new(shape, blocks);
-        cpu.set_scales(0, 0.05, 0.02);
+        cpu.set_scales(0, 0.05, 0.02).unwrap();
         // five sequences with scattered, disjoint block tables
         let lens = [1usize, 17, 250, 333, 511];
         let mut perm: Vec<u32> = (0..blocks as u32).collect();
@@ -192,14 +223,15 @@ fn paged_attention_matches_the_cpu() {
             block_size: bs,
         };
         let (ks, vs) = (cpu.layer(0).k_scale, cpu.layer(0).v_scale);
-        g.paged_attention(dtype, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
+        g.paged_attention(dtype, quant, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
             .unwrap();
         let got = g.download(&dout).unwrap();
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        eprintln!("{dtype} head_dim {hd}: max |GPU − CPU| = {worst:.2e}");
+        let m = quant.name();
+        eprintln!("{dtype} {m} head_dim {hd}: max |GPU − CPU| = {worst:.2e}");
         assert!(
             worst < 2e-4,
-            "{dtype} head_dim {hd}: paged attention differs from the CPU by {worst}"
+            "{dtype} {m} head_dim {hd}: paged attention differs from the CPU by {worst}"
         );
     }
 }
@@ -229,8 +261,12 @@ fn bandwidth_report() -> Result<(), CudaError> {
         head_dim: hd,
         block_size: bs,
     };
-    for dtype in DTYPES {
-        let shape = CacheShape::new(1, nh, hd, bs, dtype).unwrap();
+    for (dtype, quant) in cases() {
+        let shape = CacheShape::new(1, nh, hd, bs, dtype)
+            .unwrap()
+            .with_quant(quant)
+            .unwrap();
+        let m = quant.name();
         let layer_bytes = blocks * shape.layer_block_bytes();
         let k = g.zeros(layer_bytes)?;
         let v = g.zeros(layer_bytes)?;
@@ -239,12 +275,12 @@ fn bandwidth_report() -> Result<(), CudaError> {
         let dq = g.upload(&vec![0.01f32; seqs * nh * hd])?;
         let mut out = g.upload(&vec![0f32; seqs * nh * hd])?;
         let ms = g.time_ms(5, || {
-            g.paged_attention(dtype, &mut out, &dq, &k, &v, &dt, dims, 0.088, 1.0, 1.0)
+            g.paged_attention(dtype, quant, &mut out, &dq, &k, &v, &dt, dims, 0.088, 1.0, 1.0)
         })?;
         let bytes = 2.0 * layer_bytes as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
         report.push_str(&format!(
-            "| paged attention decode | {dtype} | {seqs} seqs x {ctx} tokens x {nh} heads x {hd} | {ms:.3} ms | {gbps:.0} | {:.0}% |\n",
+            "| paged attention decode | {dtype} {m} | {seqs} seqs x {ctx} tokens x {nh} heads x {hd} | {ms:.3} ms | {gbps:.0} | {:.0}% |\n",
             100.0 * gbps / copy_gbps
         ));
         // Quantize-on-store of 64k tokens.
@@ -252,11 +288,11 @@ fn bandwidth_report() -> Result<(), CudaError> {
         let x = g.upload(&vec![0.5f32; tokens * nh * hd])?;
         let slots = g.upload_slots(&(0..tokens).collect::<Vec<_>>())?;
         let mut cache = g.zeros(tokens.div_ceil(bs) * shape.layer_block_bytes())?;
-        let ms = g.time_ms(5, || g.store(dtype, &x, &slots, &mut cache, dims, 1.0))?;
-        let bytes = (tokens * nh * hd * 4) as f64 + (tokens * nh * dtype.bytes_per_vector(hd)) as f64;
+        let ms = g.time_ms(5, || g.store(dtype, quant, &x, &slots, &mut cache, dims, 1.0))?;
+        let bytes = (tokens * nh * hd * 4) as f64 + (tokens * nh * shape.bytes_per_vector()) as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
         report.push_str(&format!(
-            "| quantize-on-store | {dtype} | {tokens} tokens x {nh} heads x {hd} | {ms:.3} ms | {gbps:.0} | {:.0}% |\n",
+            "| quantize-on-store | {dtype} {m} | {tokens} tokens x {nh} heads x {hd} | {ms:.3} ms | {gbps:.0} | {:.0}% |\n",
             100.0 * gbps / copy_gbps
         ));
     }

@@ -25,6 +25,7 @@ fn every_kernel_compiles_for_sm_90() {
             "store_bf16",
             "store_fp8",
             "store_nvfp4",
+            "store_quant",
             "paged_attention_bf16",
             "paged_attention_e4m3",
             "paged_attention_e5m2",

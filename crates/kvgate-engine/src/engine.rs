@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use kvgate_kv::KvDtype;
+use kvgate_kv::{KvDtype, KvQuant};
 use kvgate_model::{Batch, Model, Tokenizer};
 use tokio::sync::mpsc as tmpsc;
 use tracing::{error, info, warn};
@@ -46,6 +46,8 @@ pub struct EngineConfig {
     pub prefix_caching: bool,
     /// KV-cache dtype.
     pub kv_dtype: KvDtype,
+    /// How a quantized cache is written (rotation, scales).
+    pub kv_quant: KvQuant,
     /// Per-layer (k_scale, v_scale) from the checkpoint, if any.
     pub kv_scales: Option<Vec<(f32, f32)>>,
     /// Calibrate scales from the first prefill.
@@ -89,6 +91,7 @@ pub fn start(model: Model, tok: Arc<Tokenizer>, eos: Vec<u32>, cfg: EngineConfig
     let shape = model
         .config()
         .cache_shape(cfg.block_size, cfg.kv_dtype)
+        .and_then(|s| s.with_quant(cfg.kv_quant))
         .map_err(|e| EngineError::Config(e.to_string()))?;
     let backend = CpuBackend::new(model, shape, cfg.num_blocks);
     start_with_backend(Box::new(backend), tok, eos, cfg)
@@ -103,16 +106,20 @@ pub fn start_with_backend(
     cfg: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
     let shape = backend.cache_shape();
-    if (shape.block_size(), shape.dtype(), backend.num_blocks()) != (cfg.block_size, cfg.kv_dtype, cfg.num_blocks) {
+    if (shape.block_size(), shape.dtype(), shape.quant(), backend.num_blocks())
+        != (cfg.block_size, cfg.kv_dtype, cfg.kv_quant, cfg.num_blocks)
+    {
         return Err(EngineError::Config(format!(
-            "the {} backend's cache is {} blocks of {} tokens as {}, the configuration says {} blocks of {} as {}",
+            "the {} backend's cache is {} blocks of {} tokens as {} ({}), the configuration says {} blocks of {} as {} ({})",
             backend.device(),
             backend.num_blocks(),
             shape.block_size(),
             shape.dtype(),
+            shape.quant().name(),
             cfg.num_blocks,
             cfg.block_size,
-            cfg.kv_dtype
+            cfg.kv_dtype,
+            cfg.kv_quant.name()
         )));
     }
     if cfg.num_blocks * cfg.block_size < cfg.max_model_len.min(backend.max_positions()) {

@@ -52,6 +52,7 @@ fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         max_queue: o.max_queue,
         prefix_caching: o.prefix,
         kv_dtype: KvDtype::F32,
+        kv_quant: kvgate_kv::KvQuant::PLAIN,
         kv_scales: None,
         calculate_kv_scales: false,
         max_model_len: m.max_model_len,

@@ -24,6 +24,7 @@ fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
         max_queue: 64,
         prefix_caching: true,
         kv_dtype: KvDtype::F32,
+        kv_quant: kvgate_kv::KvQuant::PLAIN,
         kv_scales: None,
         calculate_kv_scales: false,
         max_model_len: m.max_model_len,

@@ -27,4 +27,14 @@ pub enum KvError {
         /// Bytes one block needs (all layers, K and V).
         block_bytes: u64,
     },
+    /// Scales changed after something was written: every block must be read with the scales and
+    /// transform it was written with.
+    #[error("the KV cache's scales are frozen once a block is written (layer {layer})")]
+    Frozen {
+        /// The layer whose scales were to change.
+        layer: usize,
+    },
+    /// A layer index beyond the cache's layers.
+    #[error("the KV cache has no layer {0}")]
+    NoLayer(usize),
 }

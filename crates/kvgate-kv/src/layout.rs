@@ -3,11 +3,12 @@
 //!
 //! Within one block of one layer's K (or V) the layout is: the element data for every (head, token) in
 //! `[head][token]` order, then the scale bytes for every (head, token) in the same order (only NVFP4 has
-//! any). So a block is one contiguous byte range, which is what copy-on-write and the CUDA kernels
+//! any, and fp8 with per-vector scales one exponent byte per vector). So a block is one contiguous byte range, which is what copy-on-write and the CUDA kernels
 //! need.
 
 use crate::dtype::KvDtype;
 use crate::error::KvError;
+use crate::quant::KvQuant;
 
 /// Everything needed to size and address the cache. Built only by [`CacheShape::new`], which checks
 /// that the dtype can store the shape, so every `CacheShape` in the process is a valid one.
@@ -18,6 +19,7 @@ pub struct CacheShape {
     pub(crate) head_dim: usize,
     pub(crate) block_size: usize,
     pub(crate) dtype: KvDtype,
+    pub(crate) quant: KvQuant,
 }
 
 impl CacheShape {
@@ -48,10 +50,11 @@ impl CacheShape {
             head_dim,
             block_size,
             dtype,
+            quant: KvQuant::PLAIN,
         })
     }
 
-    /// The same shape stored as another dtype.
+    /// The same shape stored as another dtype (with the plain method).
     pub fn with_dtype(&self, dtype: KvDtype) -> Result<CacheShape, KvError> {
         CacheShape::new(
             self.num_layers,
@@ -60,6 +63,28 @@ impl CacheShape {
             self.block_size,
             dtype,
         )
+    }
+
+    /// The same shape written with quantization method `quant` (refused where the dtype or head_dim
+    /// cannot take it: see [`KvQuant::check`]).
+    pub fn with_quant(&self, quant: KvQuant) -> Result<CacheShape, KvError> {
+        quant.check(self.dtype, self.head_dim, self.block_size)?;
+        Ok(CacheShape { quant, ..*self })
+    }
+
+    /// The quantization method.
+    pub fn quant(&self) -> KvQuant {
+        self.quant
+    }
+
+    /// Bytes of one stored vector (one token, one KV head), scales included.
+    pub fn bytes_per_vector(&self) -> usize {
+        self.dtype.bytes_per_vector(self.head_dim) + self.quant.extra_scale_bytes(self.dtype)
+    }
+
+    /// Scale bytes of one stored vector.
+    pub fn scale_bytes(&self) -> usize {
+        self.dtype.scale_bytes(self.head_dim) + self.quant.extra_scale_bytes(self.dtype)
     }
 
     /// Transformer layers (each has its own K and V).
@@ -89,7 +114,7 @@ impl CacheShape {
 
     /// Bytes of one block of one layer's K (or V).
     pub fn layer_block_bytes(&self) -> usize {
-        self.num_kv_heads * self.block_size * self.dtype.bytes_per_vector(self.head_dim)
+        self.num_kv_heads * self.block_size * self.bytes_per_vector()
     }
 
     /// Bytes of one block across all layers, K and V: the unit the cache is sized in.
@@ -126,7 +151,7 @@ impl CacheShape {
     #[inline]
     pub fn byte_offsets(&self, block: usize, head: usize, token: usize) -> (usize, usize) {
         let data = self.dtype.data_bytes(self.head_dim);
-        let scales = self.dtype.scale_bytes(self.head_dim);
+        let scales = self.scale_bytes();
         let base = block * self.layer_block_bytes();
         let idx = head * self.block_size + token;
         let data_start = base + idx * data;

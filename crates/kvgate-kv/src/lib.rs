@@ -15,10 +15,12 @@ pub mod codec;
 mod dtype;
 mod error;
 mod layout;
+pub mod quant;
 mod storage;
 
 pub use attention::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention};
 pub use dtype::{KvDtype, NVFP4_GROUP};
 pub use error::KvError;
 pub use layout::CacheShape;
+pub use quant::{KvQuant, Rotation, Scales};
 pub use storage::{Buf, KvCache, LayerCache, Which};

@@ -1,15 +1,19 @@
 //! The cache's memory: for every layer one K and one V buffer holding `num_blocks` blocks in the layout
 //! of [`CacheShape`], plus the layer's `k_scale` / `v_scale`.
 //!
-//! Writing encodes (quantize-on-store); [`LayerCache::vector`] decodes one (token, head) vector at a
-//! time, which is all attention needs, so there is never a dequantized copy of the cache.
+//! Writing encodes (quantize-on-store), after the shape's rotation when it has one;
+//! [`LayerCache::vector`] decodes one (token, head) vector at a time (in the rotated basis), which is
+//! all attention needs, so there is never a dequantized copy of the cache. The scales and the method are
+//! frozen by the first write: every block is read with what it was written with.
 
 use half::{bf16, f16};
 
 use crate::codec::fp8::{f32_to_e4m3, f32_to_e5m2};
-use crate::codec::nvfp4::{nvfp4_decode_group, nvfp4_encode_group};
+use crate::codec::nvfp4::{nvfp4_decode_group, nvfp4_encode_group, nvfp4_encode_with_scale};
 use crate::dtype::{KvDtype, NVFP4_GROUP};
+use crate::error::KvError;
 use crate::layout::CacheShape;
+use crate::quant::{self, Rotation, Scales};
 
 /// One layer's K or V storage.
 #[derive(Debug, Clone)]
@@ -123,13 +127,31 @@ impl LayerCache {
                         // times 2^-120 (e4m3 subnormals land on f32 subnormals, exactly); the sign is
                         // moved to bit 31. Branch-free, so it vectorises. (The NaN codes are never
                         // written: the encoder only produces them for NaN input.)
-                        let mul = scale * 2f32.powi(120);
+                        let (mul, post) = match s.quant.scales {
+                            Scales::Layer => (scale * 2f32.powi(120), 1.0),
+                            Scales::Fine => {
+                                // the vector's own 2^e, folded into the one multiply while it fits
+                                let e = b[sc] as i32 - 127;
+                                if e <= 7 {
+                                    (quant::pow2(e + 120), 1.0)
+                                } else {
+                                    (2f32.powi(120), quant::pow2(e))
+                                }
+                            }
+                        };
                         for (y, &q) in out.iter_mut().zip(&b[d..d + hd]) {
                             let bits = ((q as u32 & 0x7F) << 20) | ((q as u32 & 0x80) << 24);
                             *y = f32::from_bits(bits) * mul;
                         }
+                        if post != 1.0 {
+                            out.iter_mut().for_each(|y| *y *= post);
+                        }
                     }
                     KvDtype::Fp8E5m2 => {
+                        let scale = match s.quant.scales {
+                            Scales::Layer => scale,
+                            Scales::Fine => quant::pow2(b[sc] as i32 - 127),
+                        };
                         // An e5m2 byte is the top byte of an IEEE half: widen, convert (F16C), scale.
                         let mut h = [half::f16::ZERO; 256];
                         for (o, q) in out.chunks_mut(256).zip(b[d..d + hd].chunks(256)) {
@@ -208,7 +230,14 @@ impl LayerCache {
             }
             Buf::Bytes(b) => {
                 let (d, sc) = s.byte_offsets(block, head, token);
-                let inv = 1.0 / scale;
+                let mut inv = 1.0 / scale;
+                let fine = s.quant.scales == Scales::Fine;
+                if fine && matches!(s.dtype, KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2) {
+                    let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+                    let e = quant::fp8_vector_exponent(amax, s.dtype);
+                    b[sc] = (e + 127) as u8;
+                    inv = quant::pow2(-e);
+                }
                 match s.dtype {
                     KvDtype::Fp8E4m3 => {
                         for (q, &v) in b[d..d + hd].iter_mut().zip(x) {
@@ -224,12 +253,14 @@ impl LayerCache {
                         let groups = hd / NVFP4_GROUP;
                         let mut scales = [0u8; 64];
                         for g in 0..groups {
-                            nvfp4_encode_group(
-                                &x[g * NVFP4_GROUP..(g + 1) * NVFP4_GROUP],
-                                inv,
-                                &mut b[d + g * 8..d + g * 8 + 8],
-                                &mut scales[g],
-                            );
+                            let xs = &x[g * NVFP4_GROUP..(g + 1) * NVFP4_GROUP];
+                            let data = &mut b[d + g * 8..d + g * 8 + 8];
+                            if fine {
+                                scales[g] = quant::nvfp4_best_scale(xs, inv);
+                                nvfp4_encode_with_scale(xs, inv, scales[g], data);
+                            } else {
+                                nvfp4_encode_group(xs, inv, data, &mut scales[g]);
+                            }
                         }
                         b[sc..sc + groups].copy_from_slice(&scales[..groups]);
                     }
@@ -260,6 +291,10 @@ pub struct KvCache {
     shape: CacheShape,
     num_blocks: usize,
     layers: Vec<LayerCache>,
+    /// The rotation's sign pattern (empty without rotation).
+    signs: Vec<bool>,
+    /// Set by the first write: from then on the scales cannot change.
+    written: bool,
 }
 
 impl KvCache {
@@ -276,11 +311,23 @@ impl KvCache {
                 v_scale: 1.0,
             })
             .collect();
+        let signs = match shape.quant.rotation {
+            Rotation::Hadamard => quant::sign_mask(shape.head_dim),
+            Rotation::None => vec![],
+        };
         KvCache {
             shape,
             num_blocks,
             layers,
+            signs,
+            written: false,
         }
+    }
+
+    /// The rotation's sign pattern, when the cache's method rotates (attention rotates queries and
+    /// un-rotates outputs with it).
+    pub fn rotation_signs(&self) -> Option<&[bool]> {
+        (!self.signs.is_empty()).then_some(self.signs.as_slice())
     }
 
     /// The cache's shape.
@@ -298,10 +345,16 @@ impl KvCache {
         &self.layers[layer]
     }
 
-    /// Sets a layer's dequantization scales (must happen before anything is written to that layer).
-    pub fn set_scales(&mut self, layer: usize, k_scale: f32, v_scale: f32) {
-        self.layers[layer].k_scale = k_scale;
-        self.layers[layer].v_scale = v_scale;
+    /// Sets a layer's dequantization scales. Refused once anything has been written: a block is always
+    /// read with the scales it was written with.
+    pub fn set_scales(&mut self, layer: usize, k_scale: f32, v_scale: f32) -> Result<(), KvError> {
+        if self.written {
+            return Err(KvError::Frozen { layer });
+        }
+        let lc = self.layers.get_mut(layer).ok_or(KvError::NoLayer(layer))?;
+        lc.k_scale = k_scale;
+        lc.v_scale = v_scale;
+        Ok(())
     }
 
     /// Quantize-on-store: writes the K and V rows of `slots.len()` tokens (`slot = block · block_size +
@@ -311,13 +364,27 @@ impl KvCache {
         let row = s.num_kv_heads * s.head_dim;
         debug_assert_eq!(k.len(), slots.len() * row);
         debug_assert_eq!(v.len(), slots.len() * row);
+        self.written = true;
         let lc = &mut self.layers[layer];
+        let signs = &self.signs;
+        let hd = s.head_dim;
+        let (mut rk, mut rv) = (vec![0f32; hd], vec![0f32; hd]);
         for (i, &slot) in slots.iter().enumerate() {
             let (block, tok) = (slot / s.block_size, slot % s.block_size);
             for h in 0..s.num_kv_heads {
-                let o = i * row + h * s.head_dim;
-                lc.write_vector(Which::K, block, h, tok, &k[o..o + s.head_dim]);
-                lc.write_vector(Which::V, block, h, tok, &v[o..o + s.head_dim]);
+                let o = i * row + h * hd;
+                let (kx, vx) = (&k[o..o + hd], &v[o..o + hd]);
+                if signs.is_empty() {
+                    lc.write_vector(Which::K, block, h, tok, kx);
+                    lc.write_vector(Which::V, block, h, tok, vx);
+                    continue;
+                }
+                rk.copy_from_slice(kx);
+                rv.copy_from_slice(vx);
+                quant::rotate(&mut rk, signs);
+                quant::rotate(&mut rv, signs);
+                lc.write_vector(Which::K, block, h, tok, &rk);
+                lc.write_vector(Which::V, block, h, tok, &rv);
             }
         }
     }
@@ -384,7 +451,7 @@ mod tests {
             let mut c = KvCache::new(shape(dtype), 3);
             let amax = 17.0f32;
             let s = 2.0 * amax / range;
-            c.set_scales(0, s, s);
+            c.set_scales(0, s, s).unwrap();
             let k: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 32.0) / 32.0 * amax).collect();
             c.write(0, &[5], &k, &k);
             let mut scratch = vec![0f32; 32];
@@ -423,5 +490,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every quantized dtype with every method: what is read back is the rotated input (when the method
+    /// rotates) within the format's precision, and un-rotating it gives the input back.
+    #[test]
+    fn every_method_reads_back_what_it_wrote() {
+        use crate::quant::{self, KvQuant, Rotation};
+        for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2, KvDtype::Nvfp4] {
+            for q in KvQuant::ALL {
+                let shape = shape(dtype).with_quant(q).unwrap();
+                let mut c = KvCache::new(shape, 3);
+                // a range of ±89.6 for fp8 (±537 for nvfp4): the outliers below fit
+                c.set_scales(0, 0.2, 0.2).unwrap();
+                // one outlier channel per head, as real keys have
+                let mut k: Vec<f32> = (0..64).map(|i| ((i * 37 % 64) as f32 - 32.0) / 16.0).collect();
+                k[3] = 40.0;
+                k[32 + 17] = -25.0;
+                c.write(0, &[6], &k, &k);
+                let signs = quant::sign_mask(32);
+                let mut scratch = vec![0f32; 32];
+                for h in 0..2 {
+                    let mut got = c.layer(0).vector(Which::V, 1, h, 2, &mut scratch).to_vec();
+                    if q.rotation == Rotation::Hadamard {
+                        quant::unrotate(&mut got, &signs);
+                    }
+                    let want = &k[h * 32..h * 32 + 32];
+                    let norm = want.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    let err = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum::<f32>().sqrt();
+                    let tol = match dtype {
+                        KvDtype::Fp8E4m3 => 0.05,
+                        KvDtype::Fp8E5m2 => 0.1,
+                        _ => 0.3,
+                    };
+                    assert!(err <= tol * norm, "{dtype} {}: relative error {}", q.name(), err / norm);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_fine_keeps_an_exponent_byte_per_vector_after_the_data() {
+        use crate::quant::{KvQuant, Scales};
+        let q = KvQuant {
+            scales: Scales::Fine,
+            ..KvQuant::PLAIN
+        };
+        let shape = shape(KvDtype::Fp8E4m3).with_quant(q).unwrap();
+        assert_eq!(shape.bytes_per_vector(), 33);
+        assert_eq!(shape.layer_block_bytes(), 2 * 4 * 33);
+        let mut c = KvCache::new(shape, 2);
+        // amax 3.0 → 3 ≤ 448·2^-7 = 3.5: exponent -7, byte 120
+        let k: Vec<f32> = (0..64)
+            .map(|i| if i % 32 == 0 { 3.0 } else { 0.01 * i as f32 })
+            .collect();
+        c.write(0, &[5], &k, &k);
+        let Buf::Bytes(b) = c.layer(0).raw(Which::K) else {
+            panic!()
+        };
+        let (_, sc) = shape.byte_offsets(1, 0, 1);
+        assert_eq!(sc, shape.layer_block_bytes() + 2 * 4 * 32 + 1);
+        assert_eq!(b[sc], 120);
+        let mut scratch = vec![0f32; 32];
+        assert_eq!(c.layer(0).vector(Which::K, 1, 0, 1, &mut scratch)[0], 3.0);
+    }
+
+    #[test]
+    fn scales_are_frozen_by_the_first_write() {
+        let mut c = KvCache::new(shape(KvDtype::Fp8E4m3), 2);
+        c.set_scales(1, 0.5, 0.5).unwrap();
+        assert_eq!(c.set_scales(5, 0.5, 0.5), Err(KvError::NoLayer(5)));
+        c.write(0, &[0], &[1.0; 64], &[1.0; 64]);
+        assert_eq!(c.set_scales(1, 0.25, 0.25), Err(KvError::Frozen { layer: 1 }));
+        assert_eq!(c.layer(1).k_scale, 0.5);
+    }
+
+    #[test]
+    fn methods_need_a_quantized_dtype_and_a_rotatable_head() {
+        use crate::quant::KvQuant;
+        for q in &KvQuant::ALL[1..] {
+            assert!(shape(KvDtype::F32).with_quant(*q).is_err());
+            assert!(shape(KvDtype::BF16).with_quant(*q).is_err());
+            assert!(shape(KvDtype::Fp8E4m3).with_quant(*q).is_ok());
+        }
+        let odd = CacheShape::new(1, 1, 40, 16, KvDtype::Fp8E4m3).unwrap();
+        assert!(odd.with_quant(KvQuant::ALL[1]).is_err(), "head_dim 40: a block of 8");
+        assert!(odd.with_quant(KvQuant::ALL[2]).is_ok(), "fine scales need no rotation");
+        let b6 = CacheShape::new(1, 1, 64, 6, KvDtype::Fp8E4m3).unwrap();
+        assert!(
+            b6.with_quant(KvQuant::ALL[2]).is_err(),
+            "fp8 fine needs block_size % 4 == 0"
+        );
     }
 }

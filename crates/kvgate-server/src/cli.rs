@@ -16,7 +16,7 @@ use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, LogFormat};
+use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, KvCacheMethod, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::AppState;
 use crate::systemone::labels::LabelTable;
@@ -53,6 +53,16 @@ pub enum StartError {
     /// The cache dtype cannot store this model.
     #[error("--kv-cache-dtype {dtype}: {err}")]
     KvDtype {
+        /// Given.
+        dtype: KvCacheDtype,
+        /// Why.
+        err: KvError,
+    },
+    /// The cache method cannot write this dtype or model.
+    #[error("--kv-cache-method {method} with --kv-cache-dtype {dtype}: {err}")]
+    KvMethod {
+        /// Given.
+        method: KvCacheMethod,
         /// Given.
         dtype: KvCacheDtype,
         /// Why.
@@ -236,6 +246,12 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
             dtype: args.kv_cache_dtype,
             err,
         })?;
+    let quant = args.kv_cache_method.resolve(dtype);
+    let shape = shape.with_quant(quant).map_err(|err| StartError::KvMethod {
+        method: args.kv_cache_method,
+        dtype: args.kv_cache_dtype,
+        err,
+    })?;
     let (num_blocks, kv_bytes) = match (args.num_kv_blocks, args.kv_cache_memory) {
         (Some(n), _) => (n, n as u64 * shape.bytes_per_block() as u64),
         (None, mem) => {
@@ -272,6 +288,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         max_queue: args.max_queue,
         prefix_caching: args.enable_prefix_caching,
         kv_dtype: dtype,
+        kv_quant: quant,
         kv_scales: if scaled { loaded.kv_scales.clone() } else { None },
         calculate_kv_scales: args.calculate_kv_scales && !(scaled && loaded.kv_scales.is_some()),
         max_model_len,
@@ -291,6 +308,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         "block_size" => args.block_size.to_string(),
         "num_gpu_blocks" => num_blocks.to_string(),
         "cache_dtype" => dtype.name().to_string(),
+        "cache_method" => quant.name().to_string(),
         "enable_prefix_caching" => args.enable_prefix_caching.to_string(),
         "bytes_per_block" => shape.bytes_per_block().to_string(),
         "device" => args.device.to_string())
@@ -303,7 +321,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         } else {
             "k/v scales 1.0 (the checkpoint has none; --calculate-kv-scales calibrates them)"
         };
-        info!("KV cache dtype {dtype}: {how}");
+        info!("KV cache dtype {dtype}, method {}: {how}", quant.name());
     }
     let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
     let state = AppState {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
-use kvgate_kv::KvDtype;
+use kvgate_kv::{KvDtype, KvQuant};
 use serde::{Deserialize, Serialize};
 
 use crate::systemone::temperature::DecisionTemperature;
@@ -69,6 +69,49 @@ impl std::fmt::Display for KvCacheDtype {
     }
 }
 string_setting!(KvCacheDtype);
+
+/// `--kv-cache-method`: how fp8/nvfp4 caches are written: `auto` (the dtype's default) or a fixed
+/// method (`plain`, `rotation`, `fine`, `both`; see `kvgate_kv::quant`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum KvCacheMethod {
+    /// `KvQuant::default_for(dtype)`.
+    Auto,
+    /// This method.
+    Fixed(KvQuant),
+}
+
+impl KvCacheMethod {
+    /// The method a cache of `dtype` is written with.
+    pub fn resolve(self, dtype: KvDtype) -> KvQuant {
+        match self {
+            KvCacheMethod::Auto => KvQuant::default_for(dtype),
+            KvCacheMethod::Fixed(q) => q,
+        }
+    }
+}
+
+impl std::str::FromStr for KvCacheMethod {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(KvCacheMethod::Auto);
+        }
+        KvQuant::parse(s)
+            .map(KvCacheMethod::Fixed)
+            .ok_or_else(|| format!("unknown KV-cache method '{s}'; expected one of auto, plain, rotation, fine, both"))
+    }
+}
+
+impl std::fmt::Display for KvCacheMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvCacheMethod::Auto => f.write_str("auto"),
+            KvCacheMethod::Fixed(q) => f.write_str(q.name()),
+        }
+    }
+}
+string_setting!(KvCacheMethod);
 
 /// `--device`: where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,6 +305,10 @@ pub struct Args {
     /// KV-cache dtype: auto, float32, bfloat16, float16, fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
     #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
+
+    /// How fp8/nvfp4 caches are written: auto (the dtype's default), plain (per-layer scales), rotation (Hadamard before quantizing), fine (per-vector fp8 scales, least-squares nvfp4 group scales), both
+    #[arg(long, env = "KVGATE_KV_CACHE_METHOD", default_value = "auto")]
+    pub kv_cache_method: KvCacheMethod,
 
     /// Calibrate fp8/nvfp4 k/v scales from the first prefill instead of using 1.0 when the checkpoint has none
     #[arg(long, env = "KVGATE_CALCULATE_KV_SCALES", default_value_t = false)]

@@ -40,14 +40,20 @@ impl TestServer {
 
     /// Like [`TestServer::tiny`] with another tiny model (a longer context, say).
     pub fn tiny_with(args: &[&str], spec: TinySpec) -> TestServer {
-        let args = config::load(argv(args)).expect("valid test flags");
+        Self::try_tiny_with(args, spec).expect("the tiny server builds")
+    }
+
+    /// Like [`TestServer::tiny_with`], returning the startup error `serve` would print instead of
+    /// panicking.
+    pub fn try_tiny_with(args: &[&str], spec: TinySpec) -> Result<TestServer, String> {
+        let args = config::load(argv(args)).map_err(|e| e.to_string())?;
         let loaded = tiny_model(spec).expect("tiny model");
         let opts = BuildOptions {
             test_hooks: true,
             ..Default::default()
         };
-        let built = build(args, loaded, opts).expect("the tiny server builds");
-        Self::serve(built.router, built.state)
+        let built = build(args, loaded, opts).map_err(|e| e.to_string())?;
+        Ok(Self::serve(built.router, built.state))
     }
 
     /// `serve <args>` with `engine` behind the seam (the tiny model's tokenizer and chat template).

@@ -107,7 +107,9 @@ impl Backend for CpuBackend {
 
     fn set_kv_scales(&mut self, scales: &[(f32, f32)]) -> Result<(), BackendError> {
         for (l, &(k, v)) in scales.iter().enumerate().take(self.cache.shape().num_layers()) {
-            self.cache.set_scales(l, k, v);
+            self.cache
+                .set_scales(l, k, v)
+                .map_err(|e| BackendError::Forward(e.to_string()))?;
         }
         Ok(())
     }

@@ -321,6 +321,7 @@ mod tests {
     use super::*;
     use crate::dtype::KvDtype;
     use crate::layout::CacheShape;
+    use crate::quant::KvQuant;
     use crate::storage::{KvCache, Which};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
@@ -369,9 +370,20 @@ mod tests {
     /// cache holds (decoded), for every dtype.
     #[test]
     fn matches_dense_attention_over_the_decoded_cache() {
-        for dtype in KvDtype::ALL {
+        let cases = KvDtype::ALL.into_iter().flat_map(|d| {
+            let methods = if d.is_scaled() {
+                KvQuant::ALL.to_vec()
+            } else {
+                vec![KvQuant::PLAIN]
+            };
+            methods.into_iter().map(move |m| (d, m))
+        });
+        for (dtype, method) in cases {
             for window in [None, Some(5)] {
                 let (shape, p) = setup(dtype, window);
+                let shape = shape.with_quant(method).unwrap();
+                let signs = crate::quant::sign_mask(32);
+                let rotates = method.rotation == crate::quant::Rotation::Hadamard;
                 let mut rng = ChaCha8Rng::seed_from_u64(7);
                 let mut cache = KvCache::new(shape, 16);
                 let tables: Vec<Vec<u32>> = vec![vec![5, 2, 9, 11], vec![3, 0, 14]];
@@ -426,9 +438,23 @@ mod tests {
                 CpuAttention.attend(&cache, 0, &query, &p, &mut out);
                 for (r, row) in rows.iter().enumerate() {
                     let (ks, vs) = &decoded[row.table as usize];
-                    let want = naive(&q[r * 192..(r + 1) * 192], ks, vs, row.pos as usize, &p);
+                    // the decoded vectors are in the cache's (rotated) basis: so is the oracle's query,
+                    // and its output is rotated back
+                    let mut qr = q[r * 192..(r + 1) * 192].to_vec();
+                    if rotates {
+                        qr.chunks_exact_mut(32).for_each(|x| crate::quant::rotate(x, &signs));
+                    }
+                    let mut want = naive(&qr, ks, vs, row.pos as usize, &p);
+                    if rotates {
+                        want.chunks_exact_mut(32)
+                            .for_each(|x| crate::quant::unrotate(x, &signs));
+                    }
                     for (a, b) in out[r * 192..(r + 1) * 192].iter().zip(&want) {
-                        assert!((a - b).abs() < 1e-5, "{dtype} {window:?} row {r}: {a} vs {b}");
+                        assert!(
+                            (a - b).abs() < 1e-5,
+                            "{dtype} {} {window:?} row {r}: {a} vs {b}",
+                            method.name()
+                        );
                     }
                 }
             }
@@ -536,5 +562,67 @@ mod tests {
             &mut out,
         );
         assert_eq!(&out[4 * 192..5 * 192], alone.as_slice());
+    }
+
+    /// On keys and values with outlier channels (as real ones have), rotation and fine scales each
+    /// bring nvfp4's attention output closer to the float32 cache's, and fp8's stays within its precision.
+    #[test]
+    fn methods_shrink_the_error_on_outlier_channels() {
+        let (shape, p) = setup(KvDtype::F32, None);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let n = 64;
+        let mut data = vec![];
+        for _ in 0..n {
+            let mut k: Vec<f32> = (0..64).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let mut v: Vec<f32> = (0..64).map(|_| rng.random_range(-1.0..1.0)).collect();
+            k[5] += 12.0;
+            k[40] -= 9.0;
+            v[20] *= 8.0;
+            data.push((k, v));
+        }
+        let q: Vec<f32> = (0..4 * 192).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let rows: Vec<AttnRow> = (0..4)
+            .map(|i| AttnRow {
+                table: i,
+                pos: (n - 1) as u32,
+            })
+            .collect();
+        let table: Vec<u32> = (0..(n / 4) as u32).collect();
+        let tables = [table.as_slice(); 4];
+        let run = |dtype: KvDtype, method: KvQuant| {
+            let mut c = KvCache::new(shape.with_dtype(dtype).unwrap().with_quant(method).unwrap(), n / 4);
+            c.set_scales(0, 0.05, 0.05).unwrap();
+            for (t, (k, v)) in data.iter().enumerate() {
+                c.write(0, &[t], k, v);
+            }
+            let mut out = vec![0f32; q.len()];
+            CpuAttention.attend(
+                &c,
+                0,
+                &AttnQuery {
+                    q: &q,
+                    rows: &rows,
+                    tables: &tables,
+                },
+                &p,
+                &mut out,
+            );
+            out
+        };
+        let exact = run(KvDtype::F32, KvQuant::PLAIN);
+        let err = |dtype, method| {
+            let o = run(dtype, method);
+            let e: f32 = o.iter().zip(&exact).map(|(a, b)| (a - b) * (a - b)).sum();
+            (e / exact.iter().map(|x| x * x).sum::<f32>()).sqrt()
+        };
+        let [plain, rotation, fine, both] = KvQuant::ALL.map(|m| err(KvDtype::Nvfp4, m));
+        assert!(
+            rotation < plain && fine < plain && both < plain,
+            "{plain} {rotation} {fine} {both}"
+        );
+        for m in KvQuant::ALL {
+            let e = err(KvDtype::Fp8E4m3, m);
+            assert!(e < 0.05, "fp8 {}: {e}", m.name());
+        }
     }
 }

@@ -10,6 +10,7 @@
 use rayon::prelude::*;
 
 use super::{axpy_many, dot2x4, softmax_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
+use crate::quant;
 use crate::storage::{KvCache, LayerCache, Which};
 
 /// Rows per tile.
@@ -168,29 +169,43 @@ impl AttentionBackend for CpuAttention {
     }
 
     fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
+        let Some(signs) = cache.rotation_signs() else {
+            return attend_in_cache_basis(cache, layer, query, p, out);
+        };
+        // The cache holds R·k and R·v: scores from R·q (q·k = Rq·Rk), outputs rotated back.
         let hd = p.head_dim;
-        let group = p.num_heads / p.num_kv_heads;
-        let row_len = p.num_heads * hd;
-        debug_assert_eq!(query.q.len(), query.rows.len() * row_len);
-        debug_assert_eq!(out.len(), query.rows.len() * row_len);
-        let lc = cache.layer(layer);
-        let bs = cache.shape().block_size;
-        let tiles = tiles(query);
-        let tasks: Vec<((usize, usize), usize)> = tiles
-            .iter()
-            .flat_map(|&t| (0..p.num_kv_heads).map(move |h| (t, h)))
-            .collect();
-        let parts: Vec<Vec<f32>> = tasks
-            .par_iter()
-            .map_init(Scratch::default, |sc, &(tile, kvh)| {
-                tile_head(lc, bs, query, p, tile, kvh, sc)
-            })
-            .collect();
-        for (&((r0, _), kvh), part) in tasks.iter().zip(&parts) {
-            for (i, o) in part.chunks_exact(group * hd).enumerate() {
-                let at = (r0 + i) * row_len + kvh * group * hd;
-                out[at..at + group * hd].copy_from_slice(o);
-            }
+        let mut q = query.q.to_vec();
+        q.chunks_exact_mut(hd).for_each(|x| quant::rotate(x, signs));
+        let rotated = AttnQuery { q: &q, ..*query };
+        attend_in_cache_basis(cache, layer, &rotated, p, out);
+        out.chunks_exact_mut(hd).for_each(|x| quant::unrotate(x, signs));
+    }
+}
+
+/// [`CpuAttention::attend`] with queries and outputs in the basis the cache stores.
+fn attend_in_cache_basis(cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
+    let hd = p.head_dim;
+    let group = p.num_heads / p.num_kv_heads;
+    let row_len = p.num_heads * hd;
+    debug_assert_eq!(query.q.len(), query.rows.len() * row_len);
+    debug_assert_eq!(out.len(), query.rows.len() * row_len);
+    let lc = cache.layer(layer);
+    let bs = cache.shape().block_size;
+    let tiles = tiles(query);
+    let tasks: Vec<((usize, usize), usize)> = tiles
+        .iter()
+        .flat_map(|&t| (0..p.num_kv_heads).map(move |h| (t, h)))
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map_init(Scratch::default, |sc, &(tile, kvh)| {
+            tile_head(lc, bs, query, p, tile, kvh, sc)
+        })
+        .collect();
+    for (&((r0, _), kvh), part) in tasks.iter().zip(&parts) {
+        for (i, o) in part.chunks_exact(group * hd).enumerate() {
+            let at = (r0 + i) * row_len + kvh * group * hd;
+            out[at..at + group * hd].copy_from_slice(o);
         }
     }
 }
@@ -201,6 +216,7 @@ mod tests {
     use crate::attention::AttnRow;
     use crate::dtype::KvDtype;
     use crate::layout::CacheShape;
+    use crate::quant::KvQuant;
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -210,9 +226,17 @@ mod tests {
     #[test]
     fn tiled_rows_equal_rows_alone() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for dtype in KvDtype::ALL {
+        let cases = KvDtype::ALL.into_iter().flat_map(|d| {
+            let methods = if d.is_scaled() {
+                KvQuant::ALL.to_vec()
+            } else {
+                vec![KvQuant::PLAIN]
+            };
+            methods.into_iter().map(move |m| (d, m))
+        });
+        for (dtype, method) in cases {
             for window in [None, Some(7)] {
-                let shape = CacheShape::new(1, 2, 32, 4, dtype).unwrap();
+                let shape = CacheShape::new(1, 2, 32, 4, dtype).unwrap().with_quant(method).unwrap();
                 let p = AttnParams {
                     num_heads: 6,
                     num_kv_heads: 2,
@@ -253,7 +277,8 @@ mod tests {
                     assert_eq!(
                         &out[r * row_len..(r + 1) * row_len],
                         alone.as_slice(),
-                        "{dtype:?} {window:?} row {r}"
+                        "{dtype:?} {} {window:?} row {r}",
+                        method.name()
                     );
                 }
             }

@@ -9,4 +9,4 @@ pub mod fp8;
 pub mod nvfp4;
 
 pub use fp8::{e4m3_to_f32, e5m2_to_f32, f32_to_e4m3, f32_to_e5m2, E4M3_LUT, E4M3_MAX, E5M2_MAX};
-pub use nvfp4::{e2m1_to_f32, f32_to_e2m1, nvfp4_decode_group, nvfp4_encode_group, E2M1_MAX};
+pub use nvfp4::{e2m1_to_f32, f32_to_e2m1, nvfp4_decode_group, nvfp4_encode_group, nvfp4_encode_with_scale, E2M1_MAX};

@@ -55,6 +55,12 @@ pub fn nvfp4_encode_group(x: &[f32], gs: f32, data: &mut [u8], scale: &mut u8) {
     let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
     let sf = f32_to_e4m3(gs * amax / E2M1_MAX);
     *scale = sf;
+    nvfp4_encode_with_scale(x, gs, sf, data);
+}
+
+/// Encodes one group of 16 values with global scale `gs` and the given scale byte `sf`:
+/// `q_i = e2m1(x_i · gs / f32(sf))` (0 when `sf` decodes to 0).
+pub fn nvfp4_encode_with_scale(x: &[f32], gs: f32, sf: u8, data: &mut [u8]) {
     let sf_f = E4M3_LUT[sf as usize];
     let mul = if sf_f == 0.0 || !sf_f.is_finite() {
         0.0

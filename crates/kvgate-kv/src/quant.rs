@@ -1,0 +1,366 @@
+//! How a quantized cache is written, beyond its dtype: an optional rotation of every K, V and Q head
+//! vector before quantization, and the choice of scales. The method is part of [`crate::CacheShape`],
+//! fixed when the cache is made and frozen once anything is written, so every block is read with the
+//! transform and scales it was written with (prefix-cache hits included).
+//!
+//! - **Rotation** (`hadamard`): `R = H·D/√b` applied to each block of `b` elements of a head vector
+//!   (`b` the largest power of two dividing `head_dim`, at least 16), `D` a fixed ±1 diagonal (a
+//!   splitmix64 bit per element index, the same on every layer and head) and `H` the Walsh–Hadamard
+//!   matrix. K and Q are rotated alike, so `q·k` is unchanged; V is rotated on store and the attention
+//!   output rotated back with `Rᵀ = D·H/√b`. Outlier channels are spread over the whole block, which
+//!   shrinks the error of products concentrated on a few channels and evens out NVFP4's groups.
+//! - **Scales** (`fine`): fp8 stores one power-of-two scale per (token, head) vector (an E8M0 exponent
+//!   byte, dynamic: the vector's amax is mapped into the format's top binade) instead of using the
+//!   per-layer calibrated scale; nvfp4 keeps NVIDIA's format (E4M3 scale per 16 elements, per-layer f32
+//!   global scale) and chooses each group's scale byte by least squared error among the codes from
+//!   one below `amax/6` up to `amax/4` (the decoder is unchanged; never worse than `amax/6` alone).
+//!
+//! The arithmetic here is the reference for `kernels/kv_cache.cu`: the butterflies, the sign bits, the
+//! exponent rule and the search order are the same there, so stores agree byte for byte.
+
+use crate::codec::fp8::{f32_to_e4m3, E4M3_LUT};
+use crate::codec::nvfp4::{f32_to_e2m1, E2M1_VALUES};
+use crate::dtype::KvDtype;
+use crate::error::KvError;
+
+/// The rotation applied before quantization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Rotation {
+    /// Stored as computed.
+    #[default]
+    None,
+    /// Blockwise Walsh–Hadamard with fixed random signs.
+    Hadamard,
+}
+
+/// Which scales quantized values use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Scales {
+    /// fp8: the per-layer `k_scale`/`v_scale`; nvfp4: `sf = e4m3(gs·amax/6)` per group.
+    #[default]
+    Layer,
+    /// fp8: a dynamic power-of-two scale per vector; nvfp4: least-squares group scales.
+    Fine,
+}
+
+/// The quantization method of a cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct KvQuant {
+    /// Rotation before quantization.
+    pub rotation: Rotation,
+    /// Scale granularity.
+    pub scales: Scales,
+}
+
+impl KvQuant {
+    /// Plain per-layer scales, no rotation (the format as the spec's table defines it).
+    pub const PLAIN: KvQuant = KvQuant {
+        rotation: Rotation::None,
+        scales: Scales::Layer,
+    };
+
+    /// Every method, in the order reports list them.
+    pub const ALL: [KvQuant; 4] = [
+        KvQuant::PLAIN,
+        KvQuant {
+            rotation: Rotation::Hadamard,
+            scales: Scales::Layer,
+        },
+        KvQuant {
+            rotation: Rotation::None,
+            scales: Scales::Fine,
+        },
+        KvQuant {
+            rotation: Rotation::Hadamard,
+            scales: Scales::Fine,
+        },
+    ];
+
+    /// The method `--kv-cache-method auto` picks for `dtype`, chosen by `cargo bench --bench kv_report`
+    /// (README, "KV cache"): fp8 `both` (rotation halves the perplexity drift; the per-vector scale
+    /// byte makes the cache independent of calibration), nvfp4 `rotation` (the least decision drift;
+    /// `both` has the lower perplexity), plain for the float dtypes, which have nothing to gain.
+    pub fn default_for(dtype: KvDtype) -> KvQuant {
+        match dtype {
+            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => KvQuant::ALL[3],
+            KvDtype::Nvfp4 => KvQuant::ALL[1],
+            _ => KvQuant::PLAIN,
+        }
+    }
+
+    /// Parses a method name (`plain`, `rotation`, `fine`, `both`).
+    pub fn parse(s: &str) -> Option<KvQuant> {
+        KvQuant::ALL
+            .into_iter()
+            .find(|q| q.name() == s.trim().to_ascii_lowercase())
+    }
+
+    /// The method's short name, as reports and metrics print it: `plain`, `rotation`, `fine`, `both`.
+    pub fn name(self) -> &'static str {
+        match (self.rotation, self.scales) {
+            (Rotation::None, Scales::Layer) => "plain",
+            (Rotation::Hadamard, Scales::Layer) => "rotation",
+            (Rotation::None, Scales::Fine) => "fine",
+            (Rotation::Hadamard, Scales::Fine) => "both",
+        }
+    }
+
+    /// Checks that `dtype` at `head_dim` and `block_size` can be written with this method: anything but
+    /// plain needs a quantized dtype, rotation a power-of-two block of at least 16 in `head_dim`, and fp8
+    /// with per-vector scales a block size that is a multiple of 4 (the data stays 4-byte aligned).
+    pub fn check(self, dtype: KvDtype, head_dim: usize, block_size: usize) -> Result<(), KvError> {
+        if self == KvQuant::PLAIN {
+            return Ok(());
+        }
+        if !dtype.is_scaled() {
+            return Err(KvError::Unsupported {
+                dtype: dtype.name(),
+                reason: format!("the {} method applies to fp8 and nvfp4 caches only", self.name()),
+            });
+        }
+        if self.rotation == Rotation::Hadamard && hadamard_block(head_dim) < 16 {
+            return Err(KvError::Unsupported {
+                dtype: dtype.name(),
+                reason: format!("rotation needs head_dim divisible by 16 (head_dim {head_dim})"),
+            });
+        }
+        if self.extra_scale_bytes(dtype) > 0 && !block_size.is_multiple_of(4) {
+            return Err(KvError::Unsupported {
+                dtype: dtype.name(),
+                reason: format!("fine scales need a block size that is a multiple of 4 (block size {block_size})"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Extra bytes per stored vector: fp8 `fine` keeps one exponent byte.
+    pub fn extra_scale_bytes(self, dtype: KvDtype) -> usize {
+        match (dtype, self.scales) {
+            (KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2, Scales::Fine) => 1,
+            _ => 0,
+        }
+    }
+}
+
+/// The Hadamard block size for `head_dim`: its largest power-of-two divisor.
+pub fn hadamard_block(head_dim: usize) -> usize {
+    if head_dim == 0 {
+        0
+    } else {
+        head_dim & head_dim.wrapping_neg()
+    }
+}
+
+/// `1/√b` as an f32 (the CUDA kernels receive this value, so both sides scale by the same constant).
+pub fn hadamard_norm(block: usize) -> f32 {
+    (1.0 / (block as f64).sqrt()) as f32
+}
+
+/// Whether element `i`'s sign is flipped by `D`: the top bit of splitmix64(seed + i).
+#[inline]
+pub fn sign_flipped(i: usize) -> bool {
+    let mut z = 0x6b76_6761_7465_0001u64.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    z >> 63 == 1
+}
+
+/// The sign pattern of a head vector, as a bit mask per element (bit set = flipped).
+pub fn sign_mask(head_dim: usize) -> Vec<bool> {
+    (0..head_dim).map(sign_flipped).collect()
+}
+
+fn butterflies(x: &mut [f32], block: usize) {
+    for chunk in x.chunks_exact_mut(block) {
+        let mut h = 1;
+        while h < block {
+            for i in (0..block).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, c) = (chunk[j], chunk[j + h]);
+                    chunk[j] = a + c;
+                    chunk[j + h] = a - c;
+                }
+            }
+            h *= 2;
+        }
+    }
+}
+
+/// `x ← H·D·x/√b` blockwise (a head vector; `signs` from [`sign_mask`]).
+pub fn rotate(x: &mut [f32], signs: &[bool]) {
+    let b = hadamard_block(x.len());
+    for (v, &s) in x.iter_mut().zip(signs) {
+        if s {
+            *v = -*v;
+        }
+    }
+    butterflies(x, b);
+    let n = hadamard_norm(b);
+    x.iter_mut().for_each(|v| *v *= n);
+}
+
+/// The inverse: `x ← D·H·x/√b`.
+pub fn unrotate(x: &mut [f32], signs: &[bool]) {
+    let b = hadamard_block(x.len());
+    butterflies(x, b);
+    let n = hadamard_norm(b);
+    for (v, &s) in x.iter_mut().zip(signs) {
+        *v *= n;
+        if s {
+            *v = -*v;
+        }
+    }
+}
+
+/// fp8 `fine`: the exponent `e` of the vector's scale `2^e`, the least with `amax ≤ max·2^e` (`max` =
+/// 448 for e4m3, 57344 for e5m2, both `1.75·2^m`), from the bits alone; 0 for a zero, subnormal or
+/// non-finite amax. Stored as the byte `e + 127`.
+pub fn fp8_vector_exponent(amax: f32, dtype: KvDtype) -> i32 {
+    let m = if dtype == KvDtype::Fp8E5m2 { 15 } else { 8 };
+    let bits = amax.to_bits() & 0x7FFF_FFFF;
+    let field = (bits >> 23) as i32;
+    if field == 0 || field == 0xFF {
+        return 0;
+    }
+    let k = field - 127;
+    // amax = 1.f · 2^k exceeds 1.75 · 2^k when the mantissa is above 0x600000
+    k - m + i32::from(bits & 0x7F_FFFF > 0x60_0000)
+}
+
+/// `2^e` as an f32 for `e` in `-126..=127`.
+#[inline]
+pub fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// nvfp4 `fine`: the scale byte of one group of 16 (global scale `gs`) with the least squared error
+/// `Σ (x·gs − e2m1(q)·sf)²`, searched from the code below `e4m3(gs·amax/6)` up to `e4m3(gs·amax/4)`;
+/// the standard code wins ties, then the lowest.
+pub fn nvfp4_best_scale(x: &[f32], gs: f32) -> u8 {
+    let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    let standard = f32_to_e4m3(gs * amax / 6.0);
+    let top = f32_to_e4m3(gs * amax / 4.0).min(0x7E);
+    let err = |code: u8| -> f32 {
+        let sf = E4M3_LUT[code as usize];
+        if sf == 0.0 || !sf.is_finite() {
+            // every element stored as 0
+            return x.iter().fold(0f32, |e, &v| {
+                let d = v * gs;
+                e + d * d
+            });
+        }
+        let mul = gs / sf;
+        x.iter().fold(0f32, |e, &v| {
+            let q = f32_to_e2m1(v * mul);
+            let d = v * gs - E2M1_VALUES[q as usize] * sf;
+            e + d * d
+        })
+    };
+    let (mut best, mut best_err) = (standard, err(standard));
+    for code in standard.saturating_sub(1)..=top.max(standard) {
+        if code == standard {
+            continue;
+        }
+        let e = err(code);
+        if e < best_err {
+            best = code;
+            best_err = e;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::nvfp4::{nvfp4_decode_group, nvfp4_encode_group, nvfp4_encode_with_scale};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn rotation_is_orthogonal_and_undone() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for hd in [16usize, 32, 64, 80, 96, 128, 256] {
+            let signs = sign_mask(hd);
+            let x: Vec<f32> = (0..hd).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let y: Vec<f32> = (0..hd).map(|_| rng.random_range(-4.0..4.0)).collect();
+            let (mut rx, mut ry) = (x.clone(), y.clone());
+            rotate(&mut rx, &signs);
+            rotate(&mut ry, &signs);
+            let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(p, q)| *p as f64 * *q as f64).sum::<f64>();
+            assert!((dot(&x, &y) - dot(&rx, &ry)).abs() < 1e-3, "hd {hd}: q·k kept");
+            assert!((dot(&x, &x) - dot(&rx, &rx)).abs() < 1e-3, "hd {hd}: norm kept");
+            unrotate(&mut rx, &signs);
+            for (a, b) in rx.iter().zip(&x) {
+                assert!((a - b).abs() < 1e-5, "hd {hd}: {a} vs {b}");
+            }
+        }
+        assert_eq!(hadamard_block(64), 64);
+        assert_eq!(hadamard_block(96), 32);
+        assert_eq!(hadamard_block(80), 16);
+    }
+
+    #[test]
+    fn rotation_spreads_an_outlier() {
+        let signs = sign_mask(64);
+        let mut x = vec![0f32; 64];
+        x[5] = 16.0;
+        rotate(&mut x, &signs);
+        assert!(x.iter().all(|v| v.abs() == 2.0), "{x:?}");
+        // the sign pattern is fixed and not trivial
+        let flipped = signs.iter().filter(|&&s| s).count();
+        assert!((20..44).contains(&flipped), "{flipped}");
+    }
+
+    #[test]
+    fn fp8_exponent_maps_amax_into_the_top_binade() {
+        for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2] {
+            let max = if dtype == KvDtype::Fp8E4m3 { 448.0 } else { 57344.0 };
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            for _ in 0..10_000 {
+                let amax: f32 = 2f32.powf(rng.random_range(-40.0..40.0));
+                let e = fp8_vector_exponent(amax, dtype);
+                assert!(amax <= max * pow2(e), "{amax} e {e}");
+                assert!(amax > max * pow2(e - 1), "{amax} e {e}: not the least");
+            }
+            // the boundary itself: amax = max·2^e exactly
+            assert_eq!(fp8_vector_exponent(max, dtype), 0);
+            assert_eq!(fp8_vector_exponent(max * 4.0, dtype), 2);
+            assert_eq!(fp8_vector_exponent(f32::from_bits(max.to_bits() + 1), dtype), 1);
+            assert_eq!(fp8_vector_exponent(0.0, dtype), 0);
+            assert_eq!(fp8_vector_exponent(f32::NAN, dtype), 0);
+        }
+    }
+
+    #[test]
+    fn nvfp4_search_is_never_worse_than_the_standard_scale() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let (mut plain_total, mut fine_total) = (0f64, 0f64);
+        for _ in 0..5_000 {
+            let spread: f32 = rng.random_range(0.01..20.0);
+            let x: Vec<f32> = (0..16)
+                .map(|_| {
+                    let g: f32 = (0..4).map(|_| rng.random_range(-1.0f32..1.0)).sum();
+                    g * spread
+                })
+                .collect();
+            let gs = 448.0 * 6.0 / 80.0;
+            let mse = |sf: u8| {
+                let mut data = [0u8; 8];
+                nvfp4_encode_with_scale(&x, gs, sf, &mut data);
+                let mut out = [0f32; 16];
+                nvfp4_decode_group(&data, sf, gs, &mut out);
+                out.iter().zip(&x).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>()
+            };
+            let (mut data, mut standard) = ([0u8; 8], 0u8);
+            nvfp4_encode_group(&x, gs, &mut data, &mut standard);
+            let best = nvfp4_best_scale(&x, gs);
+            let (e_plain, e_fine) = (mse(standard), mse(best));
+            assert!(e_fine <= e_plain * (1.0 + 1e-5) + 1e-12, "{e_fine} > {e_plain}");
+            plain_total += e_plain;
+            fine_total += e_fine;
+        }
+        assert!(fine_total < 0.9 * plain_total, "{fine_total} vs {plain_total}");
+    }
+}
