@@ -166,20 +166,27 @@ pub fn sign_flipped(i: usize) -> bool {
     z >> 63 == 1
 }
 
-/// The sign pattern of a head vector, as a bit mask per element (bit set = flipped).
-pub fn sign_mask(head_dim: usize) -> Vec<bool> {
-    (0..head_dim).map(sign_flipped).collect()
+/// The sign pattern of a head vector: per element the bit XORed into it (`0x8000_0000` where `D`
+/// flips the sign, 0 elsewhere).
+pub fn sign_mask(head_dim: usize) -> Vec<u32> {
+    (0..head_dim)
+        .map(|i| if sign_flipped(i) { 0x8000_0000 } else { 0 })
+        .collect()
 }
 
+/// The butterflies, stage by stage: `(a, c) ← (a + c, a − c)` on the pairs `h` apart (split slices, so
+/// the wider stages vectorise; every element sees the same operations in the same order as the CUDA
+/// kernel's).
 fn butterflies(x: &mut [f32], block: usize) {
     for chunk in x.chunks_exact_mut(block) {
         let mut h = 1;
         while h < block {
-            for i in (0..block).step_by(2 * h) {
-                for j in i..i + h {
-                    let (a, c) = (chunk[j], chunk[j + h]);
-                    chunk[j] = a + c;
-                    chunk[j + h] = a - c;
+            for pair in chunk.chunks_exact_mut(2 * h) {
+                let (lo, hi) = pair.split_at_mut(h);
+                for (a, c) in lo.iter_mut().zip(hi.iter_mut()) {
+                    let (x, y) = (*a, *c);
+                    *a = x + y;
+                    *c = x - y;
                 }
             }
             h *= 2;
@@ -188,12 +195,10 @@ fn butterflies(x: &mut [f32], block: usize) {
 }
 
 /// `x ← H·D·x/√b` blockwise (a head vector; `signs` from [`sign_mask`]).
-pub fn rotate(x: &mut [f32], signs: &[bool]) {
+pub fn rotate(x: &mut [f32], signs: &[u32]) {
     let b = hadamard_block(x.len());
     for (v, &s) in x.iter_mut().zip(signs) {
-        if s {
-            *v = -*v;
-        }
+        *v = f32::from_bits(v.to_bits() ^ s);
     }
     butterflies(x, b);
     let n = hadamard_norm(b);
@@ -201,15 +206,12 @@ pub fn rotate(x: &mut [f32], signs: &[bool]) {
 }
 
 /// The inverse: `x ← D·H·x/√b`.
-pub fn unrotate(x: &mut [f32], signs: &[bool]) {
+pub fn unrotate(x: &mut [f32], signs: &[u32]) {
     let b = hadamard_block(x.len());
     butterflies(x, b);
     let n = hadamard_norm(b);
     for (v, &s) in x.iter_mut().zip(signs) {
-        *v *= n;
-        if s {
-            *v = -*v;
-        }
+        *v = f32::from_bits((*v * n).to_bits() ^ s);
     }
 }
 
@@ -241,21 +243,25 @@ pub fn nvfp4_best_scale(x: &[f32], gs: f32) -> u8 {
     let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
     let standard = f32_to_e4m3(gs * amax / 6.0);
     let top = f32_to_e4m3(gs * amax / 4.0).min(0x7E);
+    debug_assert_eq!(x.len(), 16);
+    let xg: [f32; 16] = std::array::from_fn(|i| x[i] * gs);
     let err = |code: u8| -> f32 {
         let sf = E4M3_LUT[code as usize];
+        let mut d2 = [0f32; 16];
         if sf == 0.0 || !sf.is_finite() {
             // every element stored as 0
-            return x.iter().fold(0f32, |e, &v| {
-                let d = v * gs;
-                e + d * d
-            });
+            for (d, &v) in d2.iter_mut().zip(&xg) {
+                *d = v * v;
+            }
+        } else {
+            let mul = gs / sf;
+            for ((d, &v), &g) in d2.iter_mut().zip(x).zip(&xg) {
+                let e = g - E2M1_VALUES[f32_to_e2m1(v * mul) as usize] * sf;
+                *d = e * e;
+            }
         }
-        let mul = gs / sf;
-        x.iter().fold(0f32, |e, &v| {
-            let q = f32_to_e2m1(v * mul);
-            let d = v * gs - E2M1_VALUES[q as usize] * sf;
-            e + d * d
-        })
+        // summed in element order (the CUDA kernel's order)
+        d2.iter().fold(0f32, |e, &d| e + d)
     };
     let (mut best, mut best_err) = (standard, err(standard));
     for code in standard.saturating_sub(1)..=top.max(standard) {
@@ -309,7 +315,7 @@ mod tests {
         rotate(&mut x, &signs);
         assert!(x.iter().all(|v| v.abs() == 2.0), "{x:?}");
         // the sign pattern is fixed and not trivial
-        let flipped = signs.iter().filter(|&&s| s).count();
+        let flipped = signs.iter().filter(|&&s| s != 0).count();
         assert!((20..44).contains(&flipped), "{flipped}");
     }
 

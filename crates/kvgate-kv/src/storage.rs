@@ -292,7 +292,7 @@ pub struct KvCache {
     num_blocks: usize,
     layers: Vec<LayerCache>,
     /// The rotation's sign pattern (empty without rotation).
-    signs: Vec<bool>,
+    signs: Vec<u32>,
     /// Set by the first write: from then on the scales cannot change.
     written: bool,
 }
@@ -326,7 +326,7 @@ impl KvCache {
 
     /// The rotation's sign pattern, when the cache's method rotates (attention rotates queries and
     /// un-rotates outputs with it).
-    pub fn rotation_signs(&self) -> Option<&[bool]> {
+    pub fn rotation_signs(&self) -> Option<&[u32]> {
         (!self.signs.is_empty()).then_some(self.signs.as_slice())
     }
 

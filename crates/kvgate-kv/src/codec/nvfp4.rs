@@ -21,25 +21,18 @@ pub fn f32_to_e2m1(x: f32) -> u8 {
     if x.is_nan() {
         return 0;
     }
-    let sign = if x.is_sign_negative() { 8u8 } else { 0 };
+    let sign = ((x.to_bits() >> 28) & 8) as u8;
     let a = x.abs();
-    let m = if a <= 0.25 {
-        0
-    } else if a < 0.75 {
-        1
-    } else if a <= 1.25 {
-        2
-    } else if a < 1.75 {
-        3
-    } else if a <= 2.5 {
-        4
-    } else if a < 3.5 {
-        5
-    } else if a <= 5.0 {
-        6
-    } else {
-        7
-    };
+    // the number of rounding boundaries at or below `a`: the same thresholds (and ties) as the chain
+    // `a ≤ 0.25 → 0, < 0.75 → 1, ≤ 1.25 → 2, < 1.75 → 3, ≤ 2.5 → 4, < 3.5 → 5, ≤ 5 → 6, else 7`,
+    // without branches
+    let m = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
     sign | m
 }
 
