@@ -188,14 +188,10 @@ fn main() {
     let mut rows = vec![];
     let mut reference: Option<Vec<f64>> = None;
     let mut ref_ppl = 0.0;
-    let mut cases: Vec<(KvDtype, KvQuant)> = vec![
-        (KvDtype::F32, KvQuant::PLAIN),
-        (KvDtype::BF16, KvQuant::PLAIN),
-        (KvDtype::F16, KvQuant::PLAIN),
-    ];
-    for dtype in [KvDtype::Fp8E4m3, KvDtype::Fp8E5m2, KvDtype::Nvfp4] {
-        cases.extend(KvQuant::ALL.map(|q| (dtype, q)));
-    }
+    let mut cases: Vec<(KvDtype, KvQuant)> = KvDtype::ALL
+        .into_iter()
+        .flat_map(|d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)))
+        .collect();
     cases.retain(|&(dtype, quant)| {
         let (name, method) = (dtype.name(), quant.name());
         only.as_deref()

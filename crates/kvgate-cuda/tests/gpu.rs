@@ -11,8 +11,7 @@
 use kvgate_cuda::{CudaError, Dims, Gpu};
 use kvgate_kv::Which;
 use kvgate_kv::{
-    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant, Rotation,
-    Scales,
+    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -21,20 +20,9 @@ const DTYPES: [KvDtype; 4] = [KvDtype::BF16, KvDtype::Fp8E4m3, KvDtype::Fp8E5m2,
 
 /// Every (dtype, method) pair the kernels take: bf16 plain only, the quantized dtypes with all four.
 fn cases() -> Vec<(KvDtype, KvQuant)> {
-    let methods = [Rotation::None, Rotation::Hadamard]
-        .into_iter()
-        .flat_map(|rotation| [Scales::Layer, Scales::Fine].map(|scales| KvQuant { rotation, scales }));
-    let methods: Vec<KvQuant> = methods.collect();
     DTYPES
         .iter()
-        .flat_map(|&d| {
-            let ms = if d.is_scaled() {
-                methods.clone()
-            } else {
-                vec![KvQuant::PLAIN]
-            };
-            ms.into_iter().map(move |m| (d, m))
-        })
+        .flat_map(|&d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)))
         .collect()
 }
 

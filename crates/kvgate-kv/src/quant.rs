@@ -76,6 +76,16 @@ impl KvQuant {
         },
     ];
 
+    /// The methods a cache of `dtype` can be written with: all four for the quantized dtypes, plain for
+    /// the float ones.
+    pub fn methods_for(dtype: KvDtype) -> &'static [KvQuant] {
+        if dtype.is_scaled() {
+            &KvQuant::ALL
+        } else {
+            &KvQuant::ALL[..1]
+        }
+    }
+
     /// The method `--kv-cache-method auto` picks for `dtype`, chosen by `cargo bench --bench kv_report`
     /// (README, "KV cache"): fp8 `both` (rotation halves the perplexity drift; the per-vector scale
     /// byte makes the cache independent of calibration), nvfp4 `rotation` (the least decision drift;

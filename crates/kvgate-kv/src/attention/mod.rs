@@ -370,14 +370,9 @@ mod tests {
     /// cache holds (decoded), for every dtype.
     #[test]
     fn matches_dense_attention_over_the_decoded_cache() {
-        let cases = KvDtype::ALL.into_iter().flat_map(|d| {
-            let methods = if d.is_scaled() {
-                KvQuant::ALL.to_vec()
-            } else {
-                vec![KvQuant::PLAIN]
-            };
-            methods.into_iter().map(move |m| (d, m))
-        });
+        let cases = KvDtype::ALL
+            .into_iter()
+            .flat_map(|d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)));
         for (dtype, method) in cases {
             for window in [None, Some(5)] {
                 let (shape, p) = setup(dtype, window);

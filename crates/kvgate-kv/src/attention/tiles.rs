@@ -226,14 +226,9 @@ mod tests {
     #[test]
     fn tiled_rows_equal_rows_alone() {
         let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let cases = KvDtype::ALL.into_iter().flat_map(|d| {
-            let methods = if d.is_scaled() {
-                KvQuant::ALL.to_vec()
-            } else {
-                vec![KvQuant::PLAIN]
-            };
-            methods.into_iter().map(move |m| (d, m))
-        });
+        let cases = KvDtype::ALL
+            .into_iter()
+            .flat_map(|d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)));
         for (dtype, method) in cases {
             for window in [None, Some(7)] {
                 let shape = CacheShape::new(1, 2, 32, 4, dtype).unwrap().with_quant(method).unwrap();
