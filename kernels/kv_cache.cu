@@ -15,6 +15,7 @@
 // Quantization methods (kvgate_kv::quant, the reference): an optional rotation R = H·D/sqrt(b) of each
 // head vector (blockwise Walsh–Hadamard, b the largest power of two dividing head_dim, D fixed signs
 // from splitmix64) applied to K and V on store and to q in attention, whose output is rotated back;
+// "smooth" per-channel offsets subtracted on store (K's drop out of softmax, V's are added to the output);
 // "fine" scales (fp8: a power-of-two scale per vector; nvfp4: each group's E4M3 scale chosen by least
 // squared error). The arithmetic is the CPU's step for step, without fused multiply-adds, so stores
 // agree byte for byte.
@@ -287,9 +288,11 @@ __device__ __forceinline__ u8 nvfp4_best_scale(const float* x, float gs, float a
 // Quantize-on-store with a method: one warp per (token, kv head) vector, `hd` floats of dynamic shared
 // memory per warp (blockDim = 32 × vectors per block). fmt 0 = e4m3, 1 = e5m2, 2 = nvfp4; `layer`: fp8
 // 1/scale, nvfp4 the global scale gs; `rotate`, `fine`: the method's switches; `norm` = 1/sqrt(b).
+// `offsets` (nkv × hd, used when has_offsets): subtracted from each vector first (`smooth` methods).
 extern "C" __global__ void store_quant(const float* __restrict__ x, const i64* __restrict__ slots,
                                        u8* __restrict__ cache, float layer, int fmt, int rotate, int fine,
-                                       float norm, int ntok, int nkv, int hd, int bs) {
+                                       float norm, const float* __restrict__ offsets, int has_offsets,
+                                       int ntok, int nkv, int hd, int bs) {
     extern __shared__ float svec[];
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     u64 vid = (u64)blockIdx.x * (blockDim.x >> 5) + w;
@@ -300,7 +303,7 @@ extern "C" __global__ void store_quant(const float* __restrict__ x, const i64* _
     if (slot < 0) return;
     float* v = svec + (u64)w * hd;
     const float* src = x + vid * hd;
-    for (int i = lane; i < hd; i += 32) v[i] = src[i];
+    for (int i = lane; i < hd; i += 32) v[i] = has_offsets ? __fsub_rn(src[i], offsets[h * hd + i]) : src[i];
     __syncwarp();
     if (rotate) rotate_vec<false>(v, hd, norm, lane, 32);
     u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
@@ -440,7 +443,8 @@ template <int DT, int PER>
 __device__ void paged_attention(float* __restrict__ out, const float* __restrict__ q, const u8* __restrict__ kc,
                                 const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
                                 const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
-                                float k_scale, float v_scale, int rotate, int fine, float norm) {
+                                float k_scale, float v_scale, int rotate, int fine, float norm,
+                                const float* __restrict__ v_offsets, int has_offsets) {
     extern __shared__ float smem[];
     int head = blockIdx.x, seq = blockIdx.y;
     int kvh = head / (nh / nkv);
@@ -534,19 +538,21 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         }
         o = total > 0.0f ? o / total : 0.0f;
         if (rotate) qs[d] = o;
-        else orow[d] = o;
+        else orow[d] = has_offsets ? o + v_offsets[kvh * hd + d] : o;
     }
     if (rotate) {
         __syncthreads();
         unrotate_vec<true>(qs, hd, norm, threadIdx.x, blockDim.x);
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) orow[d] = qs[d];
+        // V offsets (smooth): the weights sum to one, so the offset comes back whole
+        for (int d = threadIdx.x; d < hd; d += blockDim.x)
+            orow[d] = has_offsets ? qs[d] + v_offsets[kvh * hd + d] : qs[d];
     }
 }
 
 #define PA_CASE(P)                                                                                            \
     case P:                                                                                                   \
         paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale, \
-                               v_scale, rotate, fine, norm);                                                  \
+                               v_scale, rotate, fine, norm, v_offsets, has_offsets);                          \
         break;
 
 // head_dim is a multiple of 32 up to 256 (checked by the host): one instantiation per head_dim / 32.
@@ -556,7 +562,7 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                          const int* __restrict__ tables, int max_blocks,
                                          const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,
                                          float scale, float k_scale, float v_scale, int rotate, int fine,
-                                         float norm) {
+                                         float norm, const float* __restrict__ v_offsets, int has_offsets) {
     switch (hd / 32) {
         PA_CASE(1)
         PA_CASE(2)
@@ -577,9 +583,9 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                     const int* __restrict__ tables, int max_blocks,                          \
                                     const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,       \
                                     float scale, float k_scale, float v_scale, int rotate, int fine,         \
-                                    float norm) {                                                            \
+                                    float norm, const float* __restrict__ v_offsets, int has_offsets) {      \
         paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale,  \
-                                     k_scale, v_scale, rotate, fine, norm);                                   \
+                                     k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets);           \
     }
 
 PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)

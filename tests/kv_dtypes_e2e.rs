@@ -47,10 +47,10 @@ fn every_dtype_serves_completions_and_decisions() {
     let cases = [
         ("bfloat16", "auto", "plain"),
         ("float16", "auto", "plain"),
-        ("fp8", "auto", "both"),
+        ("fp8", "auto", "rotation+smooth"),
         ("fp8", "plain", "plain"),
-        ("fp8_e5m2", "auto", "both"),
-        ("nvfp4", "auto", "rotation"),
+        ("fp8_e5m2", "auto", "rotation+smooth"),
+        ("nvfp4", "auto", "both+smooth"),
         ("nvfp4", "plain", "plain"),
     ];
     for (dtype, method, resolved) in cases {

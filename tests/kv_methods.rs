@@ -28,7 +28,7 @@ fn every_method_serves_and_prefix_hits_read_what_was_written() {
     let prompt = "the quick brown fox jumps over the lazy dog and then it runs far away into the forest ".repeat(3);
     let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3});
     for dtype in ["fp8_e4m3", "fp8_e5m2", "nvfp4"] {
-        for method in ["plain", "rotation", "fine", "both"] {
+        for method in kvgate_kv::KvQuant::ALL.map(|q| q.name()) {
             let s = InProcess::tiny(&["--kv-cache-dtype", dtype, "--kv-cache-method", method]);
             let (st, cold) = post(&s, "/v1/completions", &body);
             assert_eq!(st, 200, "{dtype} {method}: {cold}");
@@ -52,7 +52,12 @@ fn every_method_serves_and_prefix_hits_read_what_was_written() {
 
 #[test]
 fn a_method_the_dtype_cannot_take_is_a_startup_error() {
-    for (dtype, method) in [("float32", "rotation"), ("bfloat16", "fine"), ("float16", "both")] {
+    for (dtype, method) in [
+        ("float32", "rotation"),
+        ("bfloat16", "fine"),
+        ("float16", "both"),
+        ("float32", "smooth"),
+    ] {
         let err = TestServer::try_tiny_with(
             &["--kv-cache-dtype", dtype, "--kv-cache-method", method],
             TinySpec::default(),

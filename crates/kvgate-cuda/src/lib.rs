@@ -214,8 +214,9 @@ impl Gpu {
     /// Quantize-on-store: writes `x` (`slots.len() × kv_heads × head_dim` f32) into the cache layer
     /// `cache` (bytes, `kvgate_kv` layout) at `slots`, with the layer's `scale` (fp8: stored
     /// `x / scale`; nvfp4: global scale `1 / scale`) and the method `quant` (rotation, fine scales: as
-    /// `kvgate_kv::quant`). Refused unless every slot is inside `cache`, `x` holds every row and the
-    /// method fits the dtype and shape.
+    /// `kvgate_kv::quant`), after subtracting `offsets` (`kv_heads × head_dim`, `smooth` methods only).
+    /// Refused unless every slot is inside `cache`, `x` holds every row, the offsets every channel and
+    /// the method fits the dtype and shape.
     #[allow(clippy::too_many_arguments)]
     pub fn store(
         &self,
@@ -226,10 +227,13 @@ impl Gpu {
         cache: &mut CudaSlice<u8>,
         d: Dims,
         scale: f32,
+        offsets: Option<&CudaSlice<f32>>,
     ) -> Result<(), CudaError> {
         quant
             .check(dtype, d.head_dim, d.block_size)
             .map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let mut dummy = None;
+        let (offsets, has_offsets) = self.offsets_arg(quant, offsets, d, &mut dummy)?;
         let tokens = slots.len;
         let blocks = checked::cache_blocks(cache.len(), dtype, quant, d)?;
         checked::check_below("slot", slots.max, blocks * d.block_size)?;
@@ -270,6 +274,8 @@ impl Gpu {
                 .arg(&rotate)
                 .arg(&fine)
                 .arg(&norm)
+                .arg(offsets)
+                .arg(&has_offsets)
                 .arg(&nt)
                 .arg(&nkv)
                 .arg(&hd)
@@ -334,6 +340,7 @@ impl Gpu {
         &self,
         dtype: KvDtype,
         quant: KvQuant,
+        v_offsets: Option<&CudaSlice<f32>>,
         out: &mut CudaSlice<f32>,
         q: &CudaSlice<f32>,
         k_cache: &CudaSlice<u8>,
@@ -353,6 +360,8 @@ impl Gpu {
         quant
             .check(dtype, d.head_dim, d.block_size)
             .map_err(|e| CudaError::Invalid(e.to_string()))?;
+        let mut dummy = None;
+        let (v_offsets, has_offsets) = self.offsets_arg(quant, v_offsets, d, &mut dummy)?;
         let blocks = checked::cache_blocks(k_cache.len(), dtype, quant, d)?;
         if checked::cache_blocks(v_cache.len(), dtype, quant, d)? != blocks {
             return Err(CudaError::Invalid("K and V caches of different sizes".into()));
@@ -411,11 +420,37 @@ impl Gpu {
             .arg(&v_scale)
             .arg(&rotate)
             .arg(&fine)
-            .arg(&norm);
+            .arg(&norm)
+            .arg(v_offsets)
+            .arg(&has_offsets);
         // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
         // inside both caches, and q/out hold every row.
         unsafe { b.launch(cfg) }.map_err(drv)?;
         Ok(())
+    }
+
+    /// The offsets argument of a kernel: the given buffer (checked: a `smooth` method, `kv_heads ×
+    /// head_dim` values) and 1, or a one-float stand-in (kept alive in `dummy`) and 0.
+    fn offsets_arg<'a>(
+        &self,
+        quant: KvQuant,
+        offsets: Option<&'a CudaSlice<f32>>,
+        d: Dims,
+        dummy: &'a mut Option<CudaSlice<f32>>,
+    ) -> Result<(&'a CudaSlice<f32>, i32), CudaError> {
+        match offsets {
+            Some(o) => {
+                if !quant.smooth {
+                    return Err(CudaError::Invalid(format!(
+                        "the {} method keeps no offsets",
+                        quant.name()
+                    )));
+                }
+                checked::check_len("offsets", o.len(), d.num_kv_heads * d.head_dim)?;
+                Ok((o, 1))
+            }
+            None => Ok((dummy.insert(self.upload(&[0f32])?), 0)),
+        }
     }
 
     /// Waits for the stream.

@@ -1,7 +1,8 @@
 //! GPU checks (run on a machine with an NVIDIA GPU; elsewhere they print SKIP, and with
 //! `KVGATE_REQUIRE_GPU=1` a missing GPU is a failure):
 //! - the CUDA quantize-on-store kernels write the same bytes as the CPU codecs, for bf16, fp8 e4m3,
-//!   fp8 e5m2 and nvfp4, with every quantization method (plain, rotation, fine scales, both), on every
+//!   fp8 e5m2 and nvfp4, with every quantization method (rotation, fine scales, offsets and their
+//!   combinations), on every
 //!   boundary case (ties, saturation, subnormals, ±0, NaN, ±inf);
 //! - the CUDA paged attention matches the CPU paged attention over the same blocks and block tables,
 //!   for every dtype and method;
@@ -104,6 +105,11 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
             let slots: Vec<usize> = (0..tokens).map(|t| ((t / bs) * 5 % blocks) * bs + t % bs).collect();
             let mut cpu = KvCache::new(shape, blocks);
             cpu.set_scales(0, scale, scale).unwrap();
+            // smooth methods: arbitrary offsets, the same on both sides
+            let offsets: Vec<f32> = (0..nkv * hd).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+            if quant.smooth {
+                cpu.set_offsets(0, offsets.clone(), offsets.clone()).unwrap();
+            }
             cpu.write(0, &slots, &x, &x);
             let want = cpu.layer(0).raw(Which::K).as_bytes().to_vec();
             let dx = g.upload(&x).unwrap();
@@ -115,7 +121,9 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
                 head_dim: hd,
                 block_size: bs,
             };
-            g.store(dtype, quant, &dx, &ds, &mut dc, dims, scale).unwrap();
+            let doff = g.upload(&offsets).unwrap();
+            let doff = quant.smooth.then_some(&doff);
+            g.store(dtype, quant, &dx, &ds, &mut dc, dims, scale, doff).unwrap();
             let got = g.download(&dc).unwrap();
             let m = quant.name();
             if let Some(i) = (0..want.len()).find(|&i| want[i] != got[i]) {
@@ -142,6 +150,11 @@ fn paged_attention_matches_the_cpu() {
             .unwrap();
         let mut cpu = KvCache::new(shape, blocks);
         cpu.set_scales(0, 0.05, 0.02).unwrap();
+        let k_off: Vec<f32> = (0..nkv * hd).map(|i| ((i * 13 % 17) as f32 - 8.0) / 4.0).collect();
+        let v_off: Vec<f32> = (0..nkv * hd).map(|i| ((i * 7 % 11) as f32 - 5.0) / 5.0).collect();
+        if quant.smooth {
+            cpu.set_offsets(0, k_off, v_off.clone()).unwrap();
+        }
         // five sequences with scattered, disjoint block tables
         let lens = [1usize, 17, 250, 333, 511];
         let mut perm: Vec<u32> = (0..blocks as u32).collect();
@@ -211,7 +224,9 @@ fn paged_attention_matches_the_cpu() {
             block_size: bs,
         };
         let (ks, vs) = (cpu.layer(0).k_scale, cpu.layer(0).v_scale);
-        g.paged_attention(dtype, quant, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
+        let dvo = g.upload(&v_off).unwrap();
+        let dvo = quant.smooth.then_some(&dvo);
+        g.paged_attention(dtype, quant, dvo, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
             .unwrap();
         let got = g.download(&dout).unwrap();
         let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -263,7 +278,7 @@ fn bandwidth_report() -> Result<(), CudaError> {
         let dq = g.upload(&vec![0.01f32; seqs * nh * hd])?;
         let mut out = g.upload(&vec![0f32; seqs * nh * hd])?;
         let ms = g.time_ms(5, || {
-            g.paged_attention(dtype, quant, &mut out, &dq, &k, &v, &dt, dims, 0.088, 1.0, 1.0)
+            g.paged_attention(dtype, quant, None, &mut out, &dq, &k, &v, &dt, dims, 0.088, 1.0, 1.0)
         })?;
         let bytes = 2.0 * layer_bytes as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
@@ -276,7 +291,7 @@ fn bandwidth_report() -> Result<(), CudaError> {
         let x = g.upload(&vec![0.5f32; tokens * nh * hd])?;
         let slots = g.upload_slots(&(0..tokens).collect::<Vec<_>>())?;
         let mut cache = g.zeros(tokens.div_ceil(bs) * shape.layer_block_bytes())?;
-        let ms = g.time_ms(5, || g.store(dtype, quant, &x, &slots, &mut cache, dims, 1.0))?;
+        let ms = g.time_ms(5, || g.store(dtype, quant, &x, &slots, &mut cache, dims, 1.0, None))?;
         let bytes = (tokens * nh * hd * 4) as f64 + (tokens * nh * shape.bytes_per_vector()) as f64;
         let gbps = bytes / (ms / 1e3) / 1e9;
         report.push_str(&format!(

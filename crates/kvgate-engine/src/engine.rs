@@ -172,7 +172,7 @@ pub fn start_with_backend(
     let engine = Engine {
         out: OutputProcessor::new(tok, eos, limits),
         rec: Recorder::new(&cfg.model_name),
-        calibrated: !cfg.calculate_kv_scales,
+        calibrated: !(cfg.calculate_kv_scales || cfg.kv_quant.smooth),
         cfg,
         backend,
         sched,
@@ -480,13 +480,24 @@ impl Engine {
         Ok(logits?)
     }
 
-    /// `--calculate-kv-scales`: measures the per-layer amax of K and V on the first batch and sets the
-    /// scales so that amax maps inside the format's range.
+    /// Calibration on the first batch, before anything is written: `--calculate-kv-scales` sets the
+    /// scales so that the per-layer amax of K and V maps inside the format's range; a `smooth` method
+    /// takes the batch's per-channel means of K and V as its offsets.
     fn calibrate(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        let amax = self.backend.measure_kv_amax(batch)?;
-        self.backend
-            .set_kv_scales(&calibration::scales_from_amax(self.cfg.kv_dtype, &amax))?;
-        info!(dtype = %self.cfg.kv_dtype, layers = amax.k.len(), "calibrated KV scales from the first prefill");
+        let stats = self.backend.measure_kv(batch)?;
+        if self.cfg.calculate_kv_scales {
+            self.backend
+                .set_kv_scales(&calibration::scales_from_amax(self.cfg.kv_dtype, &stats.amax))?;
+            info!(dtype = %self.cfg.kv_dtype, layers = stats.amax.k.len(), "calibrated KV scales from the first prefill");
+        }
+        if self.cfg.kv_quant.smooth {
+            self.backend.set_kv_offsets(&stats.means)?;
+            info!(
+                method = self.cfg.kv_quant.name(),
+                tokens = batch.len(),
+                "KV offsets from the first prefill"
+            );
+        }
         self.calibrated = true;
         Ok(())
     }

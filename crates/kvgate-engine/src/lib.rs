@@ -31,7 +31,7 @@ mod text;
 #[cfg(test)]
 mod scheduler_fuzz;
 
-pub use backend::{Backend, BackendError, CpuBackend};
+pub use backend::{Backend, BackendError, CpuBackend, KvStats};
 pub use block_pool::{BlockId, PoolCounts};
 pub use calibration::kv_scale;
 pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};

@@ -14,6 +14,10 @@
 //!   per-layer calibrated scale; nvfp4 keeps NVIDIA's format (E4M3 scale per 16 elements, per-layer f32
 //!   global scale) and chooses each group's scale byte by least squared error among the codes from
 //!   one below `amax/6` up to `amax/4` (the decoder is unchanged; never worse than `amax/6` alone).
+//! - **Smoothing** (`smooth`): per-(layer, KV head, channel) offsets — the means of K and V over the
+//!   first prefill — are subtracted before rotation and quantization. `q·(k − μ)` differs from `q·k` by
+//!   a constant per query, which softmax ignores; `Σ p (v − μ) + μ = Σ p v` because the weights sum to
+//!   one. Exact whatever the offsets are, so a poor first prefill costs precision, never correctness.
 //!
 //! The arithmetic here is the reference for `kernels/kv_cache.cu`: the butterflies, the sign bits, the
 //! exponent rule and the search order are the same there, so stores agree byte for byte.
@@ -50,33 +54,36 @@ pub struct KvQuant {
     pub rotation: Rotation,
     /// Scale granularity.
     pub scales: Scales,
+    /// Per-channel offsets (the K and V means of the first prefill) subtracted before quantization:
+    /// K's drop out of softmax, V's are added back to the attention output (its weights sum to one).
+    pub smooth: bool,
+}
+
+const fn method(rotation: Rotation, scales: Scales, smooth: bool) -> KvQuant {
+    KvQuant {
+        rotation,
+        scales,
+        smooth,
+    }
 }
 
 impl KvQuant {
-    /// Plain per-layer scales, no rotation (the format as the spec's table defines it).
-    pub const PLAIN: KvQuant = KvQuant {
-        rotation: Rotation::None,
-        scales: Scales::Layer,
-    };
+    /// Plain per-layer scales, no rotation, no offsets (the format as the spec's table defines it).
+    pub const PLAIN: KvQuant = method(Rotation::None, Scales::Layer, false);
 
     /// Every method, in the order reports list them.
-    pub const ALL: [KvQuant; 4] = [
+    pub const ALL: [KvQuant; 8] = [
         KvQuant::PLAIN,
-        KvQuant {
-            rotation: Rotation::Hadamard,
-            scales: Scales::Layer,
-        },
-        KvQuant {
-            rotation: Rotation::None,
-            scales: Scales::Fine,
-        },
-        KvQuant {
-            rotation: Rotation::Hadamard,
-            scales: Scales::Fine,
-        },
+        method(Rotation::Hadamard, Scales::Layer, false),
+        method(Rotation::None, Scales::Fine, false),
+        method(Rotation::Hadamard, Scales::Fine, false),
+        method(Rotation::None, Scales::Layer, true),
+        method(Rotation::Hadamard, Scales::Layer, true),
+        method(Rotation::None, Scales::Fine, true),
+        method(Rotation::Hadamard, Scales::Fine, true),
     ];
 
-    /// The methods a cache of `dtype` can be written with: all four for the quantized dtypes, plain for
+    /// The methods a cache of `dtype` can be written with: all eight for the quantized dtypes, plain for
     /// the float ones.
     pub fn methods_for(dtype: KvDtype) -> &'static [KvQuant] {
         if dtype.is_scaled() {
@@ -87,31 +94,35 @@ impl KvQuant {
     }
 
     /// The method `--kv-cache-method auto` picks for `dtype`, chosen by `cargo bench --bench kv_report`
-    /// (README, "KV cache"): fp8 `both` (rotation halves the perplexity drift; the per-vector scale
-    /// byte makes the cache independent of calibration), nvfp4 `rotation` (the least decision drift;
-    /// `both` has the lower perplexity), plain for the float dtypes, which have nothing to gain.
+    /// (README, "KV cache"): fp8 `rotation+smooth` and nvfp4 `both+smooth` (the least drift of their
+    /// rows), plain for the float dtypes, which have nothing to gain.
     pub fn default_for(dtype: KvDtype) -> KvQuant {
         match dtype {
-            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => KvQuant::ALL[3],
-            KvDtype::Nvfp4 => KvQuant::ALL[1],
+            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => KvQuant::ALL[5],
+            KvDtype::Nvfp4 => KvQuant::ALL[7],
             _ => KvQuant::PLAIN,
         }
     }
 
-    /// Parses a method name (`plain`, `rotation`, `fine`, `both`).
+    /// Parses a method name (see [`KvQuant::name`]).
     pub fn parse(s: &str) -> Option<KvQuant> {
         KvQuant::ALL
             .into_iter()
             .find(|q| q.name() == s.trim().to_ascii_lowercase())
     }
 
-    /// The method's short name, as reports and metrics print it: `plain`, `rotation`, `fine`, `both`.
+    /// The method's short name, as reports and metrics print it: `plain`, `rotation`, `fine`, `both`
+    /// (rotation and fine), `smooth`, and the first three with `+smooth`.
     pub fn name(self) -> &'static str {
-        match (self.rotation, self.scales) {
-            (Rotation::None, Scales::Layer) => "plain",
-            (Rotation::Hadamard, Scales::Layer) => "rotation",
-            (Rotation::None, Scales::Fine) => "fine",
-            (Rotation::Hadamard, Scales::Fine) => "both",
+        match (self.rotation, self.scales, self.smooth) {
+            (Rotation::None, Scales::Layer, false) => "plain",
+            (Rotation::Hadamard, Scales::Layer, false) => "rotation",
+            (Rotation::None, Scales::Fine, false) => "fine",
+            (Rotation::Hadamard, Scales::Fine, false) => "both",
+            (Rotation::None, Scales::Layer, true) => "smooth",
+            (Rotation::Hadamard, Scales::Layer, true) => "rotation+smooth",
+            (Rotation::None, Scales::Fine, true) => "fine+smooth",
+            (Rotation::Hadamard, Scales::Fine, true) => "both+smooth",
         }
     }
 

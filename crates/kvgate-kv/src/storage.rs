@@ -73,6 +73,11 @@ pub struct LayerCache {
     pub k_scale: f32,
     /// Dequantization scale of V.
     pub v_scale: f32,
+    /// `smooth`: per-(KV head, channel) offsets subtracted from K before storing
+    /// (`num_kv_heads × head_dim`; empty: none).
+    k_offset: Vec<f32>,
+    /// The same for V (attention adds them back to its output).
+    v_offset: Vec<f32>,
 }
 
 impl LayerCache {
@@ -86,6 +91,15 @@ impl LayerCache {
     /// The raw buffer.
     pub fn raw(&self, which: Which) -> &Buf {
         self.buf(which).0
+    }
+
+    /// The offsets subtracted from `which` before storing (`num_kv_heads × head_dim`), if any.
+    pub fn offsets(&self, which: Which) -> Option<&[f32]> {
+        let o = match which {
+            Which::K => &self.k_offset,
+            Which::V => &self.v_offset,
+        };
+        (!o.is_empty()).then_some(o.as_slice())
     }
 
     /// The (token, head) vector stored at `slot`, decoded to f32. For f32 storage this borrows the cache
@@ -309,6 +323,8 @@ impl KvCache {
                 v: Buf::zeros(shape.dtype, elems, bytes),
                 k_scale: 1.0,
                 v_scale: 1.0,
+                k_offset: vec![],
+                v_offset: vec![],
             })
             .collect();
         let signs = match shape.quant.rotation {
@@ -357,6 +373,35 @@ impl KvCache {
         Ok(())
     }
 
+    /// Sets a layer's K and V offsets (`num_kv_heads × head_dim` each; empty: none), subtracted from
+    /// every vector before it is rotated and stored. Only for a `smooth` method, and refused once
+    /// anything has been written.
+    pub fn set_offsets(&mut self, layer: usize, k: Vec<f32>, v: Vec<f32>) -> Result<(), KvError> {
+        if self.written {
+            return Err(KvError::Frozen { layer });
+        }
+        let sh = &self.shape;
+        if !sh.quant.smooth {
+            return Err(KvError::Unsupported {
+                dtype: sh.dtype.name(),
+                reason: format!("the {} method keeps no offsets", sh.quant.name()),
+            });
+        }
+        let n = sh.num_kv_heads * sh.head_dim;
+        for o in [&k, &v] {
+            if !o.is_empty() && o.len() != n {
+                return Err(KvError::Unsupported {
+                    dtype: sh.dtype.name(),
+                    reason: format!("{} offsets for {n} channels", o.len()),
+                });
+            }
+        }
+        let lc = self.layers.get_mut(layer).ok_or(KvError::NoLayer(layer))?;
+        lc.k_offset = k;
+        lc.v_offset = v;
+        Ok(())
+    }
+
     /// Quantize-on-store: writes the K and V rows of `slots.len()` tokens (`slot = block · block_size +
     /// offset`; `k`, `v` are `tokens × kv_heads × head_dim`) into layer `layer`.
     pub fn write(&mut self, layer: usize, slots: &[usize], k: &[f32], v: &[f32]) {
@@ -374,15 +419,21 @@ impl KvCache {
             for h in 0..s.num_kv_heads {
                 let o = i * row + h * hd;
                 let (kx, vx) = (&k[o..o + hd], &v[o..o + hd]);
-                if signs.is_empty() {
+                if signs.is_empty() && lc.k_offset.is_empty() && lc.v_offset.is_empty() {
                     lc.write_vector(Which::K, block, h, tok, kx);
                     lc.write_vector(Which::V, block, h, tok, vx);
                     continue;
                 }
-                rk.copy_from_slice(kx);
-                rv.copy_from_slice(vx);
-                quant::rotate(&mut rk, signs);
-                quant::rotate(&mut rv, signs);
+                // offsets, then rotation, then the codec
+                for (r, x, off) in [(&mut rk, kx, &lc.k_offset), (&mut rv, vx, &lc.v_offset)] {
+                    r.copy_from_slice(x);
+                    if !off.is_empty() {
+                        r.iter_mut().zip(&off[h * hd..(h + 1) * hd]).for_each(|(a, b)| *a -= b);
+                    }
+                    if !signs.is_empty() {
+                        quant::rotate(r, signs);
+                    }
+                }
                 lc.write_vector(Which::K, block, h, tok, &rk);
                 lc.write_vector(Which::V, block, h, tok, &rv);
             }
@@ -562,6 +613,17 @@ mod tests {
         assert_eq!(c.set_scales(5, 0.5, 0.5), Err(KvError::NoLayer(5)));
         c.write(0, &[0], &[1.0; 64], &[1.0; 64]);
         assert_eq!(c.set_scales(1, 0.25, 0.25), Err(KvError::Frozen { layer: 1 }));
+        // offsets: only for a smoothing method, of the right length, before the first write
+        assert!(c.set_offsets(0, vec![], vec![]).is_err());
+        let smooth = shape(KvDtype::Fp8E4m3)
+            .with_quant(crate::quant::KvQuant::ALL[4])
+            .unwrap();
+        let mut d = KvCache::new(smooth, 2);
+        assert!(d.set_offsets(0, vec![0.5; 3], vec![]).is_err());
+        d.set_offsets(0, vec![0.5; 64], vec![0.25; 64]).unwrap();
+        assert_eq!(d.layer(0).offsets(Which::V).map(|o| o.len()), Some(64));
+        d.write(0, &[0], &[1.0; 64], &[1.0; 64]);
+        assert_eq!(d.set_offsets(0, vec![], vec![]), Err(KvError::Frozen { layer: 0 }));
         assert_eq!(c.layer(1).k_scale, 0.5);
     }
 

@@ -321,7 +321,12 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         } else {
             "k/v scales 1.0 (the checkpoint has none; --calculate-kv-scales calibrates them)"
         };
-        info!("KV cache dtype {dtype}, method {}: {how}", quant.name());
+        let offsets = if quant.smooth {
+            "; K/V channel offsets from the first prefill"
+        } else {
+            ""
+        };
+        info!("KV cache dtype {dtype}, method {}: {how}{offsets}", quant.name());
     }
     let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
     let state = AppState {

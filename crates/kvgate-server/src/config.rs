@@ -97,9 +97,12 @@ impl std::str::FromStr for KvCacheMethod {
         if s.trim().eq_ignore_ascii_case("auto") {
             return Ok(KvCacheMethod::Auto);
         }
-        KvQuant::parse(s)
-            .map(KvCacheMethod::Fixed)
-            .ok_or_else(|| format!("unknown KV-cache method '{s}'; expected one of auto, plain, rotation, fine, both"))
+        KvQuant::parse(s).map(KvCacheMethod::Fixed).ok_or_else(|| {
+            format!(
+                "unknown KV-cache method '{s}'; expected one of auto, plain, rotation, fine, both, smooth, \
+                     rotation+smooth, fine+smooth, both+smooth"
+            )
+        })
     }
 }
 
@@ -306,7 +309,7 @@ pub struct Args {
     #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
 
-    /// How fp8/nvfp4 caches are written: auto (the dtype's default), plain (per-layer scales), rotation (Hadamard before quantizing), fine (per-vector fp8 scales, least-squares nvfp4 group scales), both
+    /// How fp8/nvfp4 caches are written: auto (the dtype's default), plain (per-layer scales), rotation (Hadamard before quantizing), fine (per-vector fp8 scales, least-squares nvfp4 group scales), both (rotation and fine), smooth (K/V channel offsets from the first prefill), rotation+smooth, fine+smooth, both+smooth
     #[arg(long, env = "KVGATE_KV_CACHE_METHOD", default_value = "auto")]
     pub kv_cache_method: KvCacheMethod,
 

@@ -2,10 +2,10 @@
 //! of `kvgate-kv`. The forward pass runs inside the rayon compute pool (one hand-off per step, not one
 //! per parallel region: the engine thread is not a pool worker).
 
-use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype};
-use kvgate_model::{Batch, KvAmax, Model};
+use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype, Which};
+use kvgate_model::{Batch, Model};
 
-use super::{check_batch, Backend, BackendError};
+use super::{check_batch, Backend, BackendError, KvStats};
 use crate::kv_manager::BlockCopy;
 
 /// Model + host cache.
@@ -85,7 +85,7 @@ impl Backend for CpuBackend {
         rayon::scope(|_| model.forward(batch, cache, &CpuAttention)).map_err(forward_error)
     }
 
-    fn measure_kv_amax(&mut self, batch: &Batch) -> Result<KvAmax, BackendError> {
+    fn measure_kv(&mut self, batch: &Batch) -> Result<KvStats, BackendError> {
         self.check(batch)?;
         let shape = self
             .cache
@@ -102,7 +102,40 @@ impl Backend for CpuBackend {
         let model = &self.model;
         let (_, amax) =
             rayon::scope(|_| model.forward_with_amax(batch, &mut scratch, &CpuAttention)).map_err(forward_error)?;
-        Ok(amax)
+        // the means of what the batch wrote, read back from the scratch cache
+        let (nkv, hd, bs) = (shape.num_kv_heads(), shape.head_dim(), shape.block_size());
+        let n = batch.len().max(1) as f64;
+        let mut buf = vec![0f32; hd];
+        let means = (0..shape.num_layers())
+            .map(|l| {
+                let mut mean = |which: Which| {
+                    let mut acc = vec![0f64; nkv * hd];
+                    for (&seq, &pos) in batch.seq_of_row.iter().zip(&batch.positions) {
+                        let (pos, table) = (pos as usize, &batch.tables[seq as usize]);
+                        let block = table[pos / bs] as usize;
+                        for h in 0..nkv {
+                            let x = scratch.layer(l).vector(which, block, h, pos % bs, &mut buf);
+                            acc[h * hd..(h + 1) * hd]
+                                .iter_mut()
+                                .zip(x)
+                                .for_each(|(a, &b)| *a += b as f64);
+                        }
+                    }
+                    acc.into_iter().map(|a| (a / n) as f32).collect::<Vec<f32>>()
+                };
+                (mean(Which::K), mean(Which::V))
+            })
+            .collect();
+        Ok(KvStats { amax, means })
+    }
+
+    fn set_kv_offsets(&mut self, offsets: &[(Vec<f32>, Vec<f32>)]) -> Result<(), BackendError> {
+        for (l, (k, v)) in offsets.iter().enumerate().take(self.cache.shape().num_layers()) {
+            self.cache
+                .set_offsets(l, k.clone(), v.clone())
+                .map_err(|e| BackendError::Forward(e.to_string()))?;
+        }
+        Ok(())
     }
 
     fn set_kv_scales(&mut self, scales: &[(f32, f32)]) -> Result<(), BackendError> {

@@ -74,11 +74,24 @@ pub trait Backend: Send {
     fn forward(&mut self, batch: &Batch) -> Result<Vec<f32>, BackendError>;
 
     /// Runs `batch` without touching the cache (on scratch f32 storage) and reports the per-layer amax
-    /// of K and V (`--calculate-kv-scales`).
-    fn measure_kv_amax(&mut self, batch: &Batch) -> Result<KvAmax, BackendError>;
+    /// of K and V (`--calculate-kv-scales`) and their per-channel means (`smooth` methods).
+    fn measure_kv(&mut self, batch: &Batch) -> Result<KvStats, BackendError>;
 
     /// Sets each layer's (k_scale, v_scale) (before anything is written with them).
     fn set_kv_scales(&mut self, scales: &[(f32, f32)]) -> Result<(), BackendError>;
+
+    /// Sets each layer's K and V offsets for a `smooth` cache method (before anything is written).
+    fn set_kv_offsets(&mut self, offsets: &[(Vec<f32>, Vec<f32>)]) -> Result<(), BackendError>;
+}
+
+/// What [`Backend::measure_kv`] saw in one forward pass.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvStats {
+    /// Per-layer amax of K and V.
+    pub amax: KvAmax,
+    /// Per layer, the mean of K and of V over the batch's rows, per (KV head, channel)
+    /// (`num_kv_heads × head_dim` each).
+    pub means: Vec<(Vec<f32>, Vec<f32>)>,
 }
 
 /// Checks a batch against a cache of `num_blocks` blocks of `block_size` tokens: every table entry and

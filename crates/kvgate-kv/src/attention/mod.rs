@@ -610,7 +610,7 @@ mod tests {
             let e: f32 = o.iter().zip(&exact).map(|(a, b)| (a - b) * (a - b)).sum();
             (e / exact.iter().map(|x| x * x).sum::<f32>()).sqrt()
         };
-        let [plain, rotation, fine, both] = KvQuant::ALL.map(|m| err(KvDtype::Nvfp4, m));
+        let [plain, rotation, fine, both] = [0, 1, 2, 3].map(|i| err(KvDtype::Nvfp4, KvQuant::ALL[i]));
         assert!(
             rotation < plain && fine < plain && both < plain,
             "{plain} {rotation} {fine} {both}"
@@ -618,6 +618,69 @@ mod tests {
         for m in KvQuant::ALL {
             let e = err(KvDtype::Fp8E4m3, m);
             assert!(e < 0.05, "fp8 {}: {e}", m.name());
+        }
+    }
+
+    /// Offsets (`smooth`) are exact — the output over a smoothed cache is the output over the
+    /// unsmoothed values, with and without a softcap — and, when they are the channel means, they shrink
+    /// the quantization error on keys and values that share a large common part.
+    #[test]
+    fn smoothing_is_exact_and_shrinks_the_error() {
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let n = 64;
+        let k_mu: Vec<f32> = (0..64).map(|_| rng.random_range(-6.0..6.0)).collect();
+        let v_mu: Vec<f32> = (0..64).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let data: Vec<(Vec<f32>, Vec<f32>)> = (0..n)
+            .map(|_| {
+                let k = k_mu.iter().map(|m| m + rng.random_range(-1.0..1.0)).collect();
+                let v = v_mu.iter().map(|m| m + rng.random_range(-0.5..0.5)).collect();
+                (k, v)
+            })
+            .collect();
+        let q: Vec<f32> = (0..2 * 192).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let rows = [AttnRow { table: 0, pos: 63 }, AttnRow { table: 0, pos: 40 }];
+        let table: Vec<u32> = (0..(n / 4) as u32).collect();
+        let tables = [table.as_slice()];
+        for softcap in [None, Some(1.0)] {
+            let (shape, mut p) = setup(KvDtype::F32, None);
+            p.softcap = softcap;
+            let run = |dtype: KvDtype, method: KvQuant, offsets: Option<(&[f32], &[f32])>| {
+                let mut c = KvCache::new(shape.with_dtype(dtype).unwrap().with_quant(method).unwrap(), n / 4);
+                c.set_scales(0, 0.05, 0.05).unwrap();
+                if let Some((k, v)) = offsets {
+                    c.set_offsets(0, k.to_vec(), v.to_vec()).unwrap();
+                }
+                for (t, (k, v)) in data.iter().enumerate() {
+                    c.write(0, &[t], k, v);
+                }
+                let mut out = vec![0f32; q.len()];
+                let query = AttnQuery {
+                    q: &q,
+                    rows: &rows,
+                    tables: &tables,
+                };
+                CpuAttention.attend(&c, 0, &query, &p, &mut out);
+                out
+            };
+            let exact = run(KvDtype::F32, KvQuant::PLAIN, None);
+            let rel = |o: &[f32]| {
+                let e: f32 = o.iter().zip(&exact).map(|(a, b)| (a - b) * (a - b)).sum();
+                (e / exact.iter().map(|x| x * x).sum::<f32>()).sqrt()
+            };
+            let smooth = KvQuant::ALL[4];
+            // exact: arbitrary offsets change nothing but rounding
+            let odd: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * 4.0).collect();
+            let plain = rel(&run(KvDtype::Fp8E4m3, KvQuant::PLAIN, None));
+            let odd_err = rel(&run(KvDtype::Fp8E4m3, smooth, Some((&odd, &odd))));
+            assert!(
+                odd_err < 2.0 * plain + 0.01,
+                "{softcap:?}: arbitrary offsets {odd_err} vs {plain}"
+            );
+            let means = rel(&run(KvDtype::Fp8E4m3, smooth, Some((&k_mu, &v_mu))));
+            assert!(means < 0.5 * plain, "{softcap:?}: means {means} vs plain {plain}");
+            let nv_plain = rel(&run(KvDtype::Nvfp4, KvQuant::PLAIN, None));
+            let nv_means = rel(&run(KvDtype::Nvfp4, smooth, Some((&k_mu, &v_mu))));
+            assert!(nv_means < 0.5 * nv_plain, "{softcap:?}: nvfp4 {nv_means} vs {nv_plain}");
         }
     }
 }

@@ -49,10 +49,12 @@ struct Scratch {
 
 /// One (tile, KV head) task: the outputs of the tile's rows for the group of query heads on `kvh`,
 /// `rows × group × head_dim`.
+#[allow(clippy::too_many_arguments)]
 fn tile_head(
     lc: &LayerCache,
     bs: usize,
     query: &AttnQuery,
+    kbias: Option<&[f32]>,
     p: &AttnParams,
     (r0, r1): (usize, usize),
     kvh: usize,
@@ -125,6 +127,9 @@ fn tile_head(
                         }
                         for (j, &v) in half.iter().enumerate().take(cnt) {
                             let mut s = v * p.scale;
+                            if let Some(b) = kbias {
+                                s += b[(r0 + i) * p.num_heads + kvh * group + h];
+                            }
                             if let Some(cap) = p.softcap {
                                 s = cap * (s / cap).tanh();
                             }
@@ -169,21 +174,57 @@ impl AttentionBackend for CpuAttention {
     }
 
     fn attend(&self, cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
-        let Some(signs) = cache.rotation_signs() else {
-            return attend_in_cache_basis(cache, layer, query, p, out);
-        };
-        // The cache holds R·k and R·v: scores from R·q (q·k = Rq·Rk), outputs rotated back.
         let hd = p.head_dim;
-        let mut q = query.q.to_vec();
-        q.chunks_exact_mut(hd).for_each(|x| quant::rotate(x, signs));
-        let rotated = AttnQuery { q: &q, ..*query };
-        attend_in_cache_basis(cache, layer, &rotated, p, out);
-        out.chunks_exact_mut(hd).for_each(|x| quant::unrotate(x, signs));
+        let group = p.num_heads / p.num_kv_heads;
+        let lc = cache.layer(layer);
+        // K offsets take q·offset from every score of a query: softmax does not see it, a softcap does,
+        // so then it is added back (scaled, before the cap).
+        let kbias: Option<Vec<f32>> = match (p.softcap, lc.offsets(Which::K)) {
+            (Some(_), Some(mu)) => Some(
+                query
+                    .q
+                    .chunks_exact(hd)
+                    .enumerate()
+                    .map(|(i, q)| {
+                        let kvh = (i % p.num_heads) / group;
+                        super::dot(q, &mu[kvh * hd..(kvh + 1) * hd]) * p.scale
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        };
+        match cache.rotation_signs() {
+            None => attend_in_cache_basis(cache, layer, query, kbias.as_deref(), p, out),
+            Some(signs) => {
+                // The cache holds R·k and R·v: scores from R·q (q·k = Rq·Rk), outputs rotated back.
+                let mut q = query.q.to_vec();
+                q.chunks_exact_mut(hd).for_each(|x| quant::rotate(x, signs));
+                let rotated = AttnQuery { q: &q, ..*query };
+                attend_in_cache_basis(cache, layer, &rotated, kbias.as_deref(), p, out);
+                out.chunks_exact_mut(hd).for_each(|x| quant::unrotate(x, signs));
+            }
+        }
+        // V offsets: a row's weights sum to one, so its offset comes back whole.
+        if let Some(mu) = lc.offsets(Which::V) {
+            for (i, o) in out.chunks_exact_mut(hd).enumerate() {
+                let kvh = (i % p.num_heads) / group;
+                o.iter_mut()
+                    .zip(&mu[kvh * hd..(kvh + 1) * hd])
+                    .for_each(|(a, b)| *a += b);
+            }
+        }
     }
 }
 
 /// [`CpuAttention::attend`] with queries and outputs in the basis the cache stores.
-fn attend_in_cache_basis(cache: &KvCache, layer: usize, query: &AttnQuery, p: &AttnParams, out: &mut [f32]) {
+fn attend_in_cache_basis(
+    cache: &KvCache,
+    layer: usize,
+    query: &AttnQuery,
+    kbias: Option<&[f32]>,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
     let hd = p.head_dim;
     let group = p.num_heads / p.num_kv_heads;
     let row_len = p.num_heads * hd;
@@ -199,7 +240,7 @@ fn attend_in_cache_basis(cache: &KvCache, layer: usize, query: &AttnQuery, p: &A
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map_init(Scratch::default, |sc, &(tile, kvh)| {
-            tile_head(lc, bs, query, p, tile, kvh, sc)
+            tile_head(lc, bs, query, kbias, p, tile, kvh, sc)
         })
         .collect();
     for (&((r0, _), kvh), part) in tasks.iter().zip(&parts) {
