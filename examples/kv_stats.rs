@@ -55,8 +55,9 @@ fn main() {
             if calibrated && range == 0.0 {
                 continue;
             }
-            let methods: &[KvQuant] = if range == 0.0 { &[KvQuant::PLAIN] } else { &KvQuant::ALL };
-            for &quant in methods {
+            // the `smooth` methods need offsets from the engine's calibration: `kv_report` measures them
+            let methods = KvQuant::methods_for(if range == 0.0 { KvDtype::F32 } else { dtype });
+            for &quant in methods.iter().filter(|q| !q.smooth) {
                 let (lp, _) = run(
                     dtype,
                     quant,
