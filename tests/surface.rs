@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{assert_openai_error, InProcess};
-use kvgate_engine::{DecideRequest, EngineError, Event, GenerateRequest, Limits, RequestStream};
+use kvgate_engine::{DecideRequest, EngineError, Event, GenerateRequest, Limits, PendingDecision, RequestStream};
 use kvgate_server::infer::Inference;
 use serde_json::json;
 
@@ -329,8 +329,8 @@ impl Inference for Scripted {
         self.stream()
     }
 
-    fn decide(&self, _: DecideRequest) -> Result<RequestStream, EngineError> {
-        self.stream()
+    fn decide(&self, _: DecideRequest) -> Result<PendingDecision, EngineError> {
+        self.stream().map(PendingDecision::from)
     }
 
     fn shutdown(&self) {}

@@ -156,7 +156,11 @@ fn every_route_answers_the_golden_bytes() {
     let s = InProcess::tiny(&[]);
     let mut got = String::new();
     for (method, path, name, body) in cases() {
-        let bytes = if body.is_null() { vec![] } else { body.to_string().into_bytes() };
+        let bytes = if body.is_null() {
+            vec![]
+        } else {
+            body.to_string().into_bytes()
+        };
         let (st, _, b) = s
             .raw(method, path, &[("Content-Type", "application/json")], &bytes)
             .expect("request");

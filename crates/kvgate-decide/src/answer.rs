@@ -7,7 +7,8 @@
 //! - score: `score = Σ i·p_i`; `confidence = max(0, 1 − Σ p_i·|i − m| / MAD)` with `m` the most probable
 //!   level (first on ties) and `MAD = (1/n)·Σ_i |i − (n−1)/2|`; 1 when n = 1.
 
-use serde_json::{json, Map, Value};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::Value;
 
 /// Units a distribution is rounded to (millionths).
 const UNITS: u64 = 1_000_000;
@@ -88,34 +89,83 @@ pub fn score_confidence(p: &[f64]) -> f64 {
     (1.0 - spread / mad).max(0.0)
 }
 
+/// A question's answer, serialised as Jev's wire shape (`type` first, then the fields in this order).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum Answer {
+    /// Yes/no: P(yes).
+    Noul {
+        /// P(yes), rounded.
+        noul: f64,
+    },
+    /// One of several options.
+    Choice {
+        /// The most probable option (the first on ties).
+        choice: String,
+        /// Per option, in the order the question listed them.
+        probabilities: Keyed<f64>,
+        /// Jev's choice confidence.
+        confidence: f64,
+    },
+    /// A level on a scale.
+    Score {
+        /// The expected level.
+        score: f64,
+        /// Per level index, the level exactly as sent.
+        legend: Keyed<Value>,
+        /// Per level index.
+        probabilities: Keyed<f64>,
+        /// Jev's score confidence.
+        confidence: f64,
+    },
+}
+
+/// Named values in a fixed order, serialised as a JSON object with keys in that order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Keyed<T>(pub Vec<(String, T)>);
+
+impl<T: Serialize> Serialize for Keyed<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
 /// A noul answer from P(yes), P(no) (raw).
-pub fn noul(raw: &[f64]) -> Value {
+pub fn noul(raw: &[f64]) -> Answer {
     let p = round_distribution(raw);
-    json!({"type": "noul", "noul": p[0]})
+    Answer::Noul { noul: p[0] }
 }
 
 /// A choice answer.
-pub fn choice(options: &[String], raw: &[f64]) -> Value {
+pub fn choice(options: &[String], raw: &[f64]) -> Answer {
     let p = round_distribution(raw);
     let best = argmax_first(&p);
-    let mut probs = Map::new();
-    for (o, x) in options.iter().zip(&p) {
-        probs.insert(o.clone(), json!(x));
+    Answer::Choice {
+        choice: options[best].clone(),
+        probabilities: Keyed(options.iter().cloned().zip(p.iter().copied()).collect()),
+        confidence: wire(choice_confidence(&p)),
     }
-    json!({"type": "choice", "choice": options[best], "probabilities": probs, "confidence": wire(choice_confidence(&p))})
 }
 
 /// A score answer; `levels` are echoed in `legend` exactly as sent.
-pub fn score(levels: &[Value], raw: &[f64]) -> Value {
+pub fn score(levels: &[Value], raw: &[f64]) -> Answer {
     let p = round_distribution(raw);
-    let mut legend = Map::new();
-    let mut probs = Map::new();
-    for (i, (l, x)) in levels.iter().zip(&p).enumerate() {
-        legend.insert(i.to_string(), l.clone());
-        probs.insert(i.to_string(), json!(x));
+    Answer::Score {
+        score: wire(score_value(&p)),
+        legend: Keyed(
+            levels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (i.to_string(), l.clone()))
+                .collect(),
+        ),
+        probabilities: Keyed(p.iter().enumerate().map(|(i, x)| (i.to_string(), *x)).collect()),
+        confidence: wire(score_confidence(&p)),
     }
-    json!({"type": "score", "score": wire(score_value(&p)), "legend": legend, "probabilities": probs,
-           "confidence": wire(score_confidence(&p))})
 }
 
 #[cfg(test)]
@@ -161,15 +211,17 @@ mod tests {
 
     #[test]
     fn answer_shapes_and_key_order() {
-        let c = choice(&["billing".into(), "technical".into()], &[0.2, 0.6]);
+        use serde_json::json;
+        let wire = |a: Answer| serde_json::to_value(a).unwrap();
+        let c = wire(choice(&["billing".into(), "technical".into()], &[0.2, 0.6]));
         let keys: Vec<&String> = c.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["type", "choice", "probabilities", "confidence"]);
         assert_eq!(c["choice"], "technical");
-        let s = score(&[json!("Calm"), json!({"x": 1})], &[0.25, 0.75]);
+        let s = wire(score(&[json!("Calm"), json!({"x": 1})], &[0.25, 0.75]));
         let keys: Vec<&String> = s.as_object().unwrap().keys().collect();
         assert_eq!(keys, ["type", "score", "legend", "probabilities", "confidence"]);
         assert_eq!(s["legend"]["1"], json!({"x": 1}));
-        let n = noul(&[0.3, 0.1]);
+        let n = wire(noul(&[0.3, 0.1]));
         assert_eq!(n, json!({"type": "noul", "noul": 0.75}));
     }
 }

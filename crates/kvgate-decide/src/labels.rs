@@ -1,6 +1,6 @@
 //! The single-token labels System One answers are read from, found once at model load for this
 //! tokenizer: `yes` / `no` for noul, `A`…`Z` for choice options (numbered options beyond 26 are
-//! multi-token labels, read through `super::trie`), `0`…`9` for score levels. Each label's
+//! multi-token labels, read through `crate::trie`), `0`…`9` for score levels. Each label's
 //! alias forms (capitalised, upper-case, with a leading space: `Yes`, ` yes`, `A` vs ` A`) that are
 //! single tokens too are summed into it. A label set whose base forms are not all single tokens is
 //! unavailable, and questions of that type get a 400 naming why.

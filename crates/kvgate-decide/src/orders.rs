@@ -1,6 +1,6 @@
 //! How questions are read (`x_read`, a kvgate extension): `plain` reads a choice's options once, in the
 //! order listed; `ordered` makes the answer independent of that order and balances the model's position
-//! bias; `calibrated` adds content-free calibration (see `super::reads`): every question is also read
+//! bias; `calibrated` adds content-free calibration (see `crate::reads`): every question is also read
 //! over a content-free state and its label prior divided out; `ordered+calibrated`, both, is the
 //! default: on the 200-item benchmark (`benches/decision_quality.rs`) it was the most accurate and the
 //! best calibrated method on the default model (accuracy 0.425 vs plain 0.385, ECE 0.086 vs 0.244).
@@ -13,8 +13,6 @@
 //! merely close. All rotations by default, though they cost one read of the options each: with 2
 //! orders choice accuracy fell from 0.325 to 0.263 (default model) and from 0.688 to 0.525 (Qwen2.5
 //! 0.5B). Choices beyond 26 options (numbered labels) are read in the canonical order once.
-
-use serde_json::Value;
 
 /// Orders read per choice question at most (`x_orders` may ask for 1 to this many).
 pub const MAX_ORDERS: usize = 8;
@@ -41,7 +39,6 @@ const NAMES: [(&str, bool, bool); 4] = [
 
 impl ReadMethod {
     /// One read as listed, no calibration.
-    #[cfg(test)]
     pub const PLAIN: ReadMethod = ReadMethod {
         ordered: false,
         calibrated: false,
@@ -60,36 +57,12 @@ impl ReadMethod {
             .map_or("plain", |n| n.0)
     }
 
-    /// Parses the request's `x_read` (absent or null: the default, `ordered+calibrated`).
-    pub fn parse(v: Option<&Value>) -> Result<ReadMethod, String> {
-        match v {
-            None | Some(Value::Null) => Ok(ReadMethod::DEFAULT),
-            Some(Value::String(s)) => NAMES
-                .iter()
-                .find(|n| n.0 == s)
-                .map(|n| ReadMethod {
-                    ordered: n.1,
-                    calibrated: n.2,
-                })
-                .ok_or_else(Self::expected),
-            Some(_) => Err(Self::expected()),
-        }
-    }
-
-    fn expected() -> String {
-        "Input should be 'plain', 'ordered', 'calibrated' or 'ordered+calibrated'".into()
-    }
-}
-
-/// Parses the request's `x_orders` (absent or null: [`DEFAULT_ORDERS`]).
-pub fn parse_orders(v: Option<&Value>) -> Result<usize, String> {
-    match v {
-        None | Some(Value::Null) => Ok(DEFAULT_ORDERS),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(k) if (1..=MAX_ORDERS as u64).contains(&k) => Ok(k as usize),
-            _ => Err(format!("Input should be an integer from 1 to {MAX_ORDERS}")),
-        },
-        Some(_) => Err("Input should be a valid integer".into()),
+    /// The method of a wire name (`plain`, `ordered`, `calibrated`, `ordered+calibrated`).
+    pub fn from_name(name: &str) -> Option<ReadMethod> {
+        NAMES.iter().find(|n| n.0 == name).map(|n| ReadMethod {
+            ordered: n.1,
+            calibrated: n.2,
+        })
     }
 }
 
@@ -162,9 +135,9 @@ mod tests {
         }
         assert_eq!(option_orders(&a, ReadMethod::PLAIN, MAX_ORDERS), vec![vec![0, 1, 2]]);
         for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
-            assert_eq!(ReadMethod::parse(Some(&Value::from(name))).unwrap().name(), name);
+            assert_eq!(ReadMethod::from_name(name).unwrap().name(), name);
         }
-        assert!(ReadMethod::parse(Some(&Value::from("shuffled"))).is_err());
+        assert!(ReadMethod::from_name("shuffled").is_none());
         let many: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
         let o = option_orders(&many, ReadMethod::DEFAULT, MAX_ORDERS);
         assert_eq!(o.len(), MAX_ORDERS);
@@ -190,11 +163,6 @@ mod tests {
         );
         assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 3).len(), 3);
         assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 8).len(), 4);
-        assert_eq!(parse_orders(Some(&Value::from(2))), Ok(2));
-        assert_eq!(parse_orders(None), Ok(DEFAULT_ORDERS));
-        for bad in [Value::from(0), Value::from(9), Value::from(1.5), Value::from("2")] {
-            assert!(parse_orders(Some(&bad)).is_err(), "{bad}");
-        }
     }
 
     #[test]

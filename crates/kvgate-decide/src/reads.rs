@@ -1,24 +1,22 @@
-//! The reads of one `/v1/systemone` request and how their label probabilities become each question's
+//! The reads of one decision and how their label probabilities become each question's
 //! distribution. One read per question, except: a choice read `ordered` (the default, see
-//! `super::orders`) is one read per option order, and a choice beyond 26 options (numbered labels of
-//! several tokens, see `super::trie`) adds branch reads. Every first read of the request is one engine
+//! `crate::orders`) is one read per option order, and a choice beyond 26 options (numbered labels of
+//! several tokens, see `crate::trie`) adds branch reads. Every first read of the request is one engine
 //! decision (the state computed once, one fork per read); branch reads follow, one engine decision per
 //! read, from the prefix cache.
 
 use std::time::Duration;
 
-use kvgate_engine::{metrics as m, DecideRequest, DecisionRead, Event, ReadResult, Usage};
-use serde_json::{json, Value};
+use kvgate_engine::{metrics as m, DecideRequest, DecisionOutcome, DecisionRead, ReadResult, Usage};
 
-use super::labels::LabelSet;
-use super::orders::{combine, option_orders, ReadMethod};
-use super::render::{choice_labels, messages, template_kwargs};
-use super::temperature::temper;
-use super::trie::LabelTrie;
-use super::wire::{Question, Request, State};
-use crate::chat::render;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::error::DecideError;
+use crate::labels::LabelSet;
+use crate::orders::{combine, option_orders, ReadMethod};
+use crate::render::{choice_labels, messages, template_kwargs};
+use crate::service::{DecisionService, Diagnostics};
+use crate::spec::{DecisionSpec, Question, State};
+use crate::temperature::temper;
+use crate::trie::LabelTrie;
 
 /// How a question's labels are read: single tokens (with their alias forms) in one read, or token
 /// sequences through a [`LabelTrie`] (numbered choices beyond 26 options).
@@ -37,9 +35,9 @@ impl Labels {
     }
 }
 
-fn labels_for(st: &AppState, id: &str, q: &Question) -> Result<Labels, ApiError> {
+fn labels_for(st: &DecisionService, id: &str, q: &Question) -> Result<Labels, DecideError> {
     let cannot = |why: &str| {
-        ApiError::param(
+        DecideError::field(
             "questions",
             format!(
                 "question '{id}': this model cannot answer {} questions: {why}",
@@ -68,7 +66,7 @@ fn labels_for(st: &AppState, id: &str, q: &Question) -> Result<Labels, ApiError>
         Question::Score { levels, .. } => levels.len(),
     };
     if n > labels.len() {
-        return Err(ApiError::param(
+        return Err(DecideError::field(
             "questions",
             format!(
                 "question '{id}': {n} levels exceed the {} single-token labels this model has for {} questions",
@@ -81,29 +79,22 @@ fn labels_for(st: &AppState, id: &str, q: &Question) -> Result<Labels, ApiError>
 }
 
 /// Runs one engine decision to its result.
-async fn decide(st: &AppState, req: DecideRequest) -> Result<(Vec<ReadResult>, Usage), ApiError> {
-    let mut stream = st.engine.decide(req)?;
-    loop {
-        match stream.next().await {
-            Some(Event::Decision { reads, usage }) => return Ok((reads, usage)),
-            Some(Event::Error(e)) => return Err(e.into()),
-            Some(_) => continue,
-            None => return Err(ApiError::Unavailable("the engine stopped".into())),
-        }
-    }
+async fn decide(st: &DecisionService, req: DecideRequest) -> Result<(Vec<ReadResult>, Usage), DecideError> {
+    let DecisionOutcome { reads, usage } = st.engine.decide(req)?.outcome().await?;
+    Ok((reads, usage))
 }
 
 /// The branch reads of a multi-token-label question: its prompt plus each branch point's prefix,
 /// after the first read put the prompt's full blocks in the prefix cache (so each costs the prompt's
 /// last partial block and the prefix, not the question again). Returns each label's probability.
 async fn read_trie(
-    st: &AppState,
+    st: &DecisionService,
     trie: &LabelTrie,
     prompt: &[u32],
     first: &ReadResult,
     salt: &Option<String>,
     usage: &mut Usage,
-) -> Result<Vec<f64>, ApiError> {
+) -> Result<Vec<f64>, DecideError> {
     if trie.branches().is_empty() {
         return Ok(trie.combine(&first.label_probs, &[]));
     }
@@ -132,13 +123,12 @@ async fn read_trie(
 }
 
 /// What the reads of a request found.
-pub struct Read {
+pub(crate) struct Read {
     /// Per question (request order): the distribution over its options / levels / yes-no, summing to 1
     /// (or all zero when the model put no mass on any label).
     pub probs: Vec<Vec<f64>>,
-    /// Per question, for `diagnostics`: `label_mass` (the spec's), and kvgate's `x_read` (the method
-    /// used), `x_orders` (reads), `x_temperature`, `x_prior` (`cached` / `computed`, when calibrated).
-    pub diagnostics: Vec<Value>,
+    /// Per question: how it was read.
+    pub diagnostics: Vec<Diagnostics>,
     /// Prompt and cached tokens over every read.
     pub usage: Usage,
 }
@@ -154,7 +144,7 @@ struct Planned {
 
 /// The reads of `req` (one per question, or per option order of a choice), rendered and checked
 /// against the context length.
-fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Planned>, ApiError> {
+fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Planned>, DecideError> {
     let kwargs = template_kwargs();
     let mut plan: Vec<Planned> = vec![];
     for (qi, (id, q)) in req.questions.iter().enumerate() {
@@ -177,17 +167,17 @@ fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Pl
         };
         for (order, vq) in variants {
             let labels = labels_for(st, id, &vq)?;
-            let text = render(st, &messages(req, &vq), true, false, &kwargs)?;
+            let text = st.render(&messages(req, &vq), &kwargs)?;
             let prompt = st
                 .tokenizer
                 .encode(&text, false)
-                .map_err(|e| ApiError::param("state", e.to_string()))?;
+                .map_err(|e| DecideError::field("state", e.to_string()))?;
             let longest = match &labels {
                 Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
                 Labels::Single(_) => 0,
             };
             if st.engine.limits().check_read(prompt.len() + longest).is_err() {
-                return Err(ApiError::param(
+                return Err(DecideError::field(
                     "state",
                     format!(
                         "question '{id}': the prompt is {} tokens, more than this model's maximum context length of {} tokens",
@@ -204,7 +194,7 @@ fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Pl
             });
         }
         if count {
-            metrics::counter!(m::DECISION_QUESTIONS, "model_name" => model.to_string(), "type" => q.kind())
+            metrics::counter!(m::DECISION_QUESTIONS, "model_name" => st.model_name.clone(), "type" => q.kind())
                 .increment(1);
         }
     }
@@ -213,13 +203,13 @@ fn plan(st: &AppState, req: &Request, model: &str, count: bool) -> Result<Vec<Pl
 
 /// Runs planned reads: per question, its distribution (orders combined) and mean label mass.
 async fn execute(
-    st: &AppState,
+    st: &DecisionService,
     plan: &[Planned],
     questions: usize,
     salt: &Option<String>,
     keep: Option<(Duration, Option<u32>)>,
     usage: &mut Usage,
-) -> Result<Vec<(Vec<f64>, f64)>, ApiError> {
+) -> Result<Vec<(Vec<f64>, f64)>, DecideError> {
     let (results, u) = decide(
         st,
         DecideRequest {
@@ -315,15 +305,15 @@ fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
 }
 
 /// Plans, runs and combines every read of `req`. With calibration, each question's content-free prior
-/// comes from the server's [`super::priors::PriorCache`] when this question shape was seen before; else
+/// comes from the service's [`crate::priors::PriorCache`] when this question shape was seen before; else
 /// the same reads over a content-free state run alongside the request's (one more engine decision) and
 /// the prior is kept. Each question's label prior is divided out (multi-token-label choices are left
 /// uncalibrated), then its type's temperature (`--decision-temperature`) applied.
-pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiError> {
-    let main = plan(st, req, model, true)?;
+pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read, DecideError> {
+    let main = plan(st, req, true)?;
     let n = req.questions.len();
     let mut usage = Usage::default();
-    let keep = req.keep_alive.map(|k| (Duration::from_secs_f64(k), req.tenant));
+    let keep = req.keep_alive.map(|k| (k, req.tenant));
     let is_trie = |qi: usize| {
         main.iter()
             .any(|r| r.question == qi && matches!(r.labels, Labels::Trie(_)))
@@ -333,7 +323,7 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
     let mut answers = if req.read.calibrated {
         let mut cf = req.clone();
         cf.state = State::Text(CONTENT_FREE.to_string());
-        let prior_plan = plan(st, &cf, model, false)?;
+        let prior_plan = plan(st, &cf, false)?;
         let shapes: Vec<_> = (0..n)
             .map(|qi| {
                 let reads = prior_plan.iter().filter(|r| r.question == qi);
@@ -384,7 +374,7 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
     } else {
         execute(st, &main, n, &req.cache_salt, keep, &mut usage).await?
     };
-    let temps = st.args.decision_temperature;
+    let temps = st.temperature;
     let mut diagnostics = Vec::with_capacity(n);
     for (qi, (p, mass)) in answers.iter_mut().enumerate() {
         let first = main.iter().find(|r| r.question == qi);
@@ -401,11 +391,13 @@ pub async fn run(st: &AppState, req: &Request, model: &str) -> Result<Read, ApiE
             calibrated: prior.is_some(),
         }
         .name();
-        let mut d = json!({"label_mass": *mass, "x_read": method, "x_orders": orders, "x_temperature": t});
-        if prior.is_some() {
-            d["x_prior"] = json!(if *cached { "cached" } else { "computed" });
-        }
-        diagnostics.push(d);
+        diagnostics.push(Diagnostics {
+            label_mass: *mass,
+            x_read: method,
+            x_orders: orders,
+            x_temperature: t,
+            x_prior: prior.as_ref().map(|_| if *cached { "cached" } else { "computed" }),
+        });
     }
     Ok(Read {
         probs: answers.into_iter().map(|(p, _)| p).collect(),

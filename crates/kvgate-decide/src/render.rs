@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::wire::{Content, Question, Request, State};
+use crate::spec::{Content, DecisionSpec, Question, State};
 
 /// The labels of a choice of `n` options: `A`…`Z` up to 26, else numbers from 1 zero-padded to one
 /// width (`01`…`64`, `001`…`255`), so that no label is a prefix of another.
@@ -72,7 +72,7 @@ pub fn question_text(q: &Question) -> String {
 }
 
 /// The chat messages of one read (rendered by the model's template with the generation prompt).
-pub fn messages(req: &Request, q: &Question) -> Value {
+pub fn messages(req: &DecisionSpec, q: &Question) -> Value {
     let mut msgs: Vec<Value> = vec![];
     if let Some(i) = &req.instructions {
         msgs.push(json!({"role": "system", "content": i.text()}));

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::wire::Question;
+use crate::spec::Question;
 
 /// The temperature per question type.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

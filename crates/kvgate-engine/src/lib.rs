@@ -19,6 +19,7 @@ mod decision;
 mod engine;
 mod error;
 mod handle;
+mod inference;
 mod kv_manager;
 pub mod metrics;
 mod output;
@@ -38,6 +39,7 @@ pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
 pub use engine::{start, start_with_backend, EngineConfig};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
+pub use inference::{DecisionOutcome, Inference, PendingDecision};
 pub use kv_manager::BlockCopy;
 pub use registry::SchedError;
 pub use request::{

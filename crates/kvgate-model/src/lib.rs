@@ -16,6 +16,7 @@ mod load_hf;
 mod loader;
 mod model;
 mod ops;
+pub mod prompt;
 mod qmatmul;
 mod repack;
 mod spm;

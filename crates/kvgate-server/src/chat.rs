@@ -11,6 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
 use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
+use kvgate_model::prompt::{render_conversation, PromptTools};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -170,9 +171,7 @@ pub fn render(
     render_with_tools(st, messages, add_generation_prompt, continue_final, kwargs, None)
 }
 
-/// Renders messages and, when offered, tools: through the template when it renders tools, else with
-/// the tools described in the system message and tool traffic rewritten as text
-/// ([`tools::adapt_messages`]).
+/// Renders messages and, when offered, tools ([`kvgate_model::prompt::render_conversation`]).
 pub fn render_with_tools(
     st: &AppState,
     messages: &Value,
@@ -185,27 +184,13 @@ pub fn render_with_tools(
         .chat
         .as_ref()
         .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
-    let rendered = if tmpl.supports_tools() {
-        let t = tools.map(ToolSpec::template_tools);
-        tmpl.render(messages, add_generation_prompt, t.as_ref(), kwargs)
-    } else {
-        let sys = tools.map(ToolSpec::fallback_system);
-        let adapted = tools::adapt_messages(messages, sys.as_deref());
-        tmpl.render(&adapted, add_generation_prompt, None, kwargs)
-    };
-    let text = rendered.map_err(|e| ApiError::param("messages", e.to_string()))?;
-    if continue_final {
-        let last = messages
-            .as_array()
-            .and_then(|a| a.last())
-            .and_then(|m| m.get("content"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        if let Some(pos) = text.rfind(last).filter(|_| !last.is_empty()) {
-            return Ok(text[..pos + last.len()].to_string());
-        }
-    }
-    Ok(text)
+    let described = tools.map(|t| (t.template_tools(), t.fallback_system()));
+    let offered = described.as_ref().map(|(template, fallback)| PromptTools {
+        template,
+        fallback_system: fallback,
+    });
+    render_conversation(tmpl, messages, add_generation_prompt, continue_final, kwargs, offered)
+        .map_err(|e| ApiError::param("messages", e.to_string()))
 }
 
 fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> ChatLogprobs {

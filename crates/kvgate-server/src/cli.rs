@@ -19,8 +19,8 @@ use tracing::{error, info, warn};
 use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, KvCacheMethod, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::AppState;
-use crate::systemone::labels::LabelTable;
 use crate::{app, default_model};
+use kvgate_decide::DecisionService;
 
 /// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -277,7 +277,6 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
     } else {
         vec![loaded.name.clone()]
     };
-    let labels = LabelTable::new(&loaded.tokenizer);
     let tokenizer = Arc::new(loaded.tokenizer);
     let scaled = dtype.is_scaled();
     let ecfg = EngineConfig {
@@ -329,17 +328,25 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         info!("KV cache dtype {dtype}, method {}: {how}{offsets}", quant.name());
     }
     let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
+    let engine: Arc<dyn crate::infer::Inference> = Arc::new(engine);
+    let chat = loaded.chat_template.map(Arc::new);
+    let decisions = Arc::new(DecisionService::new(
+        engine.clone(),
+        tokenizer.clone(),
+        chat.clone(),
+        args.decision_temperature,
+        served_names[0].clone(),
+    ));
     let state = AppState {
-        engine: Arc::new(engine),
+        engine,
+        decisions,
         tokenizer,
-        chat: loaded.chat_template.map(Arc::new),
+        chat,
         served_names,
         defaults: loaded.defaults,
         metrics: opts.metrics,
         args: Arc::new(args),
-        labels,
         created: crate::events::now_secs(),
-        priors: Default::default(),
         grammars,
         eos_token_ids,
         tokenize,

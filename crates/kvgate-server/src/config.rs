@@ -10,7 +10,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use kvgate_kv::{KvDtype, KvQuant};
 use serde::{Deserialize, Serialize};
 
-use crate::systemone::temperature::DecisionTemperature;
+use kvgate_decide::DecisionTemperature;
 
 /// Implements `FromStr`-backed serde (as a string) and `Display` for a setting type, so clap, the
 /// environment and the TOML file all parse it with the same code.

@@ -226,6 +226,17 @@ impl From<EngineError> for ApiError {
     }
 }
 
+impl From<kvgate_decide::DecideError> for ApiError {
+    fn from(e: kvgate_decide::DecideError) -> ApiError {
+        use kvgate_decide::DecideError;
+        match e {
+            DecideError::Unanswerable { field, message } => ApiError::param(field, message),
+            DecideError::NoChatTemplate => ApiError::bad(e.to_string()),
+            DecideError::Engine(e) => e.into(),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.response_in(Shape::OpenAi)

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::http::{header, HeaderMap};
+use kvgate_decide::DecisionService;
 use kvgate_grammar::Grammars;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -13,8 +14,6 @@ use crate::config::Args;
 use crate::error::ApiError;
 use crate::infer::Inference;
 use crate::params::Body;
-use crate::systemone::labels::LabelTable;
-use crate::systemone::priors::PriorCache;
 
 /// Shared by all handlers.
 pub struct AppState {
@@ -32,12 +31,10 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Settings.
     pub args: Arc<Args>,
-    /// The System One label tokens of this tokenizer.
-    pub labels: LabelTable,
+    /// System One decisions (the service below HTTP, over the same engine).
+    pub decisions: Arc<DecisionService>,
     /// Start time (unix seconds), used as `created` of the model.
     pub created: u64,
-    /// Calibration priors of System One question shapes.
-    pub priors: PriorCache,
     /// The model's end-of-sequence token ids.
     pub eos_token_ids: Vec<u32>,
     /// Tokenization off the async runtime: bytes per token at most, and the slots.

@@ -12,7 +12,7 @@ use crate::cli::{assemble, build, BuildOptions};
 use crate::config;
 use crate::infer::Inference;
 use crate::state::AppState;
-use crate::systemone::labels::LabelTable;
+use kvgate_decide::DecisionService;
 
 /// A server running in this process; stops on drop.
 pub struct TestServer {
@@ -63,20 +63,27 @@ impl TestServer {
         let tokenizer = Arc::new(loaded.tokenizer);
         let vocab = loaded.model.config().vocab_size;
         let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
+        let chat = loaded.chat_template.map(Arc::new);
+        let decisions = Arc::new(DecisionService::new(
+            engine.clone(),
+            tokenizer.clone(),
+            chat.clone(),
+            args.decision_temperature,
+            loaded.name.clone(),
+        ));
         let state = AppState {
             engine,
-            labels: LabelTable::new(&tokenizer),
+            decisions,
             grammars: crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, vocab),
             eos_token_ids: loaded.eos_token_ids.clone(),
             tokenize,
             tokenizer,
-            chat: loaded.chat_template.map(Arc::new),
+            chat,
             served_names: vec![loaded.name],
             defaults: loaded.defaults,
             metrics: None,
             args: Arc::new(args),
             created: crate::events::now_secs(),
-            priors: Default::default(),
         };
         let (router, state, _, _) = assemble(state, true);
         Self::serve(router, state)

@@ -1,13 +1,6 @@
-//! `POST /v1/systemone`: System One decisions (noul / choice / score questions over a state),
-//! evaluated in the engine on warm KV blocks: no decode loop, no second prefill.
+//! `POST /v1/systemone`: the Jev wire of System One decisions. The decision policy lives below HTTP
+//! in `kvgate-decide`; this module parses the wire into a typed spec ([`wire`]), calls the service and
+//! renders its typed answers ([`route`]).
 
-pub mod answer;
-pub mod labels;
-pub mod orders;
-pub mod priors;
-pub mod reads;
-pub mod render;
 pub mod route;
-pub mod temperature;
-pub mod trie;
 pub mod wire;

@@ -1,7 +1,7 @@
-//! The `/v1/systemone` handler: validate (422 with every problem), resolve the model, run the reads
-//! (`super::reads`: the state first in every read, one engine decision for all of them, nothing
-//! sampled; a model that cannot label a question type gets a 400 naming why), and answer in request
-//! order, errors in Jev's shape.
+//! The `/v1/systemone` handler: validate (422 with every problem), resolve the model, bound the state
+//! by its bytes, ask the decision service (`kvgate_decide`: the state first in every read, one engine
+//! decision for all of them, nothing sampled; a model that cannot label a question type gets a 400
+//! naming why), and render the answers in request order, errors in Jev's shape.
 
 use std::sync::Arc;
 
@@ -10,13 +10,37 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Map, Value};
+use kvgate_decide::answer::Keyed;
+use kvgate_decide::{Answer, Diagnostics, State as StateKind};
+use serde::Serialize;
 
-use super::wire::{self, Question, State as StateKind};
-use super::{answer, reads};
+use super::wire;
 use crate::chat::normalize_messages;
 use crate::error::{ApiError, Detail, Shape};
 use crate::state::{check_json_content_type, AppState};
+
+/// The response body.
+#[derive(Serialize)]
+struct Reply<'a> {
+    model: String,
+    answers: Keyed<&'a Answer>,
+    usage: ReplyUsage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    diagnostics: Option<Keyed<&'a Diagnostics>>,
+}
+
+/// Jev's usage: every read's prompt tokens, no output tokens.
+#[derive(Serialize)]
+struct ReplyUsage {
+    input_tokens: usize,
+    output_tokens: usize,
+    input_tokens_details: CachedTokens,
+}
+
+#[derive(Serialize)]
+struct CachedTokens {
+    cached_tokens: usize,
+}
 
 /// The handler: every error in Jev's shape (its clients are Jev clients).
 pub async fn systemone(
@@ -36,9 +60,10 @@ async fn answer_request(
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
     let bytes = body.map_err(|e| st.body_error(e))?;
-    let mut req = wire::parse(&bytes, st.args.systemone_max_questions).map_err(ApiError::Unprocessable)?;
+    let req = wire::parse(&bytes, st.args.systemone_max_questions).map_err(ApiError::Unprocessable)?;
     let model = st.check_decision_model(req.model.as_deref())?;
-    if let StateKind::Conversation(c) = &req.state {
+    let mut spec = req.spec;
+    if let StateKind::Conversation(c) = &spec.state {
         let norm = normalize_messages(Some(c), "state").map_err(|e| {
             ApiError::Unprocessable(vec![Detail {
                 kind: "value_error",
@@ -47,11 +72,11 @@ async fn answer_request(
                 input: c.clone(),
             }])
         })?;
-        req.state = StateKind::Conversation(norm);
+        spec.state = StateKind::Conversation(norm);
     }
     // A state that cannot fit the context by its bytes is refused before any question renders and
     // tokenizes it (each read would).
-    let state_bytes = match &req.state {
+    let state_bytes = match &spec.state {
         StateKind::Conversation(c) => crate::chat::message_bytes(c),
         StateKind::Text(t) => t.len(),
     };
@@ -59,35 +84,29 @@ async fn answer_request(
     if st.args.log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
-    req.cache_salt = st.salted(&headers, req.cache_salt.take());
-    req.tenant = crate::state::tenant(&headers);
-    let read = reads::run(&st, &req, &model).await?;
-    let usage = read.usage;
-    let mut answers = Map::new();
-    let mut diagnostics = Map::new();
-    for (((id, q), p), diag) in req.questions.iter().zip(&read.probs).zip(read.diagnostics) {
-        let p = p.as_slice();
-        let a = match q {
-            Question::Noul { .. } => answer::noul(p),
-            Question::Choice { options, .. } => {
-                let names: Vec<String> = options.iter().map(|(n, _)| n.clone()).collect();
-                answer::choice(&names, p)
-            }
-            Question::Score { levels, .. } => answer::score(levels, p),
-        };
-        answers.insert(id.clone(), a);
-        diagnostics.insert(id.clone(), diag);
-    }
-    let mut out = Map::new();
-    out.insert("model".into(), Value::String(model));
-    out.insert("answers".into(), Value::Object(answers));
-    out.insert(
-        "usage".into(),
-        json!({"input_tokens": usage.prompt_tokens, "output_tokens": 0,
-               "input_tokens_details": {"cached_tokens": usage.cached_tokens}}),
-    );
-    if req.diagnostics {
-        out.insert("diagnostics".into(), Value::Object(diagnostics));
-    }
-    Ok(axum::Json(Value::Object(out)).into_response())
+    spec.cache_salt = st.salted(&headers, spec.cache_salt.take());
+    spec.tenant = crate::state::tenant(&headers);
+    let decision = st.decisions.decide(&spec).await?;
+    let usage = decision.usage;
+    let reply = Reply {
+        model,
+        answers: Keyed(decision.answers.iter().map(|a| (a.id.clone(), &a.answer)).collect()),
+        usage: ReplyUsage {
+            input_tokens: usage.prompt_tokens,
+            output_tokens: 0,
+            input_tokens_details: CachedTokens {
+                cached_tokens: usage.cached_tokens,
+            },
+        },
+        diagnostics: req.diagnostics.then(|| {
+            Keyed(
+                decision
+                    .answers
+                    .iter()
+                    .map(|a| (a.id.clone(), &a.diagnostics))
+                    .collect(),
+            )
+        }),
+    };
+    Ok(axum::Json(reply).into_response())
 }

@@ -5,103 +5,51 @@
 //!
 //! Unknown top-level fields are ignored (the published schema allows it); unknown fields inside a
 //! question are refused (a typo must not silently change the answer).
+//!
+//! This is the one wire format kvgate walks by hand instead of deserialising into serde types, on
+//! purpose: Jev's clients expect every problem of a request in one 422, and serde stops at the first.
+//! What it produces is typed: a [`DecisionSpec`] for the decision service.
 
+use std::time::Duration;
+
+use kvgate_decide::orders::{ReadMethod, DEFAULT_ORDERS, MAX_ORDERS};
+use kvgate_decide::spec::{Content, DecisionSpec, Question, State, MAX_KEEP_ALIVE};
 use serde_json::{Map, Value};
 
-use super::orders::{parse_orders, ReadMethod, DEFAULT_ORDERS};
 use crate::error::Detail;
 
-/// Text given as a string, or structured content (object/array, rendered as JSON text).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Content(pub Value);
-
-impl Content {
-    /// The text the model reads: a string verbatim, anything else as compact JSON (keys in the order
-    /// sent).
-    pub fn text(&self) -> String {
-        match &self.0 {
-            Value::String(s) => s.clone(),
-            v => v.to_string(),
-        }
+/// Parses `x_read` (absent or null: the default, `ordered+calibrated`).
+fn read_method(v: Option<&Value>) -> Result<ReadMethod, String> {
+    let expected = || "Input should be 'plain', 'ordered', 'calibrated' or 'ordered+calibrated'".to_string();
+    match v {
+        None | Some(Value::Null) => Ok(ReadMethod::DEFAULT),
+        Some(Value::String(s)) => ReadMethod::from_name(s).ok_or_else(expected),
+        Some(_) => Err(expected()),
     }
 }
 
-/// What the questions are about.
-#[derive(Debug, Clone, PartialEq)]
-pub enum State {
-    /// A string, object or array rendered as text.
-    Text(String),
-    /// A chat conversation (kvgate extension), rendered through the chat template.
-    Conversation(Value),
-}
-
-/// One question.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Question {
-    /// Yes/no.
-    Noul {
-        /// The question.
-        instructions: Option<Content>,
-        /// What a yes means.
-        yes: Option<Content>,
-        /// What a no means.
-        no: Option<Content>,
-    },
-    /// One of several options.
-    Choice {
-        /// The question.
-        instructions: Content,
-        /// Options in order, with optional descriptions.
-        options: Vec<(String, Option<Content>)>,
-    },
-    /// A level on an ordered scale.
-    Score {
-        /// The question.
-        instructions: Content,
-        /// Levels, low to high, as sent (echoed in `legend`).
-        levels: Vec<Value>,
-    },
-}
-
-impl Question {
-    /// The wire name of the type.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Question::Noul { .. } => "noul",
-            Question::Choice { .. } => "choice",
-            Question::Score { .. } => "score",
-        }
+/// Parses `x_orders` (absent or null: [`DEFAULT_ORDERS`]).
+fn orders(v: Option<&Value>) -> Result<usize, String> {
+    match v {
+        None | Some(Value::Null) => Ok(DEFAULT_ORDERS),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(k) if (1..=MAX_ORDERS as u64).contains(&k) => Ok(k as usize),
+            _ => Err(format!("Input should be an integer from 1 to {MAX_ORDERS}")),
+        },
+        Some(_) => Err("Input should be a valid integer".into()),
     }
 }
 
-/// A validated request.
+/// A parsed `/v1/systemone` request: the decision's spec and what only the wire has.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
     /// The model asked for, if any.
     pub model: Option<String>,
-    /// The state.
-    pub state: State,
-    /// Questions in request order.
-    pub questions: Vec<(String, Question)>,
-    /// Top-level instructions (a system message before the state).
-    pub instructions: Option<Content>,
-    /// Seconds to keep the state's prefix blocks.
-    pub keep_alive: Option<f64>,
-    /// Prefix-cache isolation key.
-    pub cache_salt: Option<String>,
     /// Add `diagnostics` to the response.
     pub diagnostics: bool,
-    /// How choices are read (`x_read`).
-    pub read: ReadMethod,
-    /// Option orders read per choice when ordered (`x_orders`).
-    pub orders: usize,
-    /// The API key's tenant (set by the route from the auth layer, never from the body): its
-    /// `keep_alive` pins count against its own cap.
-    pub tenant: Option<u32>,
+    /// What to decide (`cache_salt` and `tenant` as sent; the route joins the tenant's).
+    pub spec: DecisionSpec,
 }
-
-/// The longest keep_alive accepted, in seconds.
-pub const MAX_KEEP_ALIVE: f64 = 3600.0;
 
 struct Errors(Vec<Detail>);
 
@@ -461,11 +409,11 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
             false
         }
     };
-    let read = ReadMethod::parse(obj.get("x_read")).unwrap_or_else(|msg| {
+    let read = read_method(obj.get("x_read")).unwrap_or_else(|msg| {
         e.push("literal_error", &["x_read"], msg, &obj["x_read"]);
         ReadMethod::DEFAULT
     });
-    let orders = parse_orders(obj.get("x_orders")).unwrap_or_else(|msg| {
+    let orders = orders(obj.get("x_orders")).unwrap_or_else(|msg| {
         e.push("int_type", &["x_orders"], msg, &obj["x_orders"]);
         DEFAULT_ORDERS
     });
@@ -474,15 +422,17 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
     }
     Ok(Request {
         model,
-        state: state.expect("checked"),
-        questions,
-        instructions,
-        keep_alive,
-        cache_salt,
         diagnostics,
-        read,
-        orders,
-        tenant: None,
+        spec: DecisionSpec {
+            state: state.expect("checked"),
+            questions,
+            instructions,
+            keep_alive: keep_alive.map(Duration::from_secs_f64),
+            cache_salt,
+            read,
+            orders,
+            tenant: None,
+        },
     })
 }
 
@@ -520,9 +470,9 @@ mod tests {
             64,
         )
         .unwrap();
-        let ids: Vec<&str> = r.questions.iter().map(|(i, _)| i.as_str()).collect();
+        let ids: Vec<&str> = r.spec.questions.iter().map(|(i, _)| i.as_str()).collect();
         assert_eq!(ids, ["is_urgent", "department", "frustration"]);
-        assert!(matches!(&r.questions[1].1, Question::Choice { options, .. } if options.len() == 3));
+        assert!(matches!(&r.spec.questions[1].1, Question::Choice { options, .. } if options.len() == 3));
     }
 
     #[test]
@@ -583,7 +533,7 @@ mod tests {
             64,
         )
         .unwrap();
-        assert!(matches!(r.state, State::Conversation(_)));
+        assert!(matches!(r.spec.state, State::Conversation(_)));
         let r = parse(
             json!({"state": {"b": 1, "a": [true, null]}, "questions": {"q": {"type": "noul", "instructions": "x"}}})
                 .to_string()
@@ -592,9 +542,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            r.state,
+            r.spec.state,
             State::Text("{\"b\":1,\"a\":[true,null]}".into()),
             "compact JSON, keys in the order sent"
         );
+    }
+
+    #[test]
+    fn read_method_and_orders() {
+        for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
+            assert_eq!(read_method(Some(&Value::from(name))).unwrap().name(), name);
+        }
+        assert!(read_method(Some(&Value::from("shuffled"))).is_err());
+        assert_eq!(read_method(None), Ok(ReadMethod::DEFAULT));
+        assert_eq!(orders(Some(&Value::from(2))), Ok(2));
+        assert_eq!(orders(None), Ok(DEFAULT_ORDERS));
+        for bad in [Value::from(0), Value::from(9), Value::from(1.5), Value::from("2")] {
+            assert!(orders(Some(&bad)).is_err(), "{bad}");
+        }
     }
 }

@@ -9,6 +9,7 @@
 pub mod stream;
 
 use kvgate_grammar::{json_options, lark_literal, GrammarSpec};
+use kvgate_model::prompt::{TOOL_CALL_CLOSE as CLOSE, TOOL_CALL_OPEN as OPEN};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -348,55 +349,9 @@ fn may_be_bare(t: &str) -> bool {
     t.starts_with('{') || t.starts_with('[') || t.starts_with("```")
 }
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
-
 /// A fresh tool-call id.
 pub fn call_id() -> String {
     crate::events::request_id("call").replacen("call-", "call_", 1)
-}
-
-/// Rewrites tool traffic in normalised messages for a template that does not render it: assistant
-/// `tool_calls` become `<tool_call>` text, `tool` messages become user messages in
-/// `<tool_response>` tags (Hermes' convention), and the tools' description joins the system message.
-pub fn adapt_messages(messages: &Value, system: Option<&str>) -> Value {
-    let Some(arr) = messages.as_array() else {
-        return messages.clone();
-    };
-    let mut out: Vec<Value> = vec![];
-    for m in arr {
-        let role = m.get("role").and_then(Value::as_str).unwrap_or("");
-        let content = m.get("content").and_then(Value::as_str).unwrap_or("");
-        match role {
-            "assistant" if m.get("tool_calls").is_some() => {
-                let mut text = content.to_string();
-                for c in m["tool_calls"].as_array().into_iter().flatten() {
-                    let f = &c["function"];
-                    let call = json!({"name": f["name"], "arguments": f["arguments"]});
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text.push_str(&format!("{OPEN}\n{call}\n{CLOSE}"));
-                }
-                out.push(json!({"role": "assistant", "content": text}));
-            }
-            "tool" => out.push(json!({
-                "role": "user",
-                "content": format!("<tool_response>\n{content}\n</tool_response>"),
-            })),
-            _ => out.push(m.clone()),
-        }
-    }
-    if let Some(sys) = system {
-        match out.first_mut() {
-            Some(first) if first.get("role").and_then(Value::as_str) == Some("system") => {
-                let c = first["content"].as_str().unwrap_or("").to_string();
-                first["content"] = format!("{c}\n\n{sys}").into();
-            }
-            _ => out.insert(0, json!({"role": "system", "content": sys})),
-        }
-    }
-    Value::Array(out)
 }
 
 /// Normalises an assistant message's `tool_calls` (OpenAI's shape; `arguments` is a JSON string) for
