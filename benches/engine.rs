@@ -24,21 +24,12 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let shape = c.cache_shape(16, KvDtype::F32).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        block_size: 16,
         num_blocks: shape.blocks_for_bytes(2 << 30).unwrap(),
-        max_num_seqs: 256,
-        max_num_batched_tokens: 2048,
         max_queue: 4096,
         prefix_caching: prefix,
-        kv_dtype: KvDtype::F32,
-        kv_quant: kvgate_kv::KvQuant::PLAIN,
-        kv_scales: None,
-        calculate_kv_scales: false,
         max_model_len: 4096,
         model_name: "bench".into(),
-        int8_activations: false,
-        max_pinned_blocks: None,
-        max_pinned_blocks_per_tenant: None,
+        ..Default::default()
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

@@ -67,6 +67,31 @@ pub struct EngineConfig {
     pub max_pinned_blocks_per_tenant: Option<usize>,
 }
 
+impl Default for EngineConfig {
+    /// `serve`'s defaults where it has them (16-token blocks, 256 sequences, 2,048 tokens a step, 1,024
+    /// waiting, prefix caching on, a float32 cache, f32 activations, the pin caps' own defaults), over a
+    /// small pool of 512 blocks and a 2,048-token context: what tests and benches start from.
+    fn default() -> EngineConfig {
+        EngineConfig {
+            block_size: 16,
+            num_blocks: 512,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 2048,
+            max_queue: 1024,
+            prefix_caching: true,
+            kv_dtype: KvDtype::F32,
+            kv_quant: KvQuant::PLAIN,
+            kv_scales: None,
+            calculate_kv_scales: false,
+            max_model_len: 2048,
+            model_name: "model".into(),
+            int8_activations: false,
+            max_pinned_blocks: None,
+            max_pinned_blocks_per_tenant: None,
+        }
+    }
+}
+
 /// Joined in front of the cache salt of requests computed with 8-bit activations: their blocks never
 /// match an f32-computed prefix (or the reverse).
 const INT8_SALT: &str = "\u{1}int8-activations\u{1}";

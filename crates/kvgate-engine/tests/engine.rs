@@ -9,7 +9,6 @@ use kvgate_engine::{
     start, DecideRequest, DecisionRead, EngineConfig, EngineError, EngineHandle, Event, FinishReason, GenerateRequest,
     SamplingParams,
 };
-use kvgate_kv::KvDtype;
 use kvgate_model::tiny::{tiny_model, TinySpec};
 
 struct Opts {
@@ -51,15 +50,10 @@ fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         max_num_batched_tokens: o.budget,
         max_queue: o.max_queue,
         prefix_caching: o.prefix,
-        kv_dtype: KvDtype::F32,
-        kv_quant: kvgate_kv::KvQuant::PLAIN,
-        kv_scales: None,
-        calculate_kv_scales: false,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
         int8_activations: o.int8,
-        max_pinned_blocks: None,
-        max_pinned_blocks_per_tenant: None,
+        ..Default::default()
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

@@ -9,7 +9,6 @@ use kvgate_engine::{
     start, ConstraintFactory, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Guide, SamplingParams,
     TokenConstraint, TokenMask,
 };
-use kvgate_kv::KvDtype;
 use kvgate_model::tiny::{tiny_model, TinySpec};
 
 fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
@@ -23,15 +22,9 @@ fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
         max_num_batched_tokens: 512,
         max_queue: 64,
         prefix_caching: true,
-        kv_dtype: KvDtype::F32,
-        kv_quant: kvgate_kv::KvQuant::PLAIN,
-        kv_scales: None,
-        calculate_kv_scales: false,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
-        int8_activations: false,
-        max_pinned_blocks: None,
-        max_pinned_blocks_per_tenant: None,
+        ..Default::default()
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok, vocab)
 }

@@ -9,7 +9,6 @@ use std::time::Duration;
 use kvgate_engine::{
     start, DecideRequest, DecisionRead, EngineConfig, EngineError, EngineHandle, Event, GenerateRequest, SamplingParams,
 };
-use kvgate_kv::KvDtype;
 use kvgate_model::tiny::{tiny_model, TinySpec};
 
 const BLOCKS: usize = 64;
@@ -28,15 +27,11 @@ fn engine_with(max_pinned: Option<usize>, per_tenant: Option<usize>) -> (EngineH
         max_num_batched_tokens: 512,
         max_queue: 64,
         prefix_caching: true,
-        kv_dtype: KvDtype::F32,
-        kv_quant: kvgate_kv::KvQuant::PLAIN,
-        kv_scales: None,
-        calculate_kv_scales: false,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
-        int8_activations: false,
         max_pinned_blocks: max_pinned,
         max_pinned_blocks_per_tenant: per_tenant,
+        ..Default::default()
     };
     (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }

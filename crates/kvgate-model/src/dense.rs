@@ -3,28 +3,11 @@
 //! batch. Cache-blocked over column tiles (a tile of weight rows stays hot while every activation row
 //! passes over it) and parallel over tiles.
 
+use kvgate_kv::dot_fused as dot;
 use rayon::prelude::*;
 
 /// Columns per tile: 64 weight rows of a few thousand floats stay in L2.
 const TILE: usize = 64;
-
-/// Dot product with a fixed 8-lane reduction order.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] = x[i].mul_add(y[i], acc[i]);
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
 
 /// `x` is `m × k`, `w` is `n × k` (row-major, one output column per row); returns `m × n`.
 pub fn matmul(x: &[f32], m: usize, k: usize, w: &[f32], n: usize) -> Vec<f32> {

@@ -23,7 +23,7 @@ use crate::openai::response::{
 };
 use crate::params::kind;
 use crate::sampling::{self, int_in};
-use crate::state::AppState;
+use crate::state::{AppState, RequestTenant};
 use crate::structured;
 use crate::tools::stream::{CallStream, Piece};
 use crate::tools::{self, call_id, ParsedCall, ToolSpec};
@@ -266,6 +266,7 @@ fn finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'static 
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
@@ -338,7 +339,7 @@ pub async fn chat_completions(
     if st.args.log_requests {
         tracing::info!(body = %value, "chat request");
     }
-    c.cache_salt = st.salted(&headers, c.cache_salt.take());
+    c.cache_salt = st.salted(tenant, c.cache_salt.take());
     let n = c.params.n;
     let prompt_len = ids.len();
     let tagged = submit_all(

@@ -17,7 +17,7 @@ use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
 use crate::openai::request::{endpoint_body, CompletionFields};
 use crate::openai::response::{to_json, Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
-use crate::state::AppState;
+use crate::state::{AppState, RequestTenant};
 
 /// A prompt as given: its tokens and its text (for `echo`).
 struct Prompt {
@@ -137,6 +137,7 @@ fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], 
 pub async fn completions(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
@@ -193,7 +194,7 @@ pub async fn completions(
     if st.args.log_requests {
         tracing::info!(body = %value, "completion request");
     }
-    c.cache_salt = st.salted(&headers, c.cache_salt.take());
+    c.cache_salt = st.salted(tenant, c.cache_salt.take());
     let n = c.params.n;
     let reqs = prompts
         .iter()

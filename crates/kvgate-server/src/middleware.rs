@@ -163,9 +163,10 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
 #[derive(Debug, Clone)]
 pub struct Keys(pub Vec<String>, pub bool);
 
-/// The internal header by which the auth layer tells handlers which key (its index) a request used
-/// when there are several; a client's own is always removed.
-pub const TENANT_HEADER: &str = "x-kvgate-tenant";
+/// Which API key (its index) a request used, when there are several: put in the request's extensions
+/// by the auth layer (a client cannot set it), read by handlers through [`crate::state::RequestTenant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenant(pub u32);
 
 /// Routes that never need a key.
 pub const OPEN_ROUTES: [&str; 4] = ["/health", "/ping", "/version", "/metrics"];
@@ -191,13 +192,12 @@ fn key_index(headers: &HeaderMap, keys: &[String]) -> Option<usize> {
 
 /// The API-key layer.
 pub async fn auth(State(keys): State<Arc<Keys>>, mut req: Request, next: Next) -> Response<Body> {
-    req.headers_mut().remove(TENANT_HEADER);
     if keys.0.is_empty() || OPEN_ROUTES.contains(&req.uri().path()) || req.method() == Method::OPTIONS {
         return next.run(req).await;
     }
     if let Some(i) = key_index(req.headers(), &keys.0) {
         if keys.1 {
-            req.headers_mut().insert(TENANT_HEADER, HeaderValue::from(i));
+            req.extensions_mut().insert(Tenant(i as u32));
         }
         return next.run(req).await;
     }

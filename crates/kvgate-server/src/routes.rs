@@ -8,7 +8,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::chat::{normalize_messages, render};
 use crate::error::{ApiError, Shape};
@@ -24,9 +25,18 @@ pub async fn health(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
+/// `GET /version`'s body.
+#[derive(Serialize)]
+struct Version {
+    version: &'static str,
+}
+
 /// `GET /version`.
 pub async fn version() -> Response {
-    axum::Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+    axum::Json(Version {
+        version: env!("CARGO_PKG_VERSION"),
+    })
+    .into_response()
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -39,17 +49,45 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
+/// The OpenAI model object (vLLM's fields: `root`, `parent`, `max_model_len`).
+#[derive(Serialize)]
+struct ModelObject<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    owned_by: &'static str,
+    root: &'a str,
+    parent: Option<&'a str>,
+    max_model_len: usize,
+}
+
+/// Jev's model entry (its SDKs' `models.list()`).
+#[derive(Serialize)]
+struct JevModel<'a> {
+    name: &'a str,
+    description: String,
+    release_date: &'a str,
+}
+
+/// `GET /v1/models`'s body: OpenAI's list, and Jev's beside it.
+#[derive(Serialize)]
+struct ModelList<'a> {
+    object: &'static str,
+    data: Vec<ModelObject<'a>>,
+    models: Vec<JevModel<'a>>,
+}
+
 /// The OpenAI model object of served name `n`.
-fn model_object(st: &AppState, n: &str) -> Value {
-    json!({
-        "id": n,
-        "object": "model",
-        "created": st.created,
-        "owned_by": "kvgate",
-        "root": st.served_names[0],
-        "parent": null,
-        "max_model_len": st.engine.limits().max_model_len,
-    })
+fn model_object<'a>(st: &'a AppState, n: &'a str) -> ModelObject<'a> {
+    ModelObject {
+        id: n,
+        object: "model",
+        created: st.created,
+        owned_by: "kvgate",
+        root: &st.served_names[0],
+        parent: None,
+        max_model_len: st.engine.limits().max_model_len,
+    }
 }
 
 /// `GET /v1/models/{id}` (OpenAI's `models.retrieve`): a served name's model object, else 404. The id
@@ -61,19 +99,44 @@ pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> R
 
 /// `GET /v1/models`.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data: Vec<Value> = st.served_names.iter().map(|n| model_object(&st, n)).collect();
+    let data = st.served_names.iter().map(|n| model_object(&st, n)).collect();
     // Jev's list (its SDKs' `models.list()`): every name `/v1/systemone` accepts, aliases included.
     let date = kvgate_model::strftime("%Y-%m-%d", st.created as i64);
     let served = st.model_name();
-    let mut models: Vec<Value> = st
+    let mut models: Vec<JevModel> = st
         .served_names
         .iter()
-        .map(|n| json!({"name": n, "description": format!("{served}, served by kvgate"), "release_date": date}))
+        .map(|n| JevModel {
+            name: n,
+            description: format!("{served}, served by kvgate"),
+            release_date: &date,
+        })
         .collect();
-    models.extend(st.args.model_alias.iter().filter(|a| !st.served_names.contains(a)).map(
-        |a| json!({"name": a, "description": format!("alias of {served} (System One requests)"), "release_date": date}),
-    ));
-    axum::Json(json!({"object": "list", "data": data, "models": models})).into_response()
+    models.extend(
+        st.args
+            .model_alias
+            .iter()
+            .filter(|a| !st.served_names.contains(a))
+            .map(|a| JevModel {
+                name: a,
+                description: format!("alias of {served} (System One requests)"),
+                release_date: &date,
+            }),
+    );
+    axum::Json(ModelList {
+        object: "list",
+        data,
+        models,
+    })
+    .into_response()
+}
+
+/// `POST /tokenize`'s body.
+#[derive(Serialize)]
+struct Tokenized {
+    count: usize,
+    max_model_len: usize,
+    tokens: Vec<u32>,
 }
 
 /// `POST /tokenize`: `{prompt}` or `{messages}` → `{count, max_model_len, tokens}`.
@@ -121,10 +184,26 @@ pub async fn tokenize(
         }
         (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
     };
-    Ok(
-        axum::Json(json!({"count": tokens.len(), "max_model_len": st.engine.limits().max_model_len, "tokens": tokens}))
-            .into_response(),
-    )
+    Ok(axum::Json(Tokenized {
+        count: tokens.len(),
+        max_model_len: st.engine.limits().max_model_len,
+        tokens,
+    })
+    .into_response())
+}
+
+/// `GET /tokenizer_info`'s body (the fields of vLLM's).
+#[derive(Serialize)]
+struct TokenizerInfo<'a> {
+    tokenizer_class: &'static str,
+    eos_token: Option<String>,
+    eos_token_ids: &'a [u32],
+    bos_token: Option<String>,
+    pad_token: Option<String>,
+    unk_token: Option<String>,
+    chat_template: Option<&'a str>,
+    model_max_length: usize,
+    vocab_size: usize,
 }
 
 /// `GET /tokenizer_info`: what a remote tokenizer client needs (lm-eval's `tokenized_requests`
@@ -150,18 +229,24 @@ pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Response {
             .find(|c| tok.token_to_id(c).is_some())
             .map(|c| c.to_string())
     };
-    axum::Json(json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": eos,
-        "eos_token_ids": st.eos_token_ids,
-        "bos_token": bos,
-        "pad_token": find(&["<pad>", "<|pad|>", "<|finetune_right_pad_id|>"]),
-        "unk_token": find(&["<unk>", "<|unk|>"]),
-        "chat_template": st.chat.as_ref().map(|c| c.source()),
-        "model_max_length": st.engine.limits().max_model_len,
-        "vocab_size": tok.vocab_size(),
-    }))
+    axum::Json(TokenizerInfo {
+        tokenizer_class: "PreTrainedTokenizerFast",
+        eos_token: eos,
+        eos_token_ids: &st.eos_token_ids,
+        bos_token: bos,
+        pad_token: find(&["<pad>", "<|pad|>", "<|finetune_right_pad_id|>"]),
+        unk_token: find(&["<unk>", "<|unk|>"]),
+        chat_template: st.chat.as_ref().map(|c| c.source()),
+        model_max_length: st.engine.limits().max_model_len,
+        vocab_size: tok.vocab_size(),
+    })
     .into_response()
+}
+
+/// `POST /detokenize`'s body.
+#[derive(Serialize)]
+struct Detokenized {
+    prompt: String,
 }
 
 /// `POST /detokenize`: `{tokens}` → `{prompt}`.
@@ -191,7 +276,7 @@ pub async fn detokenize(
         .tokenizer
         .decode(&ids, false)
         .map_err(|e| ApiError::param("tokens", e.to_string()))?;
-    Ok(axum::Json(json!({"prompt": text})).into_response())
+    Ok(axum::Json(Detokenized { prompt: text }).into_response())
 }
 
 /// Unknown route: 404 in the OpenAI shape.

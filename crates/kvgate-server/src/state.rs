@@ -110,8 +110,8 @@ impl AppState {
 
     /// The `cache_salt` a request computes with: its own, joined to its API key's tenant when tenants
     /// are kept apart (several keys), so prefixes are only shared within a key.
-    pub fn salted(&self, headers: &HeaderMap, salt: Option<String>) -> Option<String> {
-        match tenant(headers) {
+    pub fn salted(&self, tenant: Option<u32>, salt: Option<String>) -> Option<String> {
+        match tenant {
             Some(t) if !self.args.share_prefix_cache_across_keys => {
                 Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default()))
             }
@@ -197,12 +197,19 @@ impl AppState {
     }
 }
 
-/// The API key (its index) a request used, when several keys are configured (set by the auth layer).
-pub fn tenant(headers: &HeaderMap) -> Option<u32> {
-    headers
-        .get(crate::middleware::TENANT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
+/// The API key (its index) a request used, when several keys are configured (an extractor over the
+/// [`crate::middleware::Tenant`] the auth layer put in the request's extensions; `None` otherwise).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTenant(pub Option<u32>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestTenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(RequestTenant(
+            parts.extensions.get::<crate::middleware::Tenant>().map(|t| t.0),
+        ))
+    }
 }
 
 /// 415 unless the body is declared as JSON.

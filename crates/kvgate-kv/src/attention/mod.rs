@@ -274,15 +274,32 @@ pub fn softmax_inplace(x: &mut [f32]) {
     }
 }
 
-/// Dot product with a fixed 8-lane reduction order (vectorizes; deterministic for a given length).
+/// Dot product with a fixed 8-lane reduction order (vectorizes; deterministic for a given length);
+/// each lane multiplies then adds (unfused).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<false>(a, b)
+}
+
+/// [`dot`] with each lane's multiply-add fused (one rounding): the dense matmul's order.
+#[inline]
+pub fn dot_fused(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<true>(a, b)
+}
+
+/// The one 8-lane dot product: lanes `i mod 8` accumulate in order, then a fixed tree, then the tail.
+#[inline]
+fn dot_lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
     for (x, y) in ca.zip(cb) {
         for i in 0..8 {
-            acc[i] += x[i] * y[i];
+            acc[i] = if FUSED {
+                x[i].mul_add(y[i], acc[i])
+            } else {
+                acc[i] + x[i] * y[i]
+            };
         }
     }
     let mut tail = 0f32;

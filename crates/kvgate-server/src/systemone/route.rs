@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::wire;
 use crate::chat::normalize_messages;
 use crate::error::{ApiError, Detail, Shape};
-use crate::state::{check_json_content_type, AppState};
+use crate::state::{check_json_content_type, AppState, RequestTenant};
 
 /// The response body.
 #[derive(Serialize)]
@@ -46,9 +46,10 @@ struct CachedTokens {
 pub async fn systemone(
     State(st): State<Arc<AppState>>,
     headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer_request(st, headers, body)
+    answer_request(st, headers, tenant, body)
         .await
         .unwrap_or_else(|e| e.response_in(Shape::Jev))
 }
@@ -56,6 +57,7 @@ pub async fn systemone(
 async fn answer_request(
     st: Arc<AppState>,
     headers: HeaderMap,
+    tenant: Option<u32>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
@@ -84,8 +86,8 @@ async fn answer_request(
     if st.args.log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
-    spec.cache_salt = st.salted(&headers, spec.cache_salt.take());
-    spec.tenant = crate::state::tenant(&headers);
+    spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
+    spec.tenant = tenant;
     let decision = st.decisions.decide(&spec).await?;
     let usage = decision.usage;
     let reply = Reply {
