@@ -79,9 +79,8 @@ fn labels_for(st: &DecisionService, id: &str, q: &Question) -> Result<Labels, De
 }
 
 /// Runs one engine decision to its result.
-async fn decide(st: &DecisionService, req: DecideRequest) -> Result<(Vec<ReadResult>, Usage), DecideError> {
-    let DecisionOutcome { reads, usage } = st.engine.decide(req)?.outcome().await?;
-    Ok((reads, usage))
+async fn decide(st: &DecisionService, req: DecideRequest) -> Result<DecisionOutcome, DecideError> {
+    Ok(st.engine.decide(req)?.outcome().await?)
 }
 
 /// The branch reads of a multi-token-label question: its prompt plus each branch point's prefix,
@@ -106,7 +105,10 @@ async fn read_trie(
             labels: next.iter().map(|&t| vec![t]).collect(),
         })
         .collect();
-    let (results, u) = decide(
+    let DecisionOutcome {
+        reads: results,
+        usage: u,
+    } = decide(
         st,
         DecideRequest {
             reads,
@@ -210,7 +212,10 @@ async fn execute(
     keep: Option<(Duration, Option<u32>)>,
     usage: &mut Usage,
 ) -> Result<Vec<(Vec<f64>, f64)>, DecideError> {
-    let (results, u) = decide(
+    let DecisionOutcome {
+        reads: results,
+        usage: u,
+    } = decide(
         st,
         DecideRequest {
             reads: plan

@@ -14,13 +14,12 @@ pub const TOOL_CALL_OPEN: &str = "<tool_call>";
 /// Closes a tool call.
 pub const TOOL_CALL_CLOSE: &str = "</tool_call>";
 
-/// The tools offered to a render: as the template takes them, and as the fallback system text.
-#[derive(Debug, Clone, Copy)]
-pub struct PromptTools<'a> {
-    /// The `tools` template variable (OpenAI's tool list).
-    pub template: &'a Value,
-    /// The tools described for a template that does not render them.
-    pub fallback_system: &'a str,
+/// Tools offered to a render, in the one form the template needs (only that one is built).
+pub trait PromptTools {
+    /// The `tools` template variable (OpenAI's tool list), for a template that renders tools.
+    fn template_tools(&self) -> Value;
+    /// The tools described as system text, for a template that does not.
+    fn fallback_system(&self) -> String;
 }
 
 /// Renders normalised `messages` with `tmpl`: through the template's own tool support when it has
@@ -32,12 +31,14 @@ pub fn render_conversation(
     add_generation_prompt: bool,
     continue_final: bool,
     kwargs: &Map<String, Value>,
-    tools: Option<PromptTools<'_>>,
+    tools: Option<&dyn PromptTools>,
 ) -> Result<String> {
     let text = if tmpl.supports_tools() {
-        tmpl.render(messages, add_generation_prompt, tools.map(|t| t.template), kwargs)?
+        let t = tools.map(|t| t.template_tools());
+        tmpl.render(messages, add_generation_prompt, t.as_ref(), kwargs)?
     } else {
-        let adapted = adapt_messages(messages, tools.map(|t| t.fallback_system));
+        let sys = tools.map(|t| t.fallback_system());
+        let adapted = adapt_messages(messages, sys.as_deref());
         tmpl.render(&adapted, add_generation_prompt, None, kwargs)?
     };
     if continue_final {

@@ -184,11 +184,7 @@ pub fn render_with_tools(
         .chat
         .as_ref()
         .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
-    let described = tools.map(|t| (t.template_tools(), t.fallback_system()));
-    let offered = described.as_ref().map(|(template, fallback)| PromptTools {
-        template,
-        fallback_system: fallback,
-    });
+    let offered = tools.map(|t| t as &dyn PromptTools);
     render_conversation(tmpl, messages, add_generation_prompt, continue_final, kwargs, offered)
         .map_err(|e| ApiError::param("messages", e.to_string()))
 }

@@ -18,9 +18,8 @@ use tracing::{error, info, warn};
 
 use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, KvCacheMethod, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
-use crate::state::AppState;
+use crate::state::{AppState, ServedModel};
 use crate::{app, default_model};
-use kvgate_decide::DecisionService;
 
 /// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -299,7 +298,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
     };
-    let grammars = crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, loaded.model.config().vocab_size);
+    let vocab_size = loaded.model.config().vocab_size;
     let eos_token_ids = loaded.eos_token_ids.clone();
     let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
@@ -327,30 +326,15 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         };
         info!("KV cache dtype {dtype}, method {}: {how}{offsets}", quant.name());
     }
-    let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
-    let engine: Arc<dyn crate::infer::Inference> = Arc::new(engine);
-    let chat = loaded.chat_template.map(Arc::new);
-    let decisions = Arc::new(DecisionService::new(
-        engine.clone(),
-        tokenizer.clone(),
-        chat.clone(),
-        args.decision_temperature,
-        served_names[0].clone(),
-    ));
-    let state = AppState {
-        engine,
-        decisions,
+    let model = ServedModel {
         tokenizer,
-        chat,
-        served_names,
+        chat: loaded.chat_template,
         defaults: loaded.defaults,
-        metrics: opts.metrics,
-        args: Arc::new(args),
-        created: crate::events::now_secs(),
-        grammars,
         eos_token_ids,
-        tokenize,
+        vocab_size,
+        served_names,
     };
+    let state = AppState::new(Arc::new(engine), model, args, opts.metrics);
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);
     Ok(Built {
         router,

@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use subtle::ConstantTimeEq;
 
 use crate::error::{ApiError, Shape};
+use crate::state::RequestTenant;
 
 /// The effective CORS policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,11 +164,6 @@ pub async fn cors(State(p): State<Arc<CorsPolicy>>, req: Request, next: Next) ->
 #[derive(Debug, Clone)]
 pub struct Keys(pub Vec<String>, pub bool);
 
-/// Which API key (its index) a request used, when there are several: put in the request's extensions
-/// by the auth layer (a client cannot set it), read by handlers through [`crate::state::RequestTenant`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenant(pub u32);
-
 /// Routes that never need a key.
 pub const OPEN_ROUTES: [&str; 4] = ["/health", "/ping", "/version", "/metrics"];
 
@@ -197,7 +193,7 @@ pub async fn auth(State(keys): State<Arc<Keys>>, mut req: Request, next: Next) -
     }
     if let Some(i) = key_index(req.headers(), &keys.0) {
         if keys.1 {
-            req.extensions_mut().insert(Tenant(i as u32));
+            req.extensions_mut().insert(RequestTenant(Some(i as u32)));
         }
         return next.run(req).await;
     }

@@ -43,6 +43,22 @@ pub struct AppState {
     pub grammars: Option<Arc<Grammars>>,
 }
 
+/// What the handlers need of the loaded model besides the engine.
+pub struct ServedModel {
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub chat: Option<ChatTemplate>,
+    /// Sampling defaults.
+    pub defaults: GenerationDefaults,
+    /// End-of-sequence token ids.
+    pub eos_token_ids: Vec<u32>,
+    /// Vocabulary size (the width of a logits row).
+    pub vocab_size: usize,
+    /// Names the API answers to; the first is reported.
+    pub served_names: Vec<String>,
+}
+
 /// Tokenization runs on the blocking pool, a few at a time (the cores), with a bounded queue; text is
 /// only tokenized once it is known to be able to fit the context by its bytes (no token is longer than
 /// the vocabulary's longest, so more bytes than `max_model_len` × that cannot fit).
@@ -86,6 +102,46 @@ pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<A
 }
 
 impl AppState {
+    /// The state over `engine` and `model` with settings `args`: the tokenization slots, the grammar
+    /// compiler and the decision service are built here, once, for `serve` and the test servers alike.
+    pub fn new(
+        engine: Arc<dyn Inference>,
+        model: ServedModel,
+        args: Args,
+        metrics: Option<PrometheusHandle>,
+    ) -> AppState {
+        let ServedModel {
+            tokenizer,
+            chat,
+            defaults,
+            eos_token_ids,
+            vocab_size,
+            served_names,
+        } = model;
+        let chat = chat.map(Arc::new);
+        let decisions = Arc::new(DecisionService::new(
+            engine.clone(),
+            tokenizer.clone(),
+            chat.clone(),
+            args.decision_temperature,
+            served_names[0].clone(),
+        ));
+        AppState {
+            engine,
+            decisions,
+            grammars: grammars_for(&tokenizer, &eos_token_ids, vocab_size),
+            tokenize: TokenizeSlots::new(&tokenizer),
+            eos_token_ids,
+            tokenizer,
+            chat,
+            served_names,
+            defaults,
+            metrics,
+            args: Arc::new(args),
+            created: crate::events::now_secs(),
+        }
+    }
+
     /// The reported model name.
     pub fn model_name(&self) -> &str {
         &self.served_names[0]
@@ -197,8 +253,8 @@ impl AppState {
     }
 }
 
-/// The API key (its index) a request used, when several keys are configured (an extractor over the
-/// [`crate::middleware::Tenant`] the auth layer put in the request's extensions; `None` otherwise).
+/// The API key (its index) a request used, when several keys are configured: the auth layer puts it
+/// in the request's extensions (a client cannot set it); as an extractor, `None` when it did not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestTenant(pub Option<u32>);
 
@@ -206,9 +262,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestTenant {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(RequestTenant(
-            parts.extensions.get::<crate::middleware::Tenant>().map(|t| t.0),
-        ))
+        Ok(parts
+            .extensions
+            .get::<RequestTenant>()
+            .copied()
+            .unwrap_or(RequestTenant(None)))
     }
 }
 

@@ -11,8 +11,7 @@ use tokio::sync::oneshot;
 use crate::cli::{assemble, build, BuildOptions};
 use crate::config;
 use crate::infer::Inference;
-use crate::state::AppState;
-use kvgate_decide::DecisionService;
+use crate::state::{AppState, ServedModel};
 
 /// A server running in this process; stops on drop.
 pub struct TestServer {
@@ -60,31 +59,15 @@ impl TestServer {
     pub fn with_engine(args: &[&str], engine: Arc<dyn Inference>) -> TestServer {
         let args = config::load(argv(args)).expect("valid test flags");
         let loaded = tiny_model(TinySpec::default()).expect("tiny model");
-        let tokenizer = Arc::new(loaded.tokenizer);
-        let vocab = loaded.model.config().vocab_size;
-        let tokenize = crate::state::TokenizeSlots::new(&tokenizer);
-        let chat = loaded.chat_template.map(Arc::new);
-        let decisions = Arc::new(DecisionService::new(
-            engine.clone(),
-            tokenizer.clone(),
-            chat.clone(),
-            args.decision_temperature,
-            loaded.name.clone(),
-        ));
-        let state = AppState {
-            engine,
-            decisions,
-            grammars: crate::state::grammars_for(&tokenizer, &loaded.eos_token_ids, vocab),
-            eos_token_ids: loaded.eos_token_ids.clone(),
-            tokenize,
-            tokenizer,
-            chat,
-            served_names: vec![loaded.name],
+        let model = ServedModel {
+            tokenizer: Arc::new(loaded.tokenizer),
+            chat: loaded.chat_template,
             defaults: loaded.defaults,
-            metrics: None,
-            args: Arc::new(args),
-            created: crate::events::now_secs(),
+            eos_token_ids: loaded.eos_token_ids,
+            vocab_size: loaded.model.config().vocab_size,
+            served_names: vec![loaded.name],
         };
+        let state = AppState::new(engine, model, args, None);
         let (router, state, _, _) = assemble(state, true);
         Self::serve(router, state)
     }

@@ -9,7 +9,7 @@
 pub mod stream;
 
 use kvgate_grammar::{json_options, lark_literal, GrammarSpec};
-use kvgate_model::prompt::{TOOL_CALL_CLOSE as CLOSE, TOOL_CALL_OPEN as OPEN};
+use kvgate_model::prompt::{PromptTools, TOOL_CALL_CLOSE as CLOSE, TOOL_CALL_OPEN as OPEN};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
@@ -187,14 +187,14 @@ pub fn read(
     }))
 }
 
-impl ToolSpec {
+impl PromptTools for ToolSpec {
     /// The tools as the chat template receives them (OpenAI's shape).
-    pub fn template_tools(&self) -> Value {
+    fn template_tools(&self) -> Value {
         serde_json::to_value(&self.tools).unwrap_or(Value::Null)
     }
 
     /// The system text that describes the tools to a model whose template does not.
-    pub fn fallback_system(&self) -> String {
+    fn fallback_system(&self) -> String {
         let lines: Vec<String> = self
             .tools
             .iter()
@@ -208,7 +208,9 @@ impl ToolSpec {
             lines.join("\n")
         )
     }
+}
 
+impl ToolSpec {
     /// The grammar `required` and a named choice are held to: one call (`required` with
     /// `parallel_tool_calls`: one or more; a named function: exactly one, as vLLM and OpenAI give),
     /// each `<tool_call>\n{…}\n</tool_call>` with the function's name and arguments that follow its

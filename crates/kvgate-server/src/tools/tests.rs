@@ -4,7 +4,7 @@ use serde_json::json;
 
 use super::stream::{CallStream, Piece};
 use super::*;
-use kvgate_model::prompt::adapt_messages;
+use kvgate_model::prompt::{adapt_messages, PromptTools};
 
 fn spec(choice: ToolChoice) -> ToolSpec {
     let tools: Vec<Tool> = serde_json::from_value(json!([
