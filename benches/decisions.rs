@@ -2,7 +2,8 @@
 //! decision latency for 1, 8 and 32 questions over a ~2,000-token state, cold and warm; and the round
 //! trip a router makes — the routing question asked as a chat completion (max_tokens 5, parse the
 //! answer) then the follow-up completion, versus `/v1/systemone` then the same follow-up.
-//! `cargo bench --bench decisions` prints a table.
+//! `cargo bench --bench decisions` prints a table; `KVGATE_BENCH_QUICK=1` stops after the first section
+//! (decision latency for 1, 8 and 32 questions, cold and warm).
 
 use std::time::Instant;
 
@@ -76,6 +77,9 @@ fn main() {
                 tokens.1
             ),
         ));
+    }
+    if std::env::var_os("KVGATE_BENCH_QUICK").is_some() {
+        return print_table(rows);
     }
     // A choice read plain (one read, as listed) versus ordered (a canonical order and more orders of it,
     // each one more forked read of the question), on a warm state: what order-invariance costs. And
@@ -223,6 +227,10 @@ fn main() {
         "8 questions, cold state: one /v1/systemone".into(),
         format!("{s1_8:.2} s ({:.2}x faster)", chat8 / s1_8),
     ));
+    print_table(rows);
+}
+
+fn print_table(rows: Vec<(String, String)>) {
     println!("\n| benchmark (default model, 2 threads, HTTP) | result |\n|---|---|");
     for (k, v) in rows {
         println!("| {k} | {v} |");

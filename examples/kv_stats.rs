@@ -39,7 +39,10 @@ fn main() {
             }
         }
         let mut b = Batch::single_sequence(&ids, 16);
-        b.logit_rows = vec![ids.len() - 1];
+        b.outputs = vec![kvgate_model::Output {
+            row: ids.len() - 1,
+            want: kvgate_model::Want::Logits,
+        }];
         let (lg, a) = m.model.forward_with_amax(&b, &mut cache, &CpuAttention).unwrap();
         (logprobs(&lg), a)
     };

@@ -380,9 +380,15 @@ pub fn next_token_logprobs(model: &kvgate_model::Model, ids: &[u32], int8: bool)
     let shape = model.config().cache_shape(16, kvgate_kv::KvDtype::F32).unwrap();
     let mut cache = kvgate_kv::KvCache::new(shape, ids.len().div_ceil(16));
     let mut b = kvgate_model::Batch::single_sequence(ids, 16);
-    b.logit_rows = vec![ids.len() - 1];
-    if int8 {
-        b.int8 = vec![true];
-    }
-    kvgate_engine::log_softmax(&model.forward(&b, &mut cache, &kvgate_kv::CpuAttention).unwrap())
+    b.outputs = vec![kvgate_model::Output {
+        row: ids.len() - 1,
+        want: kvgate_model::Want::Logits,
+    }];
+    let logits = if int8 {
+        b.precision = vec![kvgate_model::Precision::Fast];
+        model.forward_int8(&b, &mut cache, &kvgate_kv::CpuAttention)
+    } else {
+        model.forward(&b, &mut cache, &kvgate_kv::CpuAttention)
+    };
+    kvgate_engine::log_softmax(&logits.unwrap())
 }

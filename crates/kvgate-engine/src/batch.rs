@@ -1,22 +1,37 @@
-//! The batch builder: one step's [`Plan`] flattened into the device-neutral [`Batch`] a backend runs —
-//! token rows with their positions and cache slots, one block table per sequence, and the rows whose
-//! logits are wanted, in chunk order.
+//! The batch builder: one step's [`Plan`](crate::scheduler::Plan) flattened into the device-neutral
+//! [`Batch`] a backend runs — token rows with their positions and cache slots, one block table per
+//! sequence, what each chunk needs back ([`ChunkWant`]: logits rows for completions, the log-probs of a
+//! read's label ids for decisions, nothing for prefill) and how exactly each sequence is computed, in
+//! chunk order.
 
-use kvgate_model::Batch;
+use kvgate_backend::{Batch, Output, Precision, Want};
 
 use crate::scheduler::{Chunk, Logits};
 
-/// Rows of logits a chunk produces.
-pub(crate) fn logit_rows(c: &Chunk) -> usize {
-    match c.logits {
-        Logits::None => 0,
-        Logits::Last => 1,
-        Logits::All => c.len,
+/// What one chunk needs back from the forward pass.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ChunkWant {
+    /// Nothing (a prefill chunk, a decision's shared prefix).
+    Nothing,
+    /// Full logits rows: the last row, or every row (prompt logprobs).
+    Logits(Logits),
+    /// The log-probs of these ids at the last row (a decision read's label aliases, flattened).
+    Logprobs(Vec<u32>),
+}
+
+impl ChunkWant {
+    /// Rows of full logits it produces for a chunk of `len` rows.
+    pub(crate) fn logit_rows(&self, len: usize) -> usize {
+        match self {
+            ChunkWant::Logits(Logits::Last) => 1,
+            ChunkWant::Logits(Logits::All) => len,
+            _ => 0,
+        }
     }
 }
 
-/// Flattens the chunks of a plan into one batch.
-pub(crate) fn build(chunks: &[Chunk]) -> Batch {
+/// Flattens the chunks of a plan into one batch; `wants` and `precision` are per chunk.
+pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precision]) -> Batch {
     let rows: usize = chunks.iter().map(|c| c.len).sum();
     let mut b = Batch {
         tokens: Vec::with_capacity(rows),
@@ -24,23 +39,39 @@ pub(crate) fn build(chunks: &[Chunk]) -> Batch {
         slots: Vec::with_capacity(rows),
         seq_of_row: Vec::with_capacity(rows),
         tables: Vec::with_capacity(chunks.len()),
-        logit_rows: Vec::new(),
-        int8: Vec::new(),
+        outputs: Vec::new(),
+        precision: if precision.contains(&Precision::Fast) {
+            precision.to_vec()
+        } else {
+            Vec::new()
+        },
     };
-    for c in chunks {
+    for (c, want) in chunks.iter().zip(wants) {
         let t = b.tables.len() as u32;
         // A released block is outside every query's window, so attention never reads its entry.
         b.tables.push(
             c.table
                 .iter()
-                .map(|blk| blk.map_or(kvgate_model::RELEASED_BLOCK, u32::from))
+                .map(|blk| blk.map_or(kvgate_backend::RELEASED_BLOCK, u32::from))
                 .collect(),
         );
-        let first_logit = c.len - logit_rows(c);
-        for i in 0..c.len {
-            if i >= first_logit {
-                b.logit_rows.push(b.tokens.len());
+        let first = b.tokens.len();
+        match want {
+            ChunkWant::Nothing => {}
+            ChunkWant::Logits(_) => {
+                let n = want.logit_rows(c.len);
+                b.outputs.extend((first + c.len - n..first + c.len).map(|row| Output {
+                    row,
+                    want: Want::Logits,
+                }));
             }
+            ChunkWant::Logprobs(ids) if c.len > 0 => b.outputs.push(Output {
+                row: first + c.len - 1,
+                want: Want::Logprobs(ids.clone()),
+            }),
+            ChunkWant::Logprobs(_) => {}
+        }
+        for i in 0..c.len {
             b.tokens.push(c.tokens[i]);
             b.positions.push((c.start + i) as u32);
             b.slots.push(c.slots[i]);
@@ -68,12 +99,25 @@ mod tests {
         let (_, a) = s.add_generate((10..16).collect(), "", false);
         let (_, b) = s.add_generate((20..23).collect(), "", true);
         let plan = s.schedule().unwrap();
-        let batch = build(&plan.chunks);
+        let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| ChunkWant::Logits(c.logits)).collect();
+        let batch = build(&plan.chunks, &wants, &[Precision::Exact; 2]);
         assert_eq!(batch.tokens, [10, 11, 12, 13, 14, 15, 20, 21, 22]);
         assert_eq!(batch.positions, [0, 1, 2, 3, 4, 5, 0, 1, 2]);
         assert_eq!(batch.seq_of_row, [0, 0, 0, 0, 0, 0, 1, 1, 1]);
         // the first sequence wants its last row, the second (prompt logprobs) every row
-        assert_eq!(batch.logit_rows, [5, 6, 7, 8]);
+        assert_eq!(batch.output_rows().collect::<Vec<_>>(), [5, 6, 7, 8]);
+        assert!(batch.precision.is_empty(), "all exact");
+        // a read wants its label ids at its last row, a prefix nothing
+        let wants = [ChunkWant::Logprobs(vec![7, 9]), ChunkWant::Nothing];
+        let read = build(&plan.chunks, &wants, &[Precision::Fast, Precision::Exact]);
+        assert_eq!(
+            read.outputs,
+            [Output {
+                row: 5,
+                want: Want::Logprobs(vec![7, 9])
+            }]
+        );
+        assert_eq!(read.precision, [Precision::Fast, Precision::Exact]);
         assert_eq!((plan.chunks[0].seq, plan.chunks[1].seq), (a, b));
         for (c, table) in plan.chunks.iter().zip(&batch.tables) {
             assert_eq!(

@@ -13,21 +13,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use kvgate_backend::{Backend, Batch, KvCalibration, KvMemory, Precision, Scales, StepOutput};
 use kvgate_kv::{KvDtype, KvQuant};
-use kvgate_model::{Batch, Model, Tokenizer};
+use kvgate_model::{Model, Tokenizer};
 use tokio::sync::mpsc as tmpsc;
 use tracing::{error, info, warn};
 
-use crate::backend::{Backend, CpuBackend};
+use crate::batch::{self, ChunkWant};
 use crate::constraint::GuideState;
+use crate::device::{open_backend, BackendSpec};
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
-use crate::output::{guides_of, Active, ChunkLogits, Kind, Outcome, OutputProcessor, StepContext};
+use crate::output::{guides_of, Active, ChunkOut, Kind, Outcome, OutputProcessor, StepContext};
 use crate::registry::{GroupId, SeqId};
 use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
 use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig};
-use crate::{batch, calibration};
 
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,10 +57,11 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Label of every metric series.
     pub model_name: String,
-    /// Completions (never decisions) compute their matmuls from 8-bit activations where the weight
-    /// format has the integer kernel (`kvgate_model::QMatrix::matmul_rows`): opt-in, faster, not f32
-    /// accuracy. Their KV blocks are cached apart from f32-computed ones, so no request ever reads
-    /// blocks computed in the other mode.
+    /// The CPU backend's setting [`start`] opens it with: completions (never decisions) compute their
+    /// matmuls from 8-bit activations where the weight format has the integer kernel
+    /// (`kvgate_model::QMatrix::matmul_rows`): opt-in, faster, not f32 accuracy. The engine itself only
+    /// sees the backend's [`Backend::fast_path`]: completions are marked [`Precision::Fast`] and their
+    /// KV blocks cached apart, so no request ever reads blocks computed in the other mode.
     pub int8_activations: bool,
     /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
     pub max_pinned_blocks: Option<usize>,
@@ -92,10 +94,6 @@ impl Default for EngineConfig {
     }
 }
 
-/// Joined in front of the cache salt of requests computed with 8-bit activations: their blocks never
-/// match an f32-computed prefix (or the reverse).
-const INT8_SALT: &str = "\u{1}int8-activations\u{1}";
-
 /// The engine's state, owned by its thread.
 pub(crate) struct Engine {
     cfg: EngineConfig,
@@ -107,19 +105,39 @@ pub(crate) struct Engine {
     reqs: HashMap<GroupId, Active>,
     by_id: HashMap<RequestId, GroupId>,
     epoch: Instant,
-    calibrated: bool,
+    /// The calibration that waits for the first batch (it measures it).
+    calibration: Option<KvCalibration>,
     panic_next: bool,
 }
 
-/// Starts the engine thread on the CPU backend (`model` over a host cache sized by `cfg`).
+/// Starts the engine thread on the CPU backend (`model` over a host cache of `cfg.num_blocks` blocks),
+/// opened through [`open_backend`].
 pub fn start(model: Model, tok: Arc<Tokenizer>, eos: Vec<u32>, cfg: EngineConfig) -> Result<EngineHandle, EngineError> {
     let shape = model
         .config()
         .cache_shape(cfg.block_size, cfg.kv_dtype)
         .and_then(|s| s.with_quant(cfg.kv_quant))
         .map_err(|e| EngineError::Config(e.to_string()))?;
-    let backend = CpuBackend::new(model, shape, cfg.num_blocks);
-    start_with_backend(Box::new(backend), tok, eos, cfg)
+    let spec = BackendSpec {
+        device: kvgate_backend::Device::Cpu,
+        shape,
+        memory: KvMemory::Blocks(cfg.num_blocks),
+        int8_activations: cfg.int8_activations,
+    };
+    start_with_backend(open_backend(model, &spec)?, tok, eos, cfg)
+}
+
+/// The calibration `cfg` asks for: measured scales win over given ones; a `smooth` method measures
+/// its offsets.
+fn calibration_of(cfg: &EngineConfig) -> KvCalibration {
+    KvCalibration {
+        scales: match (&cfg.kv_scales, cfg.calculate_kv_scales) {
+            (_, true) => Scales::Measured,
+            (Some(s), false) => Scales::Given(s.clone()),
+            (None, false) => Scales::Unit,
+        },
+        offsets: cfg.kv_quant.smooth,
+    }
 }
 
 /// Starts the engine thread on a backend; `cfg`'s block size, block count and dtype must be the
@@ -131,13 +149,17 @@ pub fn start_with_backend(
     cfg: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
     let shape = backend.cache_shape();
-    if (shape.block_size(), shape.dtype(), shape.quant(), backend.num_blocks())
-        != (cfg.block_size, cfg.kv_dtype, cfg.kv_quant, cfg.num_blocks)
+    if (
+        shape.block_size(),
+        shape.dtype(),
+        shape.quant(),
+        backend.capacity().num_blocks,
+    ) != (cfg.block_size, cfg.kv_dtype, cfg.kv_quant, cfg.num_blocks)
     {
         return Err(EngineError::Config(format!(
             "the {} backend's cache is {} blocks of {} tokens as {} ({}), the configuration says {} blocks of {} as {} ({})",
             backend.device(),
-            backend.num_blocks(),
+            backend.capacity().num_blocks,
             shape.block_size(),
             shape.dtype(),
             shape.quant().name(),
@@ -154,13 +176,18 @@ pub fn start_with_backend(
             "the KV cache holds fewer tokens than one sequence of max_model_len"
         );
     }
-    match &cfg.kv_scales {
-        Some(scales) => backend.set_kv_scales(scales)?,
-        None if cfg.kv_dtype.is_scaled() && !cfg.calculate_kv_scales => {
-            warn!(dtype = %cfg.kv_dtype, "no k/v scales in the checkpoint: using 1.0 (pass --calculate-kv-scales to calibrate)");
-        }
-        None => {}
+    if cfg.kv_scales.is_none() && cfg.kv_dtype.is_scaled() && !cfg.calculate_kv_scales {
+        warn!(dtype = %cfg.kv_dtype, "no k/v scales in the checkpoint: using 1.0 (pass --calculate-kv-scales to calibrate)");
     }
+    let how = calibration_of(&cfg);
+    let calibration = if how.needs_batch() {
+        Some(how)
+    } else {
+        if !how.is_noop() {
+            backend.calibrate(&how, None)?;
+        }
+        None
+    };
     let limits = Limits {
         max_model_len: cfg.max_model_len,
         max_queue: cfg.max_queue,
@@ -197,7 +224,7 @@ pub fn start_with_backend(
     let engine = Engine {
         out: OutputProcessor::new(tok, eos, limits),
         rec: Recorder::new(&cfg.model_name),
-        calibrated: !(cfg.calculate_kv_scales || cfg.kv_quant.smooth),
+        calibration,
         cfg,
         backend,
         sched,
@@ -332,11 +359,11 @@ impl Engine {
 
     fn add_generate(&mut self, id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<Event>) {
         let all = req.params.prompt_logprobs.is_some();
+        // Blocks computed on the backend's fast path never match exactly computed ones (or the reverse).
         let salt = req.cache_salt.as_deref().unwrap_or("");
-        let salt = if self.cfg.int8_activations {
-            format!("{INT8_SALT}{salt}")
-        } else {
-            salt.to_string()
+        let salt = match self.backend.fast_path() {
+            Some(path) => format!("\u{1}{path}\u{1}{salt}"),
+            None => salt.to_string(),
         };
         let (g, seq) = self.sched.add_generate(req.prompt.clone(), &salt, all);
         self.reqs
@@ -382,7 +409,7 @@ impl Engine {
         // Whatever bookkeeping a failed step left behind goes with it; cached content is dropped too.
         self.sched.clear_pins();
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
-        self.sched = Scheduler::new(*self.sched.config(), self.backend.num_blocks());
+        self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
         self.sched.set_max_pinned_blocks(cap);
         self.sched.set_max_pinned_per_tenant(per_tenant);
     }
@@ -423,7 +450,7 @@ impl Engine {
             if let Some(a) = self.reqs.get(&g) {
                 let _ = a.tx().send(Event::Error(EngineError::DoesNotFit {
                     needed,
-                    available: self.backend.num_blocks(),
+                    available: self.backend.capacity().num_blocks,
                 }));
             }
             self.end_request(g, Some("error"));
@@ -433,34 +460,45 @@ impl Engine {
             return Ok(());
         }
         self.backend.copy_blocks(&plan.copies)?;
-        let mut batch = batch::build(&plan.chunks);
-        if self.cfg.int8_activations {
-            batch.int8 = plan
-                .chunks
-                .iter()
-                .map(|c| matches!(self.reqs.get(&c.group).map(|a| &a.kind), Some(Kind::Gen(_))))
-                .collect();
+        let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| self.want_of(c)).collect();
+        let fast = self.backend.fast_path().is_some();
+        let precision: Vec<Precision> = plan
+            .chunks
+            .iter()
+            .map(|c| match self.reqs.get(&c.group).map(|a| &a.kind) {
+                Some(Kind::Gen(_)) if fast => Precision::Fast,
+                _ => Precision::Exact,
+            })
+            .collect();
+        let batch = batch::build(&plan.chunks, &wants, &precision);
+        if let Some(how) = self.calibration.take() {
+            self.calibrate(&how, &batch)?;
         }
-        if !self.calibrated {
-            self.calibrate(&batch)?;
-        }
-        let logits = self.forward_with_masks(&plan.chunks, &batch)?;
+        let out = self.forward_with_masks(&plan.chunks, &batch)?;
         for c in &plan.chunks {
             self.sched.advance(c)?;
             if let Some(a) = self.reqs.get_mut(&c.group) {
                 a.computed_tokens += c.len;
             }
         }
-        let vocab = logits.len() / batch.logit_rows.len().max(1);
-        let epoch = self.epoch;
-        let mut row = 0;
-        for c in &plan.chunks {
-            let n_rows = batch::logit_rows(c);
-            if n_rows == 0 {
-                continue;
-            }
-            let rows = &logits[row * vocab..(row + n_rows) * vocab];
-            row += n_rows;
+        let (vocab, epoch) = (out.vocab, self.epoch);
+        let (mut row, mut read) = (0, 0);
+        for (c, want) in plan.chunks.iter().zip(&wants) {
+            let rows = match want {
+                ChunkWant::Nothing => continue,
+                ChunkWant::Logits(_) => {
+                    let n = want.logit_rows(c.len);
+                    row += n;
+                    ChunkOut::Logits {
+                        rows: &out.logits[(row - n) * vocab..row * vocab],
+                        vocab,
+                    }
+                }
+                ChunkWant::Logprobs(_) => {
+                    read += 1;
+                    ChunkOut::Logprobs(&out.logprobs[read - 1])
+                }
+            };
             let Some(a) = self.reqs.get_mut(&c.group) else { continue };
             let pin_until = |k: Duration| millis_since(epoch) + k.as_millis() as u64;
             let mut cx = StepContext {
@@ -468,7 +506,7 @@ impl Engine {
                 rec: &self.rec,
                 pin_until: &pin_until,
             };
-            let outcome = self.out.on_logits(&mut cx, a, ChunkLogits { chunk: c, rows, vocab })?;
+            let outcome = self.out.on_output(&mut cx, a, c, rows)?;
             if let Outcome::Done(reason) = outcome {
                 self.end_request(c.group, Some(reason));
             }
@@ -476,9 +514,22 @@ impl Engine {
         Ok(())
     }
 
+    /// What a chunk needs back: a completion its logits rows; a decision read, at its end, the
+    /// log-probs of its label aliases; anything else nothing.
+    fn want_of(&self, c: &Chunk) -> ChunkWant {
+        match self.reqs.get(&c.group).map(|a| &a.kind) {
+            Some(Kind::Gen(_)) if c.logits != Logits::None => ChunkWant::Logits(c.logits),
+            Some(Kind::Dec(d)) if c.at_end && c.logits != Logits::None => match c.read.and_then(|qi| d.read(qi)) {
+                Some(r) => ChunkWant::Logprobs(r.labels.iter().flatten().copied().collect()),
+                None => ChunkWant::Nothing,
+            },
+            _ => ChunkWant::Nothing,
+        }
+    }
+
     /// Runs the forward pass while a second thread computes the grammar masks of the constrained
     /// choices that sample after it (their masks depend only on tokens already known).
-    fn forward_with_masks(&mut self, chunks: &[Chunk], batch: &Batch) -> Result<Vec<f32>, EngineError> {
+    fn forward_with_masks(&mut self, chunks: &[Chunk], batch: &Batch) -> Result<StepOutput, EngineError> {
         let mut sampling: HashMap<GroupId, Vec<SeqId>> = HashMap::new();
         for c in chunks.iter().filter(|c| c.at_end && c.logits != Logits::None) {
             sampling.entry(c.group).or_default().push(c.seq);
@@ -508,22 +559,18 @@ impl Engine {
     /// Calibration on the first batch, before anything is written: `--calculate-kv-scales` sets the
     /// scales so that the per-layer amax of K and V maps inside the format's range; a `smooth` method
     /// takes the batch's per-channel means of K and V as its offsets.
-    fn calibrate(&mut self, batch: &Batch) -> Result<(), EngineError> {
-        let stats = self.backend.measure_kv(batch)?;
-        if self.cfg.calculate_kv_scales {
-            self.backend
-                .set_kv_scales(&calibration::scales_from_amax(self.cfg.kv_dtype, &stats.amax))?;
-            info!(dtype = %self.cfg.kv_dtype, layers = stats.amax.k.len(), "calibrated KV scales from the first prefill");
+    fn calibrate(&mut self, how: &KvCalibration, batch: &Batch) -> Result<(), EngineError> {
+        let report = self.backend.calibrate(how, Some(batch))?;
+        if how.scales == Scales::Measured {
+            info!(dtype = %self.cfg.kv_dtype, layers = report.scales.len(), "calibrated KV scales from the first prefill");
         }
-        if self.cfg.kv_quant.smooth {
-            self.backend.set_kv_offsets(&stats.means)?;
+        if how.offsets {
             info!(
                 method = self.cfg.kv_quant.name(),
-                tokens = batch.len(),
+                tokens = report.measured_rows,
                 "KV offsets from the first prefill"
             );
         }
-        self.calibrated = true;
         Ok(())
     }
 }

@@ -2,8 +2,8 @@
 
 use thiserror::Error;
 
-use crate::backend::BackendError;
 use crate::registry::SchedError;
+use kvgate_backend::BackendError;
 
 /// Everything the engine reports to its callers.
 #[derive(Debug, Error, Clone, PartialEq)]

@@ -3,6 +3,8 @@
 //! prefix cache, forking, releasing the blocks that slid out of a windowed model's reach, and release.
 //! Pure bookkeeping over integer ids.
 
+use kvgate_backend::BlockCopy;
+
 use crate::block_pool::{BlockId, BlockPool, BlockRef};
 
 /// A sequence's block table and how much of it is registered in the prefix cache.
@@ -74,15 +76,6 @@ pub fn blocks_for_reads(block_size: usize, shared: usize, read_lens: impl IntoIt
         .into_iter()
         .map(|len| len.div_ceil(block_size) - full + 1)
         .sum::<usize>()
-}
-
-/// A block copy the cache must perform before the step runs (copy-on-write).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BlockCopy {
-    /// Source block.
-    pub src: BlockId,
-    /// Destination block.
-    pub dst: BlockId,
 }
 
 /// Prefix-cache counters, in tokens.
@@ -185,7 +178,10 @@ impl KvManager {
             let i = computed / bs - sb.released;
             let src = sb.live[i];
             let dst = self.pool.allocate().expect("checked free count");
-            copies.push(BlockCopy { src, dst });
+            copies.push(BlockCopy {
+                src: src.into(),
+                dst: dst.into(),
+            });
             self.pool.decref(src);
             sb.live[i] = dst;
         }
@@ -297,7 +293,7 @@ mod tests {
         assert_eq!(m.blocks_needed(&c, 10, 11), 1);
         assert!(m.reserve(&mut c, 10, 11, &mut copies));
         assert_eq!(copies.len(), 1);
-        assert_eq!(copies[0].src, a.live()[2]);
+        assert_eq!(copies[0].src, u32::from(a.live()[2]));
         assert_ne!(c.live()[2], a.live()[2]);
         // the original is now the only owner: no copy
         assert!(m.reserve(&mut a, 10, 11, &mut copies));

@@ -5,17 +5,16 @@
 //!
 //! The rooms: [`engine`](crate::start) (the loop), `scheduler` (what runs next) over `registry`
 //! (sequences and groups under typed ids), `decision` (decision layouts, keep-alive pins), `kv_manager`
-//! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), [`Backend`]
-//! (storage + forward; [`CpuBackend`] today), `constraint` (the grammar seam: masks computed alongside the forward pass), `output` (sampling,
-//! stop strings, logprobs,
-//! detokenization, decision answers), [`metrics`].
+//! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), the
+//! [`Backend`] seam (its own crate, `kvgate-backend`; [`open_backend`] is the one factory `--device`
+//! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass), `output`
+//! (sampling, stop strings, logprobs, detokenization, decision answers), [`metrics`].
 
-mod backend;
 mod batch;
 mod block_pool;
-mod calibration;
 mod constraint;
 mod decision;
+mod device;
 mod engine;
 mod error;
 mod handle;
@@ -32,15 +31,15 @@ mod text;
 #[cfg(test)]
 mod scheduler_fuzz;
 
-pub use backend::{Backend, BackendError, CpuBackend, KvStats};
 pub use block_pool::{BlockId, PoolCounts};
-pub use calibration::kv_scale;
 pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
+pub use device::{device_available, open_backend, BackendSpec};
 pub use engine::{start, start_with_backend, EngineConfig};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
 pub use inference::{DecisionOutcome, Inference, PendingDecision};
-pub use kv_manager::BlockCopy;
+pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, KvMemory, KvStats};
+pub use kvgate_model::CpuBackend;
 pub use registry::SchedError;
 pub use request::{
     DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage,

@@ -79,6 +79,13 @@ pub(crate) struct DecState {
     pinned: bool,
 }
 
+impl DecState {
+    /// Read `qi`.
+    pub(crate) fn read(&self, qi: usize) -> Option<&DecisionRead> {
+        self.reads.get(qi)
+    }
+}
+
 /// What a request is.
 pub(crate) enum Kind {
     Gen(Box<GenState>),
@@ -211,19 +218,18 @@ pub(crate) struct StepContext<'a> {
     pub(crate) pin_until: &'a dyn Fn(Duration) -> u64,
 }
 
-/// The logits one chunk produced: `rows` of `vocab` values each.
+/// What one chunk got back from the forward pass.
 #[derive(Clone, Copy)]
-pub(crate) struct ChunkLogits<'a> {
-    pub(crate) chunk: &'a Chunk,
-    pub(crate) rows: &'a [f32],
-    pub(crate) vocab: usize,
-}
-
-impl ChunkLogits<'_> {
-    /// The last row: the next-token distribution.
-    fn last(&self) -> &[f32] {
-        &self.rows[self.rows.len() - self.vocab..]
-    }
+pub(crate) enum ChunkOut<'a> {
+    /// Logits rows of `vocab` values each (the last one predicts the next token).
+    Logits {
+        /// The rows.
+        rows: &'a [f32],
+        /// Their width.
+        vocab: usize,
+    },
+    /// The log-probs of a read's label aliases, flattened in label order.
+    Logprobs(&'a [f32]),
 }
 
 /// Turns logits into events.
@@ -238,40 +244,46 @@ impl OutputProcessor {
         OutputProcessor { tok, eos, limits }
     }
 
-    /// Processes the logits a chunk produced for request `a`.
-    pub(crate) fn on_logits(
+    /// Processes what chunk `c` got back for request `a`.
+    pub(crate) fn on_output(
         &self,
         cx: &mut StepContext,
         a: &mut Active,
-        out: ChunkLogits,
+        c: &Chunk,
+        out: ChunkOut,
     ) -> Result<Outcome, SchedError> {
         let (arrival, computed, cached) = (a.arrival, a.computed_tokens, a.cached_tokens);
-        match &mut a.kind {
-            Kind::Dec(d) => self.on_read(cx, d, out, arrival, computed),
-            Kind::Gen(g) => self.on_generate(cx, g, out, arrival, cached),
+        match (&mut a.kind, out) {
+            (Kind::Dec(d), ChunkOut::Logprobs(lps)) => self.on_read(cx, d, c, lps, arrival, computed),
+            (Kind::Gen(g), ChunkOut::Logits { rows, vocab }) => {
+                self.on_generate(cx, g, c, rows, vocab, arrival, cached)
+            }
+            // the engine asks each kind only for its own output
+            _ => Ok(Outcome::Continue),
         }
     }
 
+    /// A read's label probabilities from the log-probs of its aliases (flattened in label order).
     fn on_read(
         &self,
         cx: &mut StepContext,
         d: &mut DecState,
-        out: ChunkLogits,
+        c: &Chunk,
+        lps: &[f32],
         arrival: Instant,
         computed: usize,
     ) -> Result<Outcome, SchedError> {
-        let c = out.chunk;
         let (true, Some(qi)) = (c.at_end, c.read) else {
             return Ok(Outcome::Continue);
         };
-        let ls = log_softmax(out.last());
         let Some(read) = d.reads.get(qi) else {
             return Ok(Outcome::Continue);
         };
+        let mut lps = lps.iter();
         let probs: Vec<f64> = read
             .labels
             .iter()
-            .map(|aliases| aliases.iter().map(|&t| (ls[t as usize] as f64).exp()).sum())
+            .map(|aliases| aliases.iter().zip(&mut lps).map(|(_, &lp)| (lp as f64).exp()).sum())
             .collect();
         let mass = probs.iter().sum();
         d.results[qi] = Some(ReadResult {
@@ -298,15 +310,17 @@ impl OutputProcessor {
         Ok(Outcome::Done("stop"))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_generate(
         &self,
         cx: &mut StepContext,
         gs: &mut GenState,
-        out: ChunkLogits,
+        c: &Chunk,
+        rows: &[f32],
+        vocab: usize,
         arrival: Instant,
         cached_tokens: usize,
     ) -> Result<Outcome, SchedError> {
-        let (c, rows, vocab) = (out.chunk, out.rows, out.vocab);
         if c.logits == Logits::All {
             // Prompt logprobs: row i predicts the token at position start + i + 1.
             let k = gs.params.prompt_logprobs.unwrap_or(0);
@@ -326,7 +340,7 @@ impl OutputProcessor {
         if !c.at_end {
             return Ok(Outcome::Continue);
         }
-        let last = out.last();
+        let last = &rows[rows.len() - vocab..];
         let mut targets = vec![c.seq];
         if !gs.forked {
             gs.forked = true;

@@ -138,7 +138,7 @@ impl Sim {
         let snapshot = self.cache.clone();
         for cp in &plan.copies {
             for o in 0..self.bs {
-                self.cache[cp.dst.index() * self.bs + o] = snapshot[cp.src.index() * self.bs + o];
+                self.cache[cp.dst as usize * self.bs + o] = snapshot[cp.src as usize * self.bs + o];
             }
         }
         for c in &plan.chunks {

@@ -4,10 +4,12 @@
 //! vocabulary), and chat templates rendered with minijinja.
 //!
 //! The model never allocates KV blocks: it is handed a [`Batch`] whose rows already carry their cache
-//! slots and block tables, and an [`kvgate_kv::AttentionBackend`] to read and write them.
+//! slots and block tables, and an [`kvgate_kv::AttentionBackend`] to read and write them. The CPU
+//! backend ([`CpuBackend`]) is this model over a host cache behind the `kvgate_backend` seam.
 
 mod chat;
 mod config;
+mod cpu_backend;
 mod dense;
 mod error;
 mod linear;
@@ -27,9 +29,11 @@ mod weights;
 
 pub use chat::{strftime, ChatTemplate};
 pub use config::{Arch, ModelConfig};
+pub use cpu_backend::{CpuBackend, CpuSettings};
 pub use error::{ModelError, Result};
+pub use kvgate_backend::{Batch, KvAmax, Output, Precision, Want, RELEASED_BLOCK};
 pub use load_hf::load_hf_dir;
 pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
-pub use model::{Batch, KvAmax, Model, RELEASED_BLOCK};
+pub use model::Model;
 pub use qmatmul::{QKind, QMatrix};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

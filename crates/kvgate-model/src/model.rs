@@ -6,6 +6,7 @@
 //! logits are bitwise the same whatever else is in the batch and whether its prefix was computed in
 //! this step, an earlier chunk, or found in the prefix cache.
 
+use kvgate_backend::{Batch, KvAmax};
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow};
 
 use crate::config::ModelConfig;
@@ -13,67 +14,6 @@ use crate::error::{ModelError, Result};
 use crate::linear::Linear;
 use crate::ops::{add_inplace, gated_activation, rms_norm, rms_norm_inplace, softcap_inplace, Rope};
 use crate::weights::Weights;
-
-/// A block-table entry for a block given back because every layer's sliding window has passed it: no
-/// row of the table reads it (the engine's backends check that before a step).
-pub const RELEASED_BLOCK: u32 = u32::MAX;
-
-/// One engine step's worth of token rows.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Batch {
-    /// Token id of each row.
-    pub tokens: Vec<u32>,
-    /// Position of each row within its sequence.
-    pub positions: Vec<u32>,
-    /// Cache slot (`block · block_size + offset`) each row's K/V is written to.
-    pub slots: Vec<usize>,
-    /// Index into `tables` of each row's sequence.
-    pub seq_of_row: Vec<u32>,
-    /// Block table of each sequence in the batch ([`RELEASED_BLOCK`] for a block outside every
-    /// layer's window).
-    pub tables: Vec<Vec<u32>>,
-    /// Rows whose logits are wanted, in the order the logits are returned.
-    pub logit_rows: Vec<usize>,
-    /// Per sequence (index as `tables`): whether its rows take the opt-in 8-bit-activation kernels
-    /// (see [`crate::QMatrix::matmul_rows`]); empty for none.
-    pub int8: Vec<bool>,
-}
-
-impl Batch {
-    /// Number of token rows.
-    pub fn len(&self) -> usize {
-        self.tokens.len()
-    }
-
-    /// True when there are no rows.
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
-    /// A batch holding one whole sequence laid out in blocks `0, 1, 2, …` with logits for every row
-    /// (for tests, reports and perplexity).
-    pub fn single_sequence(tokens: &[u32], block_size: usize) -> Batch {
-        let n = tokens.len();
-        Batch {
-            tokens: tokens.to_vec(),
-            positions: (0..n as u32).collect(),
-            slots: (0..n).collect(),
-            seq_of_row: vec![0; n],
-            tables: vec![(0..n.div_ceil(block_size) as u32).collect()],
-            logit_rows: (0..n).collect(),
-            int8: Vec::new(),
-        }
-    }
-}
-
-/// Per-layer amax of K and V seen in a forward pass (for `--calculate-kv-scales`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct KvAmax {
-    /// amax of K per layer.
-    pub k: Vec<f32>,
-    /// amax of V per layer.
-    pub v: Vec<f32>,
-}
 
 /// Per layer, projections stacked into one matmul where the weights allow it (q·k·v, gate·up): fewer,
 /// larger matmuls, one pass over the activations.
@@ -171,9 +111,17 @@ impl Model {
     }
 
     /// Runs the batch: writes every row's K/V into `cache` (through `attn`, whose cache it is), returns
-    /// `logit_rows.len() × vocab` logits.
+    /// the logits of every output row (`outputs.len() × vocab`, in output order, whatever each output
+    /// wants: reducing them is the backend's job), every row computed exactly.
     pub fn forward<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
-        self.forward_inner(b, cache, attn, None)
+        self.forward_inner(b, cache, attn, false, None)
+    }
+
+    /// As [`Model::forward`], with the rows of [`kvgate_backend::Precision::Fast`] sequences through
+    /// the opt-in 8-bit-activation kernels (see [`crate::QMatrix::matmul_rows`]); every other row as
+    /// `forward` computes it, bit for bit.
+    pub fn forward_int8<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
+        self.forward_inner(b, cache, attn, true, None)
     }
 
     /// Like [`Model::forward`], also reporting the per-layer amax of K and V (calibration).
@@ -184,7 +132,7 @@ impl Model {
         attn: &A,
     ) -> Result<(Vec<f32>, KvAmax)> {
         let mut a = KvAmax::default();
-        let logits = self.forward_inner(b, cache, attn, Some(&mut a))?;
+        let logits = self.forward_inner(b, cache, attn, false, Some(&mut a))?;
         Ok((logits, a))
     }
 
@@ -193,6 +141,7 @@ impl Model {
         b: &Batch,
         cache: &mut A::Cache,
         attn: &A,
+        int8_fast: bool,
         mut amax_out: Option<&mut KvAmax>,
     ) -> Result<Vec<f32>> {
         let c = &self.cfg;
@@ -230,15 +179,8 @@ impl Model {
             .map(|(&s, &p)| AttnRow { table: s, pos: p })
             .collect();
         let tables: Vec<&[u32]> = b.tables.iter().map(|t| t.as_slice()).collect();
-        // Per row: the 8-bit-activation flag of its sequence (empty when no sequence asks).
-        let int8: Vec<bool> = if b.int8.iter().any(|&v| v) {
-            b.seq_of_row
-                .iter()
-                .map(|&s| b.int8.get(s as usize).copied().unwrap_or(false))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        // Per row: the 8-bit-activation flag of its sequence (empty when no row takes it).
+        let int8: Vec<bool> = if int8_fast { b.fast_rows() } else { Vec::new() };
         let mut h = vec![0f32; n * d];
         let mut attn_out = vec![0f32; n * nh * hd];
         for (li, l) in self.w.layers.iter().enumerate() {
@@ -309,20 +251,20 @@ impl Model {
             }
             add_inplace(&mut x, &m);
         }
-        if b.logit_rows.is_empty() {
+        if b.outputs.is_empty() {
             return Ok(vec![]);
         }
-        let mut sel = Vec::with_capacity(b.logit_rows.len() * d);
-        for &r in &b.logit_rows {
+        let mut sel = Vec::with_capacity(b.outputs.len() * d);
+        for r in b.output_rows() {
             sel.extend_from_slice(&x[r * d..(r + 1) * d]);
         }
         rms_norm_inplace(&mut sel, &self.w.final_norm, c.rms_eps, c.norm_plus_one);
         let head_int8: Vec<bool> = if int8.is_empty() {
             Vec::new()
         } else {
-            b.logit_rows.iter().map(|&r| int8[r]).collect()
+            b.output_rows().map(|r| int8[r]).collect()
         };
-        let mut logits = self.w.lm_head.forward_rows(&sel, b.logit_rows.len(), &head_int8)?;
+        let mut logits = self.w.lm_head.forward_rows(&sel, b.outputs.len(), &head_int8)?;
         if let Some(cap) = c.final_logit_softcap {
             softcap_inplace(&mut logits, cap);
         }

@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use kvgate_engine::{metrics as m, EngineConfig, EngineError};
+use kvgate_engine::{metrics as m, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory};
 use kvgate_kv::{CacheShape, KvError};
 use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Activations, Args, ConfigError, Device, KvCacheDtype, KvCacheMethod, LogFormat};
+use crate::config::{self, Activations, Args, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::{AppState, ServedModel};
 use crate::{app, default_model};
@@ -24,9 +24,9 @@ use crate::{app, default_model};
 /// Why `serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// A device without a backend.
-    #[error("--device {0}: this build has no CUDA backend yet (the CUDA kernels in kvgate-cuda are not wired to a backend); use --device cpu")]
-    DeviceUnsupported(Device),
+    /// The backend for `--device` could not be opened (a device this build has no backend for).
+    #[error("{0}")]
+    Backend(BackendError),
     /// The default model could not be fetched.
     #[error("{0}")]
     DefaultModel(String),
@@ -143,21 +143,6 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// Default KV memory: a quarter of the available memory, at most 4 GiB, at least 64 MiB.
-fn default_kv_memory() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb * 1024)
-        .unwrap_or(8 << 30);
-    (avail / 4).clamp(64 << 20, 4 << 30)
-}
-
 fn install_metrics() -> Option<PrometheusHandle> {
     let buckets = [
         0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -251,16 +236,24 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         dtype: args.kv_cache_dtype,
         err,
     })?;
-    let (num_blocks, kv_bytes) = match (args.num_kv_blocks, args.kv_cache_memory) {
-        (Some(n), _) => (n, n as u64 * shape.bytes_per_block() as u64),
-        (None, mem) => {
-            let bytes = mem.map_or_else(default_kv_memory, |b| b.bytes());
-            let n = shape
-                .blocks_for_bytes(bytes)
-                .map_err(|err| StartError::KvMemory { bytes, err })?;
-            (n, bytes)
-        }
+    // The backend sizes its own cache (`--kv-cache-memory`, or its device's default share).
+    let spec = BackendSpec {
+        device: args.device,
+        shape,
+        memory: match (args.num_kv_blocks, args.kv_cache_memory) {
+            (Some(n), _) => KvMemory::Blocks(n),
+            (None, Some(b)) => KvMemory::Bytes(b.bytes()),
+            (None, None) => KvMemory::Auto,
+        },
+        int8_activations: args.activations == Activations::Int8,
     };
+    let vocab_size = mc.vocab_size;
+    let backend = kvgate_engine::open_backend(loaded.model, &spec).map_err(|e| match e {
+        BackendError::Cache(err @ KvError::TooSmall { bytes, .. }) => StartError::KvMemory { bytes, err },
+        e => StartError::Backend(e),
+    })?;
+    let capacity = backend.capacity();
+    let (num_blocks, kv_bytes) = (capacity.num_blocks, capacity.budget_bytes);
     let max_model_len = loaded.max_model_len.min(num_blocks * args.block_size);
     if max_model_len < loaded.max_model_len {
         warn!(
@@ -298,9 +291,8 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
     };
-    let vocab_size = loaded.model.config().vocab_size;
     let eos_token_ids = loaded.eos_token_ids.clone();
-    let engine = kvgate_engine::start(loaded.model, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
+    let engine = kvgate_engine::start_with_backend(backend, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
         "model_name" => served_names[0].clone(),
         "block_size" => args.block_size.to_string(),
@@ -363,9 +355,8 @@ pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Ar
 }
 
 async fn run(args: Args) -> Result<(), StartError> {
-    if let Device::Cuda(_) = args.device {
-        return Err(StartError::DeviceUnsupported(args.device));
-    }
+    // refused before the model loads
+    kvgate_engine::device_available(args.device).map_err(StartError::Backend)?;
     let is_default = args.model.is_none();
     let path: PathBuf = match &args.model {
         Some(p) => PathBuf::from(p),

@@ -2,6 +2,7 @@
 //! the command line and `KVGATE_*` environment variables and serde reads from a TOML `--config` file.
 //! Precedence: command line > environment > config file > default ([`load`]).
 
+pub use kvgate_engine::Device;
 use std::ffi::OsString;
 use std::path::PathBuf;
 
@@ -115,42 +116,6 @@ impl std::fmt::Display for KvCacheMethod {
     }
 }
 string_setting!(KvCacheMethod);
-
-/// `--device`: where the model runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Device {
-    /// The CPU backend.
-    Cpu,
-    /// CUDA device N.
-    Cuda(u32),
-}
-
-impl std::str::FromStr for Device {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim().to_ascii_lowercase();
-        if t == "cpu" {
-            return Ok(Device::Cpu);
-        }
-        if let Some(n) = t.strip_prefix("cuda:") {
-            if let Ok(n) = n.parse() {
-                return Ok(Device::Cuda(n));
-            }
-        }
-        Err(format!("{s:?} is not a device: expected cpu or cuda:N"))
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(n) => write!(f, "cuda:{n}"),
-        }
-    }
-}
-string_setting!(Device);
 
 /// `--activations`: the precision completions compute their matmuls in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

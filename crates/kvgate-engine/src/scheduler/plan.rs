@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use crate::block_pool::BlockId;
-use crate::kv_manager::BlockCopy;
 use crate::registry::{GroupId, SeqId};
+use kvgate_backend::BlockCopy;
 
 /// Which rows of a chunk need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

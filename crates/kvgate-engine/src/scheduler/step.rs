@@ -6,8 +6,8 @@ use std::collections::HashSet;
 
 use super::plan::{Chunk, Logits, Plan, Planned, StepState};
 use super::{Result, Scheduler};
-use crate::kv_manager::BlockCopy;
 use crate::registry::{GroupId, Registry, SchedError, SeqId};
+use kvgate_backend::BlockCopy;
 
 /// Where a group that arrived at `order` goes in a queue kept in arrival order (before the first newer
 /// group).

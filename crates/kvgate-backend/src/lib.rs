@@ -1,0 +1,67 @@
+//! The backend seam: the object that owns the KV storage and runs the forward pass (the model's layers
+//! plus attention over its own cache), and every type that crosses it. The engine talks to a backend
+//! only in device-neutral terms — a flat [`Batch`] of token ids, positions, cache slots and block
+//! tables as integers, what each output row needs back ([`Want`]), block copies as pairs of indices, one
+//! typed [`KvCalibration`] — so the CPU backend (`kvgate_model::CpuBackend`) and a GPU one implement the
+//! same trait over their own memory without the engine changing.
+//!
+//! Guarantees every implementation gives: block ids, slots, table indices, tokens and output rows are
+//! checked against the cache and model it owns before anything runs (a bad id is a [`BackendError`],
+//! never an out-of-bounds access); `forward` writes every row's K/V before any row attends; a row's
+//! outputs do not depend on the other rows of the batch; log-probabilities asked with
+//! [`Want::Logprobs`] are computed on the backend's side (no full-vocabulary row crosses the seam).
+
+mod batch;
+mod calibrate;
+mod capacity;
+mod error;
+mod output;
+
+pub use batch::{check_batch, Batch, BlockCopy, Output, Precision, Want, RELEASED_BLOCK};
+pub use calibrate::{
+    dtype_range, kv_scale, scales_from_amax, CalibrationReport, KvAmax, KvCalibration, KvStats, Scales,
+};
+pub use capacity::{Capacity, Device, KvMemory};
+pub use error::{BackendError, BatchError};
+pub use output::{logprobs_of, StepOutput};
+
+use kvgate_kv::CacheShape;
+
+/// Storage plus compute for one model on one device.
+pub trait Backend: Send {
+    /// The device, for logs and metrics.
+    fn device(&self) -> Device;
+
+    /// The shape of the cache it owns.
+    fn cache_shape(&self) -> CacheShape;
+
+    /// What its cache holds: blocks, and the bytes each takes on the device.
+    fn capacity(&self) -> Capacity;
+
+    /// Vocabulary size (the width of a [`Want::Logits`] row).
+    fn vocab_size(&self) -> usize;
+
+    /// Positions the model can run (the longest sequence).
+    fn max_positions(&self) -> usize;
+
+    /// How far back any layer reads when every layer's attention is windowed (sliding window in all
+    /// layers): the scheduler gives back blocks past it. `None` when some layer reads the whole context.
+    fn attention_span(&self) -> Option<usize>;
+
+    /// The name of the backend's relaxed-precision path for [`Precision::Fast`] rows (for example
+    /// `"int8-activations"`), or `None` when it computes every row exactly. Blocks computed on that
+    /// path must never be shared with exactly computed ones, so the engine keys them apart by it.
+    fn fast_path(&self) -> Option<&'static str>;
+
+    /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;
+
+    /// Runs one step: writes every row's K/V into the cache at its slot and returns what each of
+    /// `batch.outputs` asked for.
+    fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError>;
+
+    /// Sets the quantized cache's per-layer parameters, once, before anything is written with them.
+    /// When `how` measures ([`KvCalibration::needs_batch`]) it runs `first` (the first batch the engine
+    /// will run) without touching the cache; otherwise `first` may be `None`.
+    fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError>;
+}

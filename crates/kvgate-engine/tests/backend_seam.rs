@@ -1,0 +1,242 @@
+//! The backend seam from the engine's side, on the tiny model: every row says what it needs back — a
+//! decision read asks for the log-probs of its label ids only (never a full-vocabulary row), a
+//! completion for logits rows, a prefill chunk for nothing — and those log-probs equal the entries of
+//! the log-softmax of the same row; calibration is one typed call; `--device` goes through one factory
+//! that refuses a device with no backend by name; the backend reports its own capacity.
+
+use std::sync::{Arc, Mutex};
+
+use kvgate_backend::{
+    Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device, KvCalibration, KvMemory, Output,
+    Scales, StepOutput, Want,
+};
+use kvgate_engine::{
+    log_softmax, open_backend, start_with_backend, BackendSpec, DecideRequest, DecisionRead, EngineConfig, Event,
+    GenerateRequest, SamplingParams,
+};
+use kvgate_kv::{CacheShape, KvDtype};
+use kvgate_model::tiny::{tiny_model, TinySpec};
+use kvgate_model::{CpuBackend, CpuSettings, LoadedModel};
+
+/// A backend that records the outputs each batch asked for, then runs the CPU backend.
+struct Recording {
+    inner: Box<dyn Backend>,
+    seen: Arc<Mutex<Vec<Vec<Output>>>>,
+}
+
+impl Backend for Recording {
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+    fn cache_shape(&self) -> CacheShape {
+        self.inner.cache_shape()
+    }
+    fn capacity(&self) -> Capacity {
+        self.inner.capacity()
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn max_positions(&self) -> usize {
+        self.inner.max_positions()
+    }
+    fn attention_span(&self) -> Option<usize> {
+        self.inner.attention_span()
+    }
+    fn fast_path(&self) -> Option<&'static str> {
+        self.inner.fast_path()
+    }
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
+        self.inner.copy_blocks(copies)
+    }
+    fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {
+        self.seen.lock().unwrap().push(batch.outputs.clone());
+        self.inner.forward(batch)
+    }
+    fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {
+        self.inner.calibrate(how, first)
+    }
+}
+
+fn tiny() -> LoadedModel {
+    tiny_model(TinySpec::default()).unwrap()
+}
+
+fn spec(m: &LoadedModel, blocks: usize) -> BackendSpec {
+    BackendSpec {
+        device: Device::Cpu,
+        shape: m.model.config().cache_shape(4, KvDtype::F32).unwrap(),
+        memory: KvMemory::Blocks(blocks),
+        int8_activations: false,
+    }
+}
+
+#[test]
+fn reads_ask_for_label_logprobs_and_completions_for_logits() {
+    let m = tiny();
+    let backend = open_backend(tiny().model, &spec(&m, 64)).unwrap();
+    let tok = Arc::new(m.tokenizer);
+    let seen = Arc::new(Mutex::new(vec![]));
+    let rec = Recording {
+        inner: backend,
+        seen: seen.clone(),
+    };
+    let cfg = EngineConfig {
+        block_size: 4,
+        num_blocks: 64,
+        max_model_len: m.max_model_len,
+        ..Default::default()
+    };
+    let h = start_with_backend(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let prompt = tok.encode("The order shipped late. Is it urgent?", false).unwrap();
+    let labels = vec![
+        vec![
+            tok.encode("yes", false).unwrap()[0],
+            tok.encode(" yes", false).unwrap()[0],
+        ],
+        vec![tok.encode("no", false).unwrap()[0]],
+    ];
+    let flat: Vec<u32> = labels.iter().flatten().copied().collect();
+    let (reads, _) = rt.block_on(async {
+        let mut s = h
+            .decide(DecideRequest {
+                reads: vec![DecisionRead {
+                    prompt: prompt.clone(),
+                    labels: labels.clone(),
+                }],
+                cache_salt: Some("seam".into()),
+                keep_alive: None,
+                tenant: None,
+            })
+            .unwrap();
+        match s.next().await.unwrap() {
+            Event::Decision { reads, usage } => (reads, usage),
+            e => panic!("{e:?}"),
+        }
+    });
+    let decision_outputs: Vec<Output> = seen.lock().unwrap().drain(..).flatten().collect();
+    assert_eq!(decision_outputs.len(), 1, "one read, one output row");
+    assert_eq!(decision_outputs[0].want, Want::Logprobs(flat.clone()));
+
+    // the same prompt's next-token logits, asked as a completion with prompt logprobs
+    rt.block_on(async {
+        let mut s = h
+            .generate(GenerateRequest {
+                prompt: prompt.clone(),
+                params: SamplingParams {
+                    max_tokens: 1,
+                    ..Default::default()
+                },
+                cache_salt: Some("seam-2".into()),
+            })
+            .unwrap();
+        while let Some(e) = s.next().await {
+            if matches!(e, Event::Done(_) | Event::Error(_)) {
+                break;
+            }
+        }
+    });
+    let outs: Vec<Output> = seen.lock().unwrap().drain(..).flatten().collect();
+    assert!(!outs.is_empty() && outs.iter().all(|o| o.want == Want::Logits));
+
+    // the read's probabilities are the log-softmax entries of the full row, bit for bit
+    let shape = m.model.config().cache_shape(4, KvDtype::F32).unwrap();
+    let mut cpu = CpuBackend::new(m.model, shape, 64);
+    let mut b = Batch::single_sequence(&prompt, 4);
+    let last = prompt.len() - 1;
+    b.outputs = vec![
+        Output {
+            row: last,
+            want: Want::Logits,
+        },
+        Output {
+            row: last,
+            want: Want::Logprobs(flat.clone()),
+        },
+    ];
+    let out = cpu.forward(&b).unwrap();
+    let ls = log_softmax(&out.logits);
+    let want: Vec<f64> = labels
+        .iter()
+        .map(|a| a.iter().map(|&t| (ls[t as usize] as f64).exp()).sum())
+        .collect();
+    assert_eq!(reads[0].label_probs, want);
+    for (lp, &t) in out.logprobs[0].iter().zip(&flat) {
+        assert_eq!(lp.to_bits(), ls[t as usize].to_bits());
+    }
+}
+
+#[test]
+fn the_factory_sizes_the_cache_and_refuses_devices_without_a_backend() {
+    let m = tiny();
+    let s = spec(&m, 10);
+    let per = s.shape.bytes_per_block();
+    let b = open_backend(tiny().model, &s).unwrap();
+    assert_eq!(b.device(), Device::Cpu);
+    assert_eq!(
+        b.capacity(),
+        Capacity {
+            num_blocks: 10,
+            bytes_per_block: per,
+            budget_bytes: 10 * per as u64
+        }
+    );
+    assert_eq!(b.fast_path(), None);
+    let bytes = BackendSpec {
+        memory: KvMemory::Bytes(3 * per as u64 + 5),
+        int8_activations: true,
+        ..s.clone()
+    };
+    let b = open_backend(tiny().model, &bytes).unwrap();
+    assert_eq!(b.capacity().num_blocks, 3);
+    assert_eq!(b.fast_path(), Some("int8-activations"));
+    let small = BackendSpec {
+        memory: KvMemory::Bytes(1),
+        ..s.clone()
+    };
+    assert!(matches!(
+        open_backend(tiny().model, &small),
+        Err(BackendError::Cache(kvgate_kv::KvError::TooSmall { bytes: 1, .. }))
+    ));
+    let cuda = BackendSpec {
+        device: Device::Cuda(0),
+        ..s
+    };
+    let err = open_backend(tiny().model, &cuda).err().unwrap();
+    assert_eq!(
+        err.to_string(),
+        "--device cuda:0: this build has no CUDA backend yet (the CUDA kernels in kvgate-cuda are not wired to a backend); use --device cpu"
+    );
+}
+
+#[test]
+fn calibration_is_one_typed_call() {
+    let m = tiny();
+    let shape = m.model.config().cache_shape(4, KvDtype::Fp8E4m3).unwrap();
+    let mut cpu = CpuBackend::open(tiny().model, shape, KvMemory::Blocks(8), CpuSettings::default()).unwrap();
+    let measured = KvCalibration {
+        scales: Scales::Measured,
+        offsets: false,
+    };
+    assert_eq!(cpu.calibrate(&measured, None), Err(BackendError::CalibrationNeedsBatch));
+    let b = Batch::single_sequence(&[1, 2, 3, 4, 5, 6], 4);
+    let r = cpu.calibrate(&measured, Some(&b)).unwrap();
+    let layers = m.model.config().num_layers;
+    assert_eq!((r.scales.len(), r.offset_layers, r.measured_rows), (layers, 0, 6));
+    assert!(r.scales.iter().all(|&(k, v)| k > 0.0 && v > 0.0));
+    // given scales need no batch; once something is written the cache refuses new ones
+    let given = KvCalibration {
+        scales: Scales::Given(vec![(0.5, 0.25); layers]),
+        offsets: false,
+    };
+    assert_eq!(cpu.calibrate(&given, None).unwrap().scales.len(), layers);
+    cpu.forward(&b).unwrap();
+    assert!(matches!(
+        cpu.calibrate(&given, None),
+        Err(BackendError::Cache(kvgate_kv::KvError::Frozen { .. }))
+    ));
+}

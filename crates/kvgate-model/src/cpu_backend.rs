@@ -1,0 +1,238 @@
+//! The CPU backend: the model's shared layer code over a host [`KvCache`] with the CPU paged attention
+//! of `kvgate-kv`, behind the `kvgate_backend` seam. The forward pass runs inside the rayon compute
+//! pool (one hand-off per step, not one per parallel region: the engine thread is not a pool worker).
+//! Its one device-specific setting is the opt-in 8-bit-activation path for
+//! [`Precision::Fast`](kvgate_backend::Precision) rows; it sizes its cache from the host's available
+//! memory when asked for the default.
+
+use kvgate_backend::{
+    check_batch, scales_from_amax, Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device,
+    KvCalibration, KvMemory, KvStats, Scales, StepOutput,
+};
+use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype, Which};
+
+use crate::model::Model;
+
+/// The CPU backend's settings.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuSettings {
+    /// Rows of [`Precision::Fast`](kvgate_backend::Precision) sequences compute their matmuls from
+    /// 8-bit activations where the weight format has the integer kernel
+    /// ([`crate::QMatrix::matmul_rows`]): faster, not f32 accuracy (`--activations int8`).
+    pub int8_activations: bool,
+}
+
+/// Model + host cache.
+#[derive(Debug)]
+pub struct CpuBackend {
+    model: Model,
+    cache: KvCache,
+    settings: CpuSettings,
+    budget_bytes: u64,
+}
+
+/// The name of the CPU's fast path.
+const INT8_PATH: &str = "int8-activations";
+
+impl CpuBackend {
+    /// A backend running `model` over a zeroed cache of `num_blocks` blocks of `shape`.
+    pub fn new(model: Model, shape: CacheShape, num_blocks: usize) -> CpuBackend {
+        CpuBackend {
+            model,
+            cache: KvCache::new(shape, num_blocks),
+            settings: CpuSettings::default(),
+            budget_bytes: num_blocks as u64 * shape.bytes_per_block() as u64,
+        }
+    }
+
+    /// A backend running `model` over a cache of `shape` holding what `memory` asks for
+    /// ([`KvMemory::Auto`]: [`CpuBackend::default_kv_memory`]).
+    pub fn open(
+        model: Model,
+        shape: CacheShape,
+        memory: KvMemory,
+        settings: CpuSettings,
+    ) -> Result<CpuBackend, BackendError> {
+        let (num_blocks, budget_bytes) = memory.resolve(&shape, Self::default_kv_memory)?;
+        Ok(CpuBackend {
+            model,
+            cache: KvCache::new(shape, num_blocks),
+            settings,
+            budget_bytes,
+        })
+    }
+
+    /// The default KV memory on the host: a quarter of the available memory, at most 4 GiB, at least
+    /// 64 MiB.
+    pub fn default_kv_memory() -> u64 {
+        let avail = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("MemAvailable:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map(|kb| kb * 1024)
+            .unwrap_or(8 << 30);
+        (avail / 4).clamp(64 << 20, 4 << 30)
+    }
+
+    fn check(&self, b: &Batch) -> Result<(), BackendError> {
+        check_batch(
+            b,
+            self.cache.num_blocks(),
+            self.cache.shape().block_size(),
+            self.model.config().vocab_size,
+            self.attention_span(),
+        )
+    }
+
+    /// Runs `batch` on scratch f32 storage (the cache untouched) and reports the per-layer amax of K
+    /// and V and their per-channel means.
+    fn measure(&self, batch: &Batch) -> Result<KvStats, BackendError> {
+        self.check(batch)?;
+        let shape = self.cache.shape().with_dtype(KvDtype::F32)?;
+        let blocks = batch
+            .tables
+            .iter()
+            .filter_map(|t| t.iter().max())
+            .max()
+            .map_or(1, |&m| m as usize + 1);
+        let mut scratch = KvCache::new(shape, blocks.min(self.cache.num_blocks()));
+        let model = &self.model;
+        let (_, amax) =
+            rayon::scope(|_| model.forward_with_amax(batch, &mut scratch, &CpuAttention)).map_err(compute_error)?;
+        // the means of what the batch wrote, read back from the scratch cache
+        let (nkv, hd, bs) = (shape.num_kv_heads(), shape.head_dim(), shape.block_size());
+        let n = batch.len().max(1) as f64;
+        let mut buf = vec![0f32; hd];
+        let means = (0..shape.num_layers())
+            .map(|l| {
+                let mut mean = |which: Which| {
+                    let mut acc = vec![0f64; nkv * hd];
+                    for (&seq, &pos) in batch.seq_of_row.iter().zip(&batch.positions) {
+                        let (pos, table) = (pos as usize, &batch.tables[seq as usize]);
+                        let block = table[pos / bs] as usize;
+                        for h in 0..nkv {
+                            let x = scratch.layer(l).vector(which, block, h, pos % bs, &mut buf);
+                            acc[h * hd..(h + 1) * hd]
+                                .iter_mut()
+                                .zip(x)
+                                .for_each(|(a, &b)| *a += b as f64);
+                        }
+                    }
+                    acc.into_iter().map(|a| (a / n) as f32).collect::<Vec<f32>>()
+                };
+                (mean(Which::K), mean(Which::V))
+            })
+            .collect();
+        Ok(KvStats { amax, means })
+    }
+}
+
+fn compute_error(e: crate::ModelError) -> BackendError {
+    BackendError::Compute {
+        device: Device::Cpu,
+        message: e.to_string(),
+    }
+}
+
+impl Backend for CpuBackend {
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn cache_shape(&self) -> CacheShape {
+        *self.cache.shape()
+    }
+
+    fn capacity(&self) -> Capacity {
+        Capacity {
+            num_blocks: self.cache.num_blocks(),
+            bytes_per_block: self.cache.shape().bytes_per_block(),
+            budget_bytes: self.budget_bytes,
+        }
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn max_positions(&self) -> usize {
+        self.model.max_positions()
+    }
+
+    fn attention_span(&self) -> Option<usize> {
+        self.model.config().attention_span()
+    }
+
+    fn fast_path(&self) -> Option<&'static str> {
+        self.settings.int8_activations.then_some(INT8_PATH)
+    }
+
+    fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
+        let num_blocks = self.cache.num_blocks();
+        for c in copies {
+            for b in [c.src, c.dst] {
+                if b as usize >= num_blocks {
+                    return Err(BackendError::BlockOutOfRange {
+                        block: b as usize,
+                        num_blocks,
+                    });
+                }
+            }
+            self.cache.copy_block(c.src as usize, c.dst as usize);
+        }
+        Ok(())
+    }
+
+    fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {
+        self.check(batch)?;
+        let (model, cache) = (&self.model, &mut self.cache);
+        let int8 = self.settings.int8_activations;
+        let rows = rayon::scope(|_| {
+            if int8 {
+                model.forward_int8(batch, cache, &CpuAttention)
+            } else {
+                model.forward(batch, cache, &CpuAttention)
+            }
+        })
+        .map_err(compute_error)?;
+        Ok(StepOutput::from_rows(batch, rows, self.model.config().vocab_size))
+    }
+
+    fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {
+        let stats = match (how.needs_batch(), first) {
+            (false, _) => None,
+            (true, Some(b)) => Some(self.measure(b)?),
+            (true, None) => return Err(BackendError::CalibrationNeedsBatch),
+        };
+        let layers = self.cache.shape().num_layers();
+        let mut report = CalibrationReport {
+            measured_rows: if stats.is_some() {
+                first.map_or(0, Batch::len)
+            } else {
+                0
+            },
+            ..CalibrationReport::default()
+        };
+        let scales = match (&how.scales, &stats) {
+            (Scales::Unit, _) => vec![],
+            (Scales::Given(s), _) => s.clone(),
+            (Scales::Measured, Some(st)) => scales_from_amax(self.cache.shape().dtype(), &st.amax),
+            (Scales::Measured, None) => return Err(BackendError::CalibrationNeedsBatch),
+        };
+        for (l, &(k, v)) in scales.iter().enumerate().take(layers) {
+            self.cache.set_scales(l, k, v)?;
+        }
+        report.scales = scales;
+        if let (true, Some(st)) = (how.offsets, &stats) {
+            for (l, (k, v)) in st.means.iter().enumerate().take(layers) {
+                self.cache.set_offsets(l, k.clone(), v.clone())?;
+                report.offset_layers += 1;
+            }
+        }
+        Ok(report)
+    }
+}
