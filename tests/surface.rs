@@ -330,7 +330,14 @@ impl Inference for Scripted {
     }
 
     fn decide(&self, _: DecideRequest) -> Result<PendingDecision, EngineError> {
-        self.stream().map(PendingDecision::from)
+        if let Some(e) = &self.refuse {
+            return Err(e.clone());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Some(e) = &self.fail_with {
+            let _ = tx.send(Err(e.clone()));
+        }
+        Ok(PendingDecision::from(rx))
     }
 
     fn shutdown(&self) {}

@@ -1,7 +1,8 @@
 //! The engine thread: the loop. It owns the backend (KV storage + forward pass), the scheduler (with the
-//! block pool, prefix cache, sequences and pins), the output processor and every request's state, and
+//! block pool, prefix cache, sequences and pins) and every request's state, and
 //! loops: take commands, drop requests whose caller went away, plan a step, flatten it into a batch, run
-//! it on the backend, hand the logits to the output processor, free what ended.
+//! it on the backend, hand each chunk's output to its request kind ([`crate::requests`]), apply what
+//! they did to the sequences in one scheduler call, free what ended.
 //!
 //! Every way a request ends goes through [`Engine::end_request`], which releases its blocks: finished,
 //! stopped, cancelled (stream dropped or abort), failed, or the engine resetting after a failed or
@@ -16,7 +17,6 @@ use std::time::{Duration, Instant};
 use kvgate_backend::{Backend, Batch, KvCalibration, KvMemory, Precision, Scales, StepOutput};
 use kvgate_kv::{KvDtype, KvQuant};
 use kvgate_model::{Model, Tokenizer};
-use tokio::sync::mpsc as tmpsc;
 use tracing::{error, info, warn};
 
 use crate::batch::{self, ChunkWant};
@@ -25,10 +25,10 @@ use crate::device::{open_backend, BackendSpec};
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
-use crate::output::{guides_of, Active, ChunkOut, Kind, Outcome, OutputProcessor, StepContext};
 use crate::registry::{GroupId, SeqId};
-use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
-use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig};
+use crate::request::RequestId;
+use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
+use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
 
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -99,7 +99,7 @@ pub(crate) struct Engine {
     cfg: EngineConfig,
     backend: Box<dyn Backend>,
     sched: Scheduler,
-    out: OutputProcessor,
+    env: OutputEnv,
     rec: Recorder,
     shared: Arc<Shared>,
     reqs: HashMap<GroupId, Active>,
@@ -222,7 +222,7 @@ pub fn start_with_backend(
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
-        out: OutputProcessor::new(tok, eos, limits),
+        env: OutputEnv { tok, eos, limits },
         rec: Recorder::new(&cfg.model_name),
         calibration,
         cfg,
@@ -326,8 +326,22 @@ impl Engine {
     /// Handles one command; false means stop the engine.
     fn command(&mut self, c: Command) -> bool {
         match c {
-            Command::Generate(id, req, tx) => self.add_generate(id, req, tx),
-            Command::Decide(id, req, tx) => self.add_decide(id, req, tx),
+            Command::Generate(id, req, tx) => {
+                // Blocks computed on the backend's fast path never match exactly computed ones (or the
+                // reverse).
+                let salt = req.cache_salt.as_deref().unwrap_or("");
+                let salt = match self.backend.fast_path() {
+                    Some(path) => format!("\u{1}{path}\u{1}{salt}"),
+                    None => salt.to_string(),
+                };
+                let (g, kind) = generate::admit(&mut self.sched, req, &salt, tx);
+                self.register(id, g, kind);
+            }
+            Command::Decide(id, req, reply) => {
+                let (g, kind) = decide::admit(&mut self.sched, req, reply);
+                self.register(id, g, kind);
+                self.rec.decision_request();
+            }
             Command::Abort(id) => {
                 if let Some(&g) = self.by_id.get(&id) {
                     self.end_request(g, Some("abort"));
@@ -357,30 +371,10 @@ impl Engine {
         true
     }
 
-    fn add_generate(&mut self, id: RequestId, req: GenerateRequest, tx: tmpsc::UnboundedSender<Event>) {
-        let all = req.params.prompt_logprobs.is_some();
-        // Blocks computed on the backend's fast path never match exactly computed ones (or the reverse).
-        let salt = req.cache_salt.as_deref().unwrap_or("");
-        let salt = match self.backend.fast_path() {
-            Some(path) => format!("\u{1}{path}\u{1}{salt}"),
-            None => salt.to_string(),
-        };
-        let (g, seq) = self.sched.add_generate(req.prompt.clone(), &salt, all);
-        self.reqs
-            .insert(g, Active::generate(id, seq, req.prompt, req.params, tx));
+    /// Registers an admitted request of any kind.
+    fn register(&mut self, id: RequestId, g: GroupId, kind: Box<dyn RequestKind>) {
+        self.reqs.insert(g, Active::new(id, kind));
         self.by_id.insert(id, g);
-    }
-
-    fn add_decide(&mut self, id: RequestId, req: DecideRequest, tx: tmpsc::UnboundedSender<Event>) {
-        let prompts: Vec<Vec<u32>> = req.reads.iter().map(|r| r.prompt.clone()).collect();
-        let g = self
-            .sched
-            .add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
-        let shared = self.sched.decision_layout(g).map_or(0, |l| l.shared);
-        self.reqs
-            .insert(g, Active::decide(id, req.reads, shared, req.keep_alive, req.tenant, tx));
-        self.by_id.insert(id, g);
-        self.rec.decision_request();
     }
 
     /// Ends a request however it ended: releases every block it holds, fixes the queue count, records
@@ -401,8 +395,8 @@ impl Engine {
     fn fail_all(&mut self, e: EngineError) {
         let groups: Vec<GroupId> = self.reqs.keys().copied().collect();
         for g in groups {
-            if let Some(a) = self.reqs.get(&g) {
-                let _ = a.tx().send(Event::Error(e.clone()));
+            if let Some(a) = self.reqs.get_mut(&g) {
+                a.kind.fail(e.clone());
             }
             self.end_request(g, Some("error"));
         }
@@ -418,7 +412,7 @@ impl Engine {
         let gone: Vec<GroupId> = self
             .reqs
             .iter()
-            .filter(|(_, a)| a.tx().is_closed())
+            .filter(|(_, a)| a.kind.is_abandoned())
             .map(|(g, _)| *g)
             .collect();
         for g in gone {
@@ -434,7 +428,11 @@ impl Engine {
                 a.admitted = Some(now);
                 let u = self.sched.usage(*g);
                 a.cached_tokens = u.cached_tokens;
-                let warmed = if a.is_generate() { u.decision_warmed_tokens } else { 0 };
+                let warmed = if a.kind.counts_warmed() {
+                    u.decision_warmed_tokens
+                } else {
+                    0
+                };
                 self.rec.admitted(a.arrival, now, warmed);
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             }
@@ -447,11 +445,9 @@ impl Engine {
         }
         let plan = self.sched.schedule()?;
         for &(g, needed) in &plan.failed {
-            if let Some(a) = self.reqs.get(&g) {
-                let _ = a.tx().send(Event::Error(EngineError::DoesNotFit {
-                    needed,
-                    available: self.backend.capacity().num_blocks,
-                }));
+            let available = self.backend.capacity().num_blocks;
+            if let Some(a) = self.reqs.get_mut(&g) {
+                a.kind.fail(EngineError::DoesNotFit { needed, available });
             }
             self.end_request(g, Some("error"));
         }
@@ -465,8 +461,8 @@ impl Engine {
         let precision: Vec<Precision> = plan
             .chunks
             .iter()
-            .map(|c| match self.reqs.get(&c.group).map(|a| &a.kind) {
-                Some(Kind::Gen(_)) if fast => Precision::Fast,
+            .map(|c| match self.reqs.get(&c.group) {
+                Some(a) if fast && a.kind.may_be_fast() => Precision::Fast,
                 _ => Precision::Exact,
             })
             .collect();
@@ -475,12 +471,14 @@ impl Engine {
             self.calibrate(&how, &batch)?;
         }
         let out = self.forward_with_masks(&plan.chunks, &batch)?;
+        self.sched.advance_step(&plan.chunks)?;
         for c in &plan.chunks {
-            self.sched.advance(c)?;
             if let Some(a) = self.reqs.get_mut(&c.group) {
                 a.computed_tokens += c.len;
             }
         }
+        let mut update = StepUpdate::default();
+        let mut done: Vec<(GroupId, &'static str)> = vec![];
         let (vocab, epoch) = (out.vocab, self.epoch);
         let (mut row, mut read) = (0, 0);
         for (c, want) in plan.chunks.iter().zip(&wants) {
@@ -503,28 +501,26 @@ impl Engine {
             let pin_until = |k: Duration| millis_since(epoch) + k.as_millis() as u64;
             let mut cx = StepContext {
                 sched: &mut self.sched,
+                update: &mut update,
                 rec: &self.rec,
+                env: &self.env,
                 pin_until: &pin_until,
             };
-            let outcome = self.out.on_output(&mut cx, a, c, rows)?;
-            if let Outcome::Done(reason) = outcome {
-                self.end_request(c.group, Some(reason));
+            let progress = a.progress();
+            if let Outcome::Done(reason) = a.kind.on_output(&mut cx, progress, c, rows)? {
+                done.push((c.group, reason));
             }
+        }
+        self.sched.update_from_output(update)?;
+        for (g, reason) in done {
+            self.end_request(g, Some(reason));
         }
         Ok(())
     }
 
-    /// What a chunk needs back: a completion its logits rows; a decision read, at its end, the
-    /// log-probs of its label aliases; anything else nothing.
+    /// What a chunk needs back, as its request kind says.
     fn want_of(&self, c: &Chunk) -> ChunkWant {
-        match self.reqs.get(&c.group).map(|a| &a.kind) {
-            Some(Kind::Gen(_)) if c.logits != Logits::None => ChunkWant::Logits(c.logits),
-            Some(Kind::Dec(d)) if c.at_end && c.logits != Logits::None => match c.read.and_then(|qi| d.read(qi)) {
-                Some(r) => ChunkWant::Logprobs(r.labels.iter().flatten().copied().collect()),
-                None => ChunkWant::Nothing,
-            },
-            _ => ChunkWant::Nothing,
-        }
+        self.reqs.get(&c.group).map_or(ChunkWant::Nothing, |a| a.kind.want(c))
     }
 
     /// Runs the forward pass while a second thread computes the grammar masks of the constrained
@@ -537,7 +533,7 @@ impl Engine {
         let mut jobs: Vec<&mut GuideState> = vec![];
         for (g, a) in self.reqs.iter_mut() {
             if let Some(seqs) = sampling.get(g) {
-                guides_of(a, seqs, &mut jobs);
+                a.kind.guides(seqs, &mut jobs);
             }
         }
         if jobs.is_empty() {

@@ -9,8 +9,10 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::decision::DecisionLayout;
 use crate::error::EngineError;
+use crate::inference::PendingDecision;
 use crate::kv_manager::{blocks_for_choices, blocks_for_reads};
 use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
+use crate::requests::decide::Reply;
 
 /// Limits the handle enforces at submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,9 +85,10 @@ pub struct EngineStats {
     pub pins_released_early: u64,
 }
 
+/// What the handle sends the engine thread; one variant per request kind registers it.
 pub(crate) enum Command {
     Generate(RequestId, GenerateRequest, tmpsc::UnboundedSender<Event>),
-    Decide(RequestId, DecideRequest, tmpsc::UnboundedSender<Event>),
+    Decide(RequestId, DecideRequest, Reply),
     Abort(RequestId),
     Stats(oneshot::Sender<EngineStats>),
     /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
@@ -147,7 +150,7 @@ impl RequestStream {
     pub async fn next(&mut self) -> Option<Event> {
         let e = self.rx.recv().await;
         match &e {
-            Some(Event::Done(_)) | Some(Event::Decision { .. }) | Some(Event::Error(_)) | None => self.ended = true,
+            Some(Event::Done(_)) | Some(Event::Error(_)) | None => self.ended = true,
             _ => {}
         }
         if e.is_none() {
@@ -268,8 +271,8 @@ impl EngineHandle {
         })
     }
 
-    /// Submits a decision.
-    pub fn decide(&self, req: DecideRequest) -> Result<RequestStream, EngineError> {
+    /// Submits a decision: one result to wait for.
+    pub fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError> {
         let l = self.shared.limits;
         if req.reads.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -292,7 +295,10 @@ impl EngineHandle {
                 available: l.num_blocks,
             });
         }
-        self.submit(|id, tx| Command::Decide(id, req, tx))
+        let id = self.enqueue()?;
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Decide(id, req, tx))?;
+        Ok(PendingDecision::from(rx))
     }
 
     /// A snapshot of the engine's state.

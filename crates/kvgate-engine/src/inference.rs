@@ -2,9 +2,11 @@
 //! they talk to. The real engine ([`EngineHandle`]) implements it; tests put the tiny in-memory model
 //! or a scripted fake behind it. A completion is a stream of events; a decision is one result.
 
+use tokio::sync::oneshot;
+
 use crate::error::EngineError;
 use crate::handle::{EngineHandle, Limits, RequestStream};
-use crate::request::{DecideRequest, Event, GenerateRequest, ReadResult, Usage};
+use crate::request::{DecideRequest, GenerateRequest, ReadResult, Usage};
 
 /// What callers need from an engine.
 pub trait Inference: Send + Sync + 'static {
@@ -38,7 +40,7 @@ impl Inference for EngineHandle {
     }
 
     fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError> {
-        EngineHandle::decide(self, req).map(PendingDecision)
+        EngineHandle::decide(self, req)
     }
 
     fn shutdown(&self) {
@@ -58,25 +60,19 @@ pub struct DecisionOutcome {
 /// A submitted decision: one result to wait for. Dropping it before the result aborts the decision in
 /// the engine (its blocks are freed at the next step).
 #[derive(Debug)]
-pub struct PendingDecision(RequestStream);
+pub struct PendingDecision(oneshot::Receiver<Result<DecisionOutcome, EngineError>>);
 
-impl From<RequestStream> for PendingDecision {
-    /// A decision whose result arrives on `stream` (as [`Event::Decision`] or [`Event::Error`]).
-    fn from(stream: RequestStream) -> PendingDecision {
-        PendingDecision(stream)
+impl From<oneshot::Receiver<Result<DecisionOutcome, EngineError>>> for PendingDecision {
+    /// A decision whose result arrives on `rx` (engines other than this crate's, such as the scripted
+    /// fakes of HTTP tests, make one from their own channel).
+    fn from(rx: oneshot::Receiver<Result<DecisionOutcome, EngineError>>) -> PendingDecision {
+        PendingDecision(rx)
     }
 }
 
 impl PendingDecision {
-    /// Waits for the result.
-    pub async fn outcome(mut self) -> Result<DecisionOutcome, EngineError> {
-        loop {
-            match self.0.next().await {
-                Some(Event::Decision { reads, usage }) => return Ok(DecisionOutcome { reads, usage }),
-                Some(Event::Error(e)) => return Err(e),
-                Some(_) => continue,
-                None => return Err(EngineError::EngineDead),
-            }
-        }
+    /// Waits for the result (the engine going away without one is [`EngineError::EngineDead`]).
+    pub async fn outcome(self) -> Result<DecisionOutcome, EngineError> {
+        self.0.await.unwrap_or(Err(EngineError::EngineDead))
     }
 }

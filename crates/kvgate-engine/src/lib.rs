@@ -1,5 +1,5 @@
 //! kvgate's engine: one thread that owns the backend (KV storage + forward pass), the scheduler with
-//! the block pool and prefix cache, the sequences, the output processor and the decision reads, and
+//! the block pool and prefix cache, the sequences and every request's state (one request kind each: completion or decision), and
 //! runs one flat batch per step. The world talks to it through an [`EngineHandle`] and per-request
 //! channels; it knows nothing of HTTP.
 //!
@@ -7,8 +7,9 @@
 //! (sequences and groups under typed ids), `decision` (decision layouts, keep-alive pins), `kv_manager`
 //! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), the
 //! [`Backend`] seam (its own crate, `kvgate-backend`; [`open_backend`] is the one factory `--device`
-//! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass), `output`
-//! (sampling, stop strings, logprobs, detokenization, decision answers), [`metrics`].
+//! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass),
+//! `requests` (the request kinds behind one trait: completions sample, stop, detokenize and stream;
+//! decisions read label log-probs and answer once), [`metrics`].
 
 mod batch;
 mod block_pool;
@@ -21,9 +22,9 @@ mod handle;
 mod inference;
 mod kv_manager;
 pub mod metrics;
-mod output;
 mod registry;
 mod request;
+mod requests;
 mod sampling;
 mod scheduler;
 mod text;

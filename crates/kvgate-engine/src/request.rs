@@ -91,7 +91,7 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
-/// An event on a request's channel.
+/// An event on a completion's channel (a decision gets one result instead: [`crate::PendingDecision`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Logprobs of the prompt tokens (the first is `None`), when asked.
@@ -120,13 +120,6 @@ pub enum Event {
     },
     /// Every choice ended.
     Done(Usage),
-    /// A decision's answers, in read order.
-    Decision {
-        /// One result per read.
-        reads: Vec<ReadResult>,
-        /// Accounting (prompt tokens over all reads, cached ones, no output tokens).
-        usage: Usage,
-    },
     /// The request failed.
     Error(EngineError),
 }

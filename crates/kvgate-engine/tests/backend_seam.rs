@@ -101,8 +101,8 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
         vec![tok.encode("no", false).unwrap()[0]],
     ];
     let flat: Vec<u32> = labels.iter().flatten().copied().collect();
-    let (reads, _) = rt.block_on(async {
-        let mut s = h
+    let reads = rt.block_on(async {
+        let pending = h
             .decide(DecideRequest {
                 reads: vec![DecisionRead {
                     prompt: prompt.clone(),
@@ -113,10 +113,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
                 tenant: None,
             })
             .unwrap();
-        match s.next().await.unwrap() {
-            Event::Decision { reads, usage } => (reads, usage),
-            e => panic!("{e:?}"),
-        }
+        pending.outcome().await.unwrap().reads
     });
     let decision_outputs: Vec<Output> = seen.lock().unwrap().drain(..).flatten().collect();
     assert_eq!(decision_outputs.len(), 1, "one read, one output row");
@@ -239,4 +236,57 @@ fn calibration_is_one_typed_call() {
         cpu.calibrate(&given, None),
         Err(BackendError::Cache(kvgate_kv::KvError::Frozen { .. }))
     ));
+}
+
+#[test]
+fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
+    let m = tiny();
+    let tok = Arc::new(m.tokenizer);
+    let cfg = EngineConfig {
+        block_size: 4,
+        num_blocks: 64,
+        max_model_len: m.max_model_len,
+        ..Default::default()
+    };
+    let h = kvgate_engine::start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let read = |text: &str| DecisionRead {
+        prompt: tok.encode(text, false).unwrap(),
+        labels: vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()],
+    };
+    let ask = |reads: Vec<DecisionRead>| DecideRequest {
+        reads,
+        cache_salt: None,
+        keep_alive: None,
+        tenant: None,
+    };
+    rt.block_on(async {
+        for i in 0..20 {
+            // dropped at once: aborted in the engine whatever step it reached
+            drop(
+                h.decide(ask(vec![read(&format!("State {i}: the order is late. Urgent?"))]))
+                    .unwrap(),
+            );
+        }
+        let o = h
+            .decide(ask(vec![read("State: fine. Urgent?"), read("State: fine. Late?")]))
+            .unwrap()
+            .outcome()
+            .await
+            .unwrap();
+        assert_eq!(o.reads.len(), 2);
+        assert!(o.reads.iter().all(|r| r.label_mass > 0.0 && r.label_probs.len() == 2));
+        for _ in 0..200 {
+            let s = h.stats().await.unwrap();
+            if s.active_requests == 0 {
+                assert_eq!(s.pool.used, 0, "blocks still held: {s:?}");
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("engine did not return to idle");
+    });
 }

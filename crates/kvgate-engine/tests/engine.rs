@@ -328,10 +328,8 @@ fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
                 tenant: None,
             });
             async move {
-                match s.unwrap().next().await.unwrap() {
-                    Event::Decision { reads, usage } => (reads, usage),
-                    e => panic!("{e:?}"),
-                }
+                let o = s.unwrap().outcome().await.unwrap();
+                (o.reads, o.usage)
             }
         };
         let (on_q, usage) = decide(&q).await;
@@ -475,11 +473,8 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                 })
                 .unwrap();
             async move {
-                let mut s = s;
-                match s.next().await.unwrap() {
-                    Event::Decision { reads, usage } => (reads, usage),
-                    e => panic!("{e:?}"),
-                }
+                let o = s.outcome().await.unwrap();
+                (o.reads, o.usage)
             }
         };
         let (cold, cold_usage) = ask(Some("cold")).await;
@@ -533,34 +528,36 @@ fn decision_prefix_is_computed_once() {
         assert!(lcp >= state.len());
         let suffixes: usize = reads.iter().map(|r| r.prompt.len() - lcp).sum();
         let total: usize = reads.iter().map(|r| r.prompt.len()).sum();
-        let mut s = h
+        let usage = h
             .decide(DecideRequest {
                 reads: reads.clone(),
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,
             })
-            .unwrap();
-        let Event::Decision { usage, .. } = s.next().await.unwrap() else {
-            panic!()
-        };
+            .unwrap()
+            .outcome()
+            .await
+            .unwrap()
+            .usage;
         let computed = total - usage.cached_tokens;
         assert_eq!(
             computed,
             lcp + suffixes,
             "the shared prefix once, then each read's own tokens"
         );
-        let mut s = h
+        let usage = h
             .decide(DecideRequest {
                 reads,
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,
             })
-            .unwrap();
-        let Event::Decision { usage, .. } = s.next().await.unwrap() else {
-            panic!()
-        };
+            .unwrap()
+            .outcome()
+            .await
+            .unwrap()
+            .usage;
         let computed_warm = total - usage.cached_tokens;
         assert_eq!(
             computed_warm,

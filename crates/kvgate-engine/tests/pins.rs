@@ -62,18 +62,16 @@ async fn pinned_decision_of(
     let mut prompt = tok.encode(&state, false).unwrap();
     prompt.extend(tok.encode(" Is it fine? Answer:", false).unwrap());
     let labels = vec![tok.encode(" yes", false).unwrap(), tok.encode(" no", false).unwrap()];
-    let mut s = h
-        .decide(DecideRequest {
-            reads: vec![DecisionRead { prompt, labels }],
-            cache_salt: None,
-            keep_alive: Some(Duration::from_secs(3600)),
-            tenant,
-        })
-        .unwrap();
-    match s.next().await.unwrap() {
-        Event::Decision { .. } => {}
-        e => panic!("{e:?}"),
-    }
+    h.decide(DecideRequest {
+        reads: vec![DecisionRead { prompt, labels }],
+        cache_salt: None,
+        keep_alive: Some(Duration::from_secs(3600)),
+        tenant,
+    })
+    .unwrap()
+    .outcome()
+    .await
+    .unwrap();
 }
 
 async fn generate(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Result<usize, EngineError> {

@@ -498,7 +498,7 @@ pub async fn chat_completions(
                 }
             }
             Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
-            Event::PromptLogprobs(_) | Event::Decision { .. } => {}
+            Event::PromptLogprobs(_) => {}
         }
         if continuous {
             for c in out.iter_mut().filter(|c| c.usage.is_none()) {

@@ -353,7 +353,6 @@ pub async fn completions(
             }
             Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
             Event::PromptLogprobs(l) => prompt_lps[pi] = Some(l),
-            Event::Decision { .. } => {}
         }
         if continuous {
             for c in out.iter_mut().filter(|c| c.usage.is_none()) {

@@ -93,7 +93,6 @@ pub async fn collect(
                     break;
                 }
                 Event::Error(e) => return Err(e.into()),
-                Event::Decision { .. } => return Err(ApiError::Internal("unexpected decision event".into())),
             }
         }
     }
@@ -109,7 +108,7 @@ pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
             // A stream that ends without its terminal event (the engine died mid-request) ends with
             // an error event, never silently.
             let ev = t.stream.next().await.unwrap_or(Event::Error(EngineError::EngineDead));
-            let terminal = matches!(ev, Event::Done(_) | Event::Error(_) | Event::Decision { .. });
+            let terminal = matches!(ev, Event::Done(_) | Event::Error(_));
             let item = (t.prompt, ev);
             Some((item, if terminal { None } else { Some(t) }))
         })

@@ -18,12 +18,14 @@
 mod decisions;
 mod plan;
 mod step;
+mod update;
 
 #[cfg(test)]
 use std::collections::HashSet;
 use std::collections::VecDeque;
 
 pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
+pub(crate) use update::StepUpdate;
 
 use crate::block_pool::BlockPool;
 use crate::decision::Pins;

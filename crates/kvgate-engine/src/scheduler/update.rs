@@ -1,0 +1,118 @@
+//! A step's results applied in one call (vLLM's `update_from_output`): the request kinds record what
+//! their outputs did to each sequence — tokens appended (sampled or forced by a grammar), a prefix
+//! pinned, the sequence finished — in a [`StepUpdate`] while they process the step, and the scheduler
+//! applies the whole list at once, in order, after the step's chunks were advanced
+//! ([`Scheduler::advance_step`]). Forking a completion into its `n` choices stays a direct call: it
+//! happens once per request, at its first sample, and the new ids key the choices.
+
+use super::{Chunk, Result, Scheduler};
+use crate::registry::SeqId;
+
+/// One change to a sequence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SeqOp {
+    /// A token joins the sequence.
+    Append(u32),
+    /// Pin the full blocks among its first `tokens` tokens until `until` (a decision's `keep_alive`).
+    Pin {
+        /// Prefix tokens.
+        tokens: usize,
+        /// Clock value the pin expires at.
+        until: u64,
+        /// Whose pin it is.
+        tenant: Option<u32>,
+    },
+    /// The sequence ends; its blocks are released.
+    Finish,
+}
+
+/// What one step's outputs did to the sequences, in the order it happened.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct StepUpdate {
+    ops: Vec<(SeqId, SeqOp)>,
+}
+
+impl StepUpdate {
+    /// Records that `seq` got token `tok`.
+    pub(crate) fn append(&mut self, seq: SeqId, tok: u32) {
+        self.ops.push((seq, SeqOp::Append(tok)));
+    }
+
+    /// Records a pin of `seq`'s first `tokens` tokens.
+    pub(crate) fn pin(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>) {
+        self.ops.push((seq, SeqOp::Pin { tokens, until, tenant }));
+    }
+
+    /// Records that `seq` ended.
+    pub(crate) fn finish(&mut self, seq: SeqId) {
+        self.ops.push((seq, SeqOp::Finish));
+    }
+
+    /// Whether nothing was recorded.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+impl Scheduler {
+    /// Records that every chunk of a step ran: their tokens are now in the cache (full blocks join the
+    /// prefix cache).
+    pub(crate) fn advance_step(&mut self, chunks: &[Chunk]) -> Result<()> {
+        chunks.iter().try_for_each(|c| self.advance(c))
+    }
+
+    /// Applies one step's outputs to every sequence they touched, in order.
+    pub(crate) fn update_from_output(&mut self, update: StepUpdate) -> Result<()> {
+        for (seq, op) in update.ops {
+            match op {
+                SeqOp::Append(tok) => self.append_token(seq, tok)?,
+                SeqOp::Pin { tokens, until, tenant } => {
+                    self.pin_prefix(seq, tokens, until, tenant)?;
+                }
+                SeqOp::Finish => self.finish_seq(seq)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::SchedulerConfig;
+
+    #[test]
+    fn one_update_appends_pins_and_finishes_in_order() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            prefix_caching: true,
+            release_window: None,
+        };
+        let mut s = Scheduler::new(cfg, 16);
+        let (g, a) = s.add_generate((10..19).collect(), "", false);
+        let plan = s.schedule().unwrap();
+        s.advance_step(&plan.chunks).unwrap();
+        let b = s.fork(a, 1).unwrap()[0];
+        let mut u = StepUpdate::default();
+        assert!(u.is_empty());
+        u.append(a, 1);
+        u.append(b, 2);
+        u.pin(b, 8, 100, None);
+        u.finish(b);
+        s.update_from_output(u).unwrap();
+        assert_eq!(s.seq(a).unwrap().tokens.last(), Some(&1));
+        assert!(s.seq(b).is_err(), "finished");
+        assert_eq!(s.pinned_blocks(), 2, "the pin outlives its sequence");
+        assert_eq!(s.group_seqs(g), [a]);
+        // an op on a sequence that does not exist fails the update
+        let mut bad = StepUpdate::default();
+        bad.append(b, 3);
+        assert!(s.update_from_output(bad).is_err());
+        s.finish_group(g);
+        s.clear_pins();
+        s.check_invariants();
+    }
+}
