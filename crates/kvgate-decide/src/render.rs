@@ -8,7 +8,8 @@
 //!   the question as one more user turn, so the follow-up chat completion over the same messages finds
 //!   the whole conversation in the prefix cache.
 
-use serde_json::{json, Map, Value};
+use kvgate_model::prompt::{Message, Role};
+use serde_json::{Map, Value};
 
 use crate::spec::{Content, DecisionSpec, Question, State};
 
@@ -72,19 +73,19 @@ pub fn question_text(q: &Question) -> String {
 }
 
 /// The chat messages of one read (rendered by the model's template with the generation prompt).
-pub fn messages(req: &DecisionSpec, q: &Question) -> Value {
-    let mut msgs: Vec<Value> = vec![];
+pub fn messages(req: &DecisionSpec, q: &Question) -> Vec<Message> {
+    let mut msgs: Vec<Message> = vec![];
     if let Some(i) = &req.instructions {
-        msgs.push(json!({"role": "system", "content": i.text()}));
+        msgs.push(Message::text(Role::System, i.text()));
     }
     match &req.state {
-        State::Text(s) => msgs.push(json!({"role": "user", "content": format!("{s}\n\n{}", question_text(q))})),
+        State::Text(s) => msgs.push(Message::text(Role::User, format!("{s}\n\n{}", question_text(q)))),
         State::Conversation(c) => {
-            msgs.extend(c.as_array().cloned().unwrap_or_default());
-            msgs.push(json!({"role": "user", "content": question_text(q)}));
+            msgs.extend(c.iter().cloned());
+            msgs.push(Message::text(Role::User, question_text(q)));
         }
     }
-    Value::Array(msgs)
+    msgs
 }
 
 /// Template variables of a read: thinking off (Qwen3-style templates honour `enable_thinking`).

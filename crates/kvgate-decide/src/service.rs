@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use kvgate_engine::{Inference, Usage};
-use kvgate_model::prompt::render_conversation;
+use kvgate_model::prompt::{render_conversation, Message};
 use kvgate_model::{ChatTemplate, Tokenizer};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -134,7 +134,7 @@ impl DecisionService {
 
     /// One read's text: `messages` through the chat template exactly as a chat completion renders
     /// them (no tools), with the generation prompt.
-    pub(crate) fn render(&self, messages: &Value, kwargs: &Map<String, Value>) -> Result<String, DecideError> {
+    pub(crate) fn render(&self, messages: &[Message], kwargs: &Map<String, Value>) -> Result<String, DecideError> {
         let tmpl = self.chat.as_ref().ok_or(DecideError::NoChatTemplate)?;
         render_conversation(tmpl, messages, true, false, kwargs, None)
             .map_err(|e| DecideError::field("messages", e.to_string()))

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use kvgate_model::prompt::Message;
 use serde_json::Value;
 
 use crate::orders::{ReadMethod, DEFAULT_ORDERS};
@@ -29,9 +30,9 @@ impl Content {
 pub enum State {
     /// A string, object or array rendered as text.
     Text(String),
-    /// A chat conversation (kvgate extension): normalised messages (a JSON array, as
-    /// `/v1/chat/completions` passes them to the template), rendered through the chat template.
-    Conversation(Value),
+    /// A chat conversation (kvgate extension): normalised messages (as `/v1/chat/completions`
+    /// passes them to the template), rendered through the chat template.
+    Conversation(Vec<Message>),
 }
 
 /// One question.

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
 use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
-use kvgate_model::prompt::{render_conversation, PromptTools};
+use kvgate_model::prompt::{render_conversation, Message, PromptTools, Role};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -28,11 +28,9 @@ use crate::structured;
 use crate::tools::stream::{CallStream, Piece};
 use crate::tools::{self, call_id, ParsedCall, ToolSpec};
 
-const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
-
 /// Checks and normalises OpenAI chat messages: content parts of type `text` are joined with newlines
 /// (as vLLM does for string-content templates); anything else is refused with its location.
-pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiError> {
+pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Vec<Message>, ApiError> {
     let arr = match v {
         Some(Value::Array(a)) if !a.is_empty() => a,
         Some(Value::Array(_)) => return Err(ApiError::param(field, format!("'{field}' must not be empty"))),
@@ -56,12 +54,13 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].role is required and must be a string")))?;
-        if !ROLES.contains(&role) {
+        let Some(r) = Role::parse(role) else {
+            let roles: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
             return Err(ApiError::param(
                 field,
-                format!("{field}[{i}].role must be one of {}, got {role:?}", ROLES.join(", ")),
+                format!("{field}[{i}].role must be one of {}, got {role:?}", roles.join(", ")),
             ));
-        }
+        };
         let content = match obj.get("content") {
             Some(Value::String(s)) => s.clone(),
             Some(Value::Array(parts)) => {
@@ -124,46 +123,34 @@ pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Value, ApiEr
                 }
             }
         }
-        let mut n = Map::new();
-        n.insert("role".into(), role.into());
-        n.insert("content".into(), content.into());
-        if let Some(name) = obj.get("name").and_then(Value::as_str) {
-            n.insert("name".into(), name.into());
-        }
+        let mut n = Message::text(r, content);
+        n.name = obj.get("name").and_then(Value::as_str).map(str::to_string);
         if let Some(calls) = obj.get("tool_calls").filter(|v| !v.is_null()) {
             let calls = tools::normalize_tool_calls(calls, &format!("{field}[{i}].tool_calls"))
                 .map_err(|e| ApiError::param(field, e))?;
-            n.insert("tool_calls".into(), calls);
+            n.tool_calls = Some(calls);
         }
         if let Some(id) = obj.get("tool_call_id").filter(|v| !v.is_null()) {
             let id = id
                 .as_str()
                 .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].tool_call_id must be a string")))?;
-            n.insert("tool_call_id".into(), id.into());
+            n.tool_call_id = Some(id.to_string());
         }
-        out.push(Value::Object(n));
+        out.push(n);
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 /// The text bytes of normalised messages (their contents and tool calls): what decides, before any
 /// rendering or tokenizing, whether they can fit the context.
-pub fn message_bytes(messages: &Value) -> usize {
-    messages
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|m| {
-            m.get("content").and_then(Value::as_str).map_or(0, str::len)
-                + m.get("tool_calls").map_or(0, |c| c.to_string().len())
-        })
-        .sum()
+pub fn message_bytes(messages: &[Message]) -> usize {
+    messages.iter().map(Message::text_bytes).sum()
 }
 
 /// Renders messages with the model's template exactly as `/v1/chat/completions` does (no tools).
 pub fn render(
     st: &AppState,
-    messages: &Value,
+    messages: &[Message],
     add_generation_prompt: bool,
     continue_final: bool,
     kwargs: &Map<String, Value>,
@@ -174,7 +161,7 @@ pub fn render(
 /// Renders messages and, when offered, tools ([`kvgate_model::prompt::render_conversation`]).
 pub fn render_with_tools(
     st: &AppState,
-    messages: &Value,
+    messages: &[Message],
     add_generation_prompt: bool,
     continue_final: bool,
     kwargs: &Map<String, Value>,

@@ -15,8 +15,7 @@ use kvgate_decide::{Answer, Diagnostics, State as StateKind};
 use serde::Serialize;
 
 use super::wire;
-use crate::chat::normalize_messages;
-use crate::error::{ApiError, Detail, Shape};
+use crate::error::{ApiError, Shape};
 use crate::state::{check_json_content_type, AppState, RequestTenant};
 
 /// The response body.
@@ -65,17 +64,6 @@ async fn answer_request(
     let req = wire::parse(&bytes, st.args.systemone_max_questions).map_err(ApiError::Unprocessable)?;
     let model = st.check_decision_model(req.model.as_deref())?;
     let mut spec = req.spec;
-    if let StateKind::Conversation(c) = &spec.state {
-        let norm = normalize_messages(Some(c), "state").map_err(|e| {
-            ApiError::Unprocessable(vec![Detail {
-                kind: "value_error",
-                loc: vec!["body".into(), "state".into()],
-                msg: format!("Value error, {e}"),
-                input: c.clone(),
-            }])
-        })?;
-        spec.state = StateKind::Conversation(norm);
-    }
     // A state that cannot fit the context by its bytes is refused before any question renders and
     // tokenizes it (each read would).
     let state_bytes = match &spec.state {

@@ -307,8 +307,16 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
             None
         }
         Some(Value::String(s)) => Some(State::Text(s.clone())),
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(is_message) => {
-            Some(State::Conversation(Value::Array(a.clone())))
+        // A conversation is normalised here, as chat completions normalise theirs: a message the
+        // chat endpoint refuses is this field's problem.
+        Some(v @ Value::Array(a)) if !a.is_empty() && a.iter().all(is_message) => {
+            match crate::chat::normalize_messages(Some(v), "state") {
+                Ok(m) => Some(State::Conversation(m)),
+                Err(err) => {
+                    e.push("value_error", &["state"], format!("Value error, {err}"), v);
+                    None
+                }
+            }
         }
         Some(v @ (Value::Object(_) | Value::Array(_))) => Some(State::Text(v.to_string())),
         Some(v) => {

@@ -9,9 +9,11 @@
 pub mod stream;
 
 use kvgate_grammar::{json_options, lark_literal, GrammarSpec};
-use kvgate_model::prompt::{PromptTools, TOOL_CALL_CLOSE as CLOSE, TOOL_CALL_OPEN as OPEN};
+use kvgate_model::prompt::{
+    FunctionCall, PromptTools, ToolCall, ToolCallKind, TOOL_CALL_CLOSE as CLOSE, TOOL_CALL_OPEN as OPEN,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::error::ApiError;
 
@@ -358,7 +360,7 @@ pub fn call_id() -> String {
 
 /// Normalises an assistant message's `tool_calls` (OpenAI's shape; `arguments` is a JSON string) for
 /// templates, which expect `arguments` as an object (as vLLM passes them).
-pub fn normalize_tool_calls(v: &Value, at: &str) -> Result<Value, String> {
+pub fn normalize_tool_calls(v: &Value, at: &str) -> Result<Vec<ToolCall>, String> {
     let Some(arr) = v.as_array() else {
         return Err(format!("{at} must be a list"));
     };
@@ -377,13 +379,16 @@ pub fn normalize_tool_calls(v: &Value, at: &str) -> Result<Value, String> {
             None | Some(Value::Null) => json!({}),
             Some(_) => return Err(format!("{at}[{j}].function.arguments must be a JSON string")),
         };
-        let mut m = Map::new();
-        m.insert("id".into(), c.get("id").cloned().unwrap_or(Value::Null));
-        m.insert("type".into(), "function".into());
-        m.insert("function".into(), json!({"name": name, "arguments": args}));
-        out.push(Value::Object(m));
+        out.push(ToolCall {
+            id: c.get("id").cloned().unwrap_or(Value::Null),
+            kind: ToolCallKind::Function,
+            function: FunctionCall {
+                name: name.to_string(),
+                arguments: args,
+            },
+        });
     }
-    Ok(Value::Array(out))
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use serde_json::json;
 
 use super::stream::{CallStream, Piece};
 use super::*;
-use kvgate_model::prompt::{adapt_messages, PromptTools};
+use kvgate_model::prompt::{adapt_messages, Message, PromptTools, Role};
 
 fn spec(choice: ToolChoice) -> ToolSpec {
     let tools: Vec<Tool> = serde_json::from_value(json!([
@@ -135,14 +135,14 @@ fn history_is_rewritten_for_templates_without_tools() {
         "m",
     )
     .unwrap();
-    assert_eq!(calls[0]["function"]["arguments"], json!({"a": 1}));
-    let msgs = json!([
-        {"role": "user", "content": "add 1"},
-        {"role": "assistant", "content": "", "tool_calls": calls},
-        {"role": "tool", "content": "1", "tool_call_id": "call_1"},
-    ]);
+    assert_eq!(calls[0].function.arguments, json!({"a": 1}));
+    let mut assistant = Message::text(Role::Assistant, "");
+    assistant.tool_calls = Some(calls);
+    let mut tool = Message::text(Role::Tool, "1");
+    tool.tool_call_id = Some("call_1".into());
+    let msgs = [Message::text(Role::User, "add 1"), assistant, tool];
     let out = adapt_messages(&msgs, Some(&s.fallback_system()));
-    let arr = out.as_array().unwrap();
+    let arr = serde_json::to_value(&out).unwrap();
     assert_eq!(arr[0]["role"], "system");
     assert!(arr[0]["content"].as_str().unwrap().contains("<tools>"));
     assert_eq!(

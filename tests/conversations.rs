@@ -1,0 +1,81 @@
+//! Conversations are typed from the wire to the template (`kvgate_model::prompt::Message`), the same
+//! way for every route that takes them, over the tiny model in process: content parts join into the
+//! same text as a string; tool calls render the same on `/tokenize` as on chat; a conversation state
+//! of `/v1/systemone` is normalised by its validator, so a message chat refuses is a 422 at
+//! `body.state`, listed with the body's other problems.
+
+mod common;
+
+use common::InProcess;
+use serde_json::json;
+
+#[test]
+fn parts_and_strings_render_alike_and_tool_calls_pass_through() {
+    let s = InProcess::tiny(&[]);
+    let tokens = |messages: serde_json::Value| {
+        let (st, r) = s.post("/tokenize", &json!({"messages": messages}));
+        assert_eq!(st, 200, "{r}");
+        r["tokens"].clone()
+    };
+    let plain = tokens(json!([{"role": "user", "content": "hello\nthere"}]));
+    let parts = tokens(json!([{"role": "user", "content": [
+        {"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]}]));
+    assert_eq!(plain, parts);
+    let call = json!([
+        {"role": "user", "content": "add 1 and 2"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"}
+    ]);
+    let with_call = tokens(call.clone());
+    assert_ne!(with_call, tokens(json!([{"role": "user", "content": "add 1 and 2"}])));
+    // the same conversation as a chat completion prompt: the same tokens
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": call, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(
+        r["usage"]["prompt_tokens"].as_u64(),
+        Some(with_call.as_array().unwrap().len() as u64)
+    );
+}
+
+#[test]
+fn a_refused_message_in_a_state_is_a_422_at_state_with_the_other_problems() {
+    let s = InProcess::tiny(&[]);
+    let state = json!([
+        {"role": "user", "content": "My payouts fail."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    ]);
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": state, "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}),
+    );
+    assert_eq!(st, 422, "{r}");
+    let d = &r["detail"];
+    assert_eq!(d.as_array().unwrap().len(), 1, "{r}");
+    assert_eq!(d[0]["type"], "value_error");
+    assert_eq!(d[0]["loc"], json!(["body", "state"]));
+    let msg = d[0]["msg"].as_str().unwrap();
+    assert!(
+        msg.starts_with("Value error, ") && msg.contains("state[1].content[0]") && msg.contains("image_url"),
+        "{msg}"
+    );
+    // with another problem in the same body, both are listed
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": state, "questions": {"q": {"type": "noul", "instructions": "Urgent?", "frobnicate": 1}}}),
+    );
+    assert_eq!(st, 422, "{r}");
+    let locs: Vec<&serde_json::Value> = r["detail"].as_array().unwrap().iter().map(|d| &d["loc"]).collect();
+    assert!(locs.contains(&&json!(["body", "state"])), "{r}");
+    assert!(locs.contains(&&json!(["body", "questions", "q", "frobnicate"])), "{r}");
+    // a well-formed conversation state answers
+    let ok = json!([{"role": "system", "content": "Support."}, {"role": "user", "content": "My payouts fail."}]);
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": ok, "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}),
+    );
+    assert_eq!(st, 200, "{r}");
+}
