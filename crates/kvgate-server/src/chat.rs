@@ -8,18 +8,18 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use futures::stream::StreamExt;
-use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
+use axum::response::Response;
+use kvgate_engine::{FinishReason, GenerateRequest, StopMatch, TokenLogprob, Usage};
 use kvgate_model::prompt::{render_conversation, Message, PromptTools, Role};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
+use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
 use crate::openai::request::{endpoint_body, ChatFields};
+use crate::openai::respond::{respond, PromptLogprobs, Shape, StreamUsage};
 use crate::openai::response::{
-    to_json, AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta,
-    FunctionCallOut, StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
+    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
+    StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
 };
 use crate::params::kind;
 use crate::sampling::{self, int_in};
@@ -333,166 +333,214 @@ pub async fn chat_completions(
             cache_salt: c.cache_salt.clone(),
         }],
     )?;
-    let id = request_id("chatcmpl");
-    let created = now_secs();
-    if !c.stream {
-        let (choices, _, usage) = collect(tagged, n).await?;
+    let shape = ChatShape {
+        st,
+        id: request_id("chatcmpl"),
+        created: now_secs(),
+        model,
+        want_lp,
+        started: vec![false; n],
+        calls: (0..n).map(|_| CallStream::default()).collect(),
+        tools: tool_spec,
+    };
+    let stream = c.stream.then_some(StreamUsage {
+        include: c.include_usage,
+        continuous: c.continuous_usage,
+        prompt_tokens: prompt_len,
+    });
+    respond(tagged, n, stream, shape).await
+}
+
+/// How a chat completion writes engine events: `chat.completion` and `chat.completion.chunk`, the
+/// assistant role opening each choice, tool calls parsed out of the text when tools were offered.
+struct ChatShape {
+    st: Arc<AppState>,
+    id: String,
+    created: u64,
+    model: String,
+    want_lp: bool,
+    /// Per choice: whether its role chunk went out.
+    started: Vec<bool>,
+    /// Per choice: its tool-call parser (when tools were offered).
+    calls: Vec<CallStream>,
+    tools: Option<ToolSpec>,
+}
+
+impl ChatShape {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<UsageOut>) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn delta(&self, index: usize, delta: Delta) -> ChatChunk {
+        self.chunk(
+            vec![ChunkChoice {
+                index,
+                delta,
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            None,
+        )
+    }
+
+    /// The role chunk, before a choice's first delta.
+    fn open(&mut self, index: usize, out: &mut Vec<ChatChunk>) {
+        if let Some(false) = self.started.get(index) {
+            self.started[index] = true;
+            let d = Delta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+                tool_calls: None,
+            };
+            out.push(self.delta(index, d));
+        }
+    }
+
+    /// Text pieces of a choice as deltas, calls numbered after the calls it already made.
+    fn pieces(&self, index: usize, pieces: Vec<Piece>) -> Vec<ChatChunk> {
+        let made = self.calls.get(index).map_or(0, CallStream::calls);
+        let mut k = made - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
+        pieces
+            .into_iter()
+            .map(|p| match p {
+                Piece::Content(t) => Delta {
+                    content: Some(t),
+                    ..Default::default()
+                },
+                Piece::Call(c) => {
+                    k += 1;
+                    Delta {
+                        tool_calls: Some(vec![call_out(&c, Some(k - 1))]),
+                        ..Default::default()
+                    }
+                }
+            })
+            .map(|d| self.delta(index, d))
+            .collect()
+    }
+}
+
+impl Shape for ChatShape {
+    type Chunk = ChatChunk;
+    type Body = ChatCompletion;
+
+    fn token(
+        &mut self,
+        _prompt: usize,
+        index: usize,
+        _token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Vec<ChatChunk> {
+        let mut out = vec![];
+        self.open(index, &mut out);
+        let lp = match (self.want_lp, logprob) {
+            (true, Some(l)) => Some(chat_logprobs(&self.st, &[l])),
+            _ => None,
+        };
+        let pieces = match (&self.tools, self.calls.get_mut(index)) {
+            (Some(spec), Some(cs)) => Some(cs.push(spec, &text)),
+            _ => None,
+        };
+        match pieces {
+            Some(pieces) => {
+                out.extend(self.pieces(index, pieces));
+                if lp.is_some() {
+                    let mut c = self.delta(index, Delta::default());
+                    c.choices[0].logprobs = lp;
+                    out.push(c);
+                }
+            }
+            None => {
+                if !text.is_empty() || lp.is_some() {
+                    let d = Delta {
+                        content: Some(text),
+                        ..Default::default()
+                    };
+                    let mut c = self.delta(index, d);
+                    c.choices[0].logprobs = lp;
+                    out.push(c);
+                }
+            }
+        }
+        out
+    }
+
+    fn finished(
+        &mut self,
+        _prompt: usize,
+        index: usize,
+        reason: FinishReason,
+        text: String,
+        stop: Option<StopMatch>,
+    ) -> Vec<ChatChunk> {
+        let mut out = vec![];
+        self.open(index, &mut out);
+        let pieces = match (&self.tools, self.calls.get_mut(index)) {
+            (Some(spec), Some(cs)) => {
+                let mut pieces = cs.push(spec, &text);
+                pieces.extend(cs.finish(spec));
+                Some(pieces)
+            }
+            _ => None,
+        };
+        let delta = match pieces {
+            Some(pieces) => {
+                out.extend(self.pieces(index, pieces));
+                Delta::default()
+            }
+            None if text.is_empty() => Delta::default(),
+            None => Delta {
+                content: Some(text),
+                ..Default::default()
+            },
+        };
+        let called = self.calls.get(index).is_some_and(|c| c.calls() > 0);
+        let mut c = self.delta(index, delta);
+        c.choices[0].finish_reason = finish_reason(Some(reason), called);
+        c.choices[0].stop_reason = StopReason::of(&stop);
+        out.push(c);
+        out
+    }
+
+    fn usage_chunk(&self, usage: UsageOut) -> ChatChunk {
+        self.chunk(vec![], Some(usage))
+    }
+
+    fn set_running_usage(chunk: &mut ChatChunk, usage: UsageOut) {
+        chunk.usage.get_or_insert(usage);
+    }
+
+    fn body(self, choices: Vec<ChoiceOut>, _: PromptLogprobs, usage: Usage) -> ChatCompletion {
         let choices = choices
             .iter()
             .enumerate()
             .map(|(i, ch)| {
-                let (message, called) = message(&ch.text, tool_spec.as_ref());
+                let (message, called) = message(&ch.text, self.tools.as_ref());
                 ChatChoice {
                     index: i,
                     message,
-                    logprobs: want_lp.then(|| chat_logprobs(&st, &ch.logprobs)),
+                    logprobs: self.want_lp.then(|| chat_logprobs(&self.st, &ch.logprobs)),
                     finish_reason: finish_reason(ch.finish, called),
                     stop_reason: StopReason::of(&ch.stop),
                 }
             })
             .collect();
-        let out = ChatCompletion {
-            id,
+        ChatCompletion {
+            id: self.id,
             object: "chat.completion",
-            created,
-            model,
+            created: self.created,
+            model: self.model,
             choices,
             usage: UsageOut::of(&usage),
-        };
-        return Ok(axum::Json(out).into_response());
+        }
     }
-    let include_usage = c.include_usage;
-    let continuous = c.continuous_usage;
-    let mut emitted = 0usize;
-    let mut started = vec![false; n];
-    let mut calls: Vec<CallStream> = (0..n).map(|_| CallStream::default()).collect();
-    let stream = merged(tagged).map(move |(_, ev)| {
-        let chunk = |choices: Vec<ChunkChoice>, usage: Option<UsageOut>| ChatChunk {
-            id: id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-        };
-        let choice = |index: usize, delta: Delta| ChunkChoice {
-            index,
-            delta,
-            logprobs: None,
-            finish_reason: None,
-            stop_reason: None,
-        };
-        let mut out: Vec<ChatChunk> = vec![];
-        let mut open = |index: usize, out: &mut Vec<ChatChunk>| {
-            if !started[index] {
-                started[index] = true;
-                let d = Delta {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                    tool_calls: None,
-                };
-                out.push(chunk(vec![choice(index, d)], None));
-            }
-        };
-        // Text deltas of a choice, through its tool-call stream when tools were offered.
-        let deltas = |index: usize, pieces: Vec<Piece>, calls: &CallStream| -> Vec<ChatChunk> {
-            let mut k = calls.calls() - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
-            pieces
-                .into_iter()
-                .map(|p| match p {
-                    Piece::Content(t) => Delta {
-                        content: Some(t),
-                        ..Default::default()
-                    },
-                    Piece::Call(c) => {
-                        k += 1;
-                        Delta {
-                            tool_calls: Some(vec![call_out(&c, Some(k - 1))]),
-                            ..Default::default()
-                        }
-                    }
-                })
-                .map(|d| chunk(vec![choice(index, d)], None))
-                .collect()
-        };
-        match ev {
-            Event::Token {
-                choice: index,
-                text,
-                logprob,
-                ..
-            } => {
-                emitted += 1;
-                open(index, &mut out);
-                let lp = match (want_lp, logprob) {
-                    (true, Some(l)) => Some(chat_logprobs(&st, &[l])),
-                    _ => None,
-                };
-                match (&tool_spec, calls.get_mut(index)) {
-                    (Some(spec), Some(cs)) => {
-                        let pieces = cs.push(spec, &text);
-                        out.extend(deltas(index, pieces, cs));
-                        if lp.is_some() {
-                            let mut c = choice(index, Delta::default());
-                            c.logprobs = lp;
-                            out.push(chunk(vec![c], None));
-                        }
-                    }
-                    _ => {
-                        if !text.is_empty() || lp.is_some() {
-                            let mut c = choice(
-                                index,
-                                Delta {
-                                    content: Some(text),
-                                    ..Default::default()
-                                },
-                            );
-                            c.logprobs = lp;
-                            out.push(chunk(vec![c], None));
-                        }
-                    }
-                }
-            }
-            Event::Finished {
-                choice: index,
-                reason,
-                text,
-                stop,
-            } => {
-                open(index, &mut out);
-                let delta = match (&tool_spec, calls.get_mut(index)) {
-                    (Some(spec), Some(cs)) => {
-                        let mut pieces = cs.push(spec, &text);
-                        pieces.extend(cs.finish(spec));
-                        out.extend(deltas(index, pieces, cs));
-                        Delta::default()
-                    }
-                    _ if text.is_empty() => Delta::default(),
-                    _ => Delta {
-                        content: Some(text),
-                        ..Default::default()
-                    },
-                };
-                let called = calls.get(index).is_some_and(|c| c.calls() > 0);
-                let mut c = choice(index, delta);
-                c.finish_reason = finish_reason(Some(reason), called);
-                c.stop_reason = StopReason::of(&stop);
-                out.push(chunk(vec![c], None));
-            }
-            Event::Done(u) => {
-                if include_usage {
-                    out.push(chunk(vec![], Some(UsageOut::of(&u))));
-                }
-            }
-            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
-            Event::PromptLogprobs(_) => {}
-        }
-        if continuous {
-            for c in out.iter_mut().filter(|c| c.usage.is_none()) {
-                c.usage = Some(UsageOut::running(prompt_len, emitted));
-            }
-        }
-        out.iter().map(to_json).collect()
-    });
-    Ok(sse(stream))
 }

@@ -7,15 +7,15 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use futures::stream::StreamExt;
-use kvgate_engine::{Event, FinishReason, GenerateRequest, TokenLogprob};
+use axum::response::Response;
+use kvgate_engine::{FinishReason, GenerateRequest, StopMatch, TokenLogprob, Usage};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, now_secs, request_id, sse, submit_all};
+use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
 use crate::openai::request::{endpoint_body, CompletionFields};
-use crate::openai::response::{to_json, Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
+use crate::openai::respond::{respond, PromptLogprobs, Shape, StreamUsage};
+use crate::openai::response::{Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
 
@@ -205,11 +205,148 @@ pub async fn completions(
         })
         .collect();
     let tagged = submit_all(&st, reqs)?;
-    let id = request_id("cmpl");
-    let created = now_secs();
-    if !c.stream {
-        let (mut choices, prompt_lps, mut usage) = collect(tagged, n).await?;
-        if score_only {
+    let stream = c.stream.then_some(StreamUsage {
+        include: c.include_usage,
+        continuous: c.continuous_usage,
+        prompt_tokens: prompts.iter().map(|p| p.ids.len()).sum(),
+    });
+    let slots = prompts.len() * n;
+    let shape = CompletionShape {
+        st,
+        id: request_id("cmpl"),
+        created: now_secs(),
+        model,
+        n,
+        echo,
+        logprobs,
+        score_only,
+        prompt_lps: vec![None; prompts.len()],
+        prompts,
+        echoed: vec![false; slots],
+        offsets: vec![0; slots],
+    };
+    respond(tagged, n, stream, shape).await
+}
+
+/// How a completion writes engine events: `text_completion` objects, choice index = (prompt index
+/// times n) plus choice, the prompt echoed (with its logprobs) before a choice's first token, legacy
+/// logprobs with text offsets.
+struct CompletionShape {
+    st: Arc<AppState>,
+    id: String,
+    created: u64,
+    model: String,
+    n: usize,
+    echo: bool,
+    logprobs: Option<usize>,
+    score_only: bool,
+    prompts: Vec<Prompt>,
+    prompt_lps: PromptLogprobs,
+    /// Per choice: whether its prompt was echoed yet.
+    echoed: Vec<bool>,
+    /// Per choice: the text offset its next token starts at.
+    offsets: Vec<usize>,
+}
+
+impl CompletionShape {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<UsageOut>) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn text_len(&self, token: u32) -> usize {
+        self.st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+fn choice(index: usize, text: String, logprobs: Option<LegacyLogprobs>) -> CompletionChoice {
+    CompletionChoice {
+        index,
+        text,
+        logprobs,
+        finish_reason: None,
+        stop_reason: None,
+    }
+}
+
+impl Shape for CompletionShape {
+    type Chunk = Completion;
+    type Body = Completion;
+
+    fn token(
+        &mut self,
+        pi: usize,
+        c: usize,
+        token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Vec<Completion> {
+        let idx = pi * self.n + c;
+        let mut t = String::new();
+        let first_echo = self.echo && !self.echoed[idx];
+        if first_echo {
+            self.echoed[idx] = true;
+            t.push_str(&self.prompts[pi].text);
+        }
+        t.push_str(&text);
+        let lp = match (self.logprobs, logprob) {
+            // the echoed prompt's logprobs come with its text, offsets counting from its start
+            (Some(_), Some(l)) if first_echo => {
+                let ids = &self.prompts[pi].ids;
+                let mut all = self.prompt_lps[pi].clone().unwrap_or_else(|| vec![None; ids.len()]);
+                all.push(Some(l));
+                let mut toks = ids.clone();
+                toks.push(token);
+                let v = Some(legacy_logprobs(&self.st, &all, &toks, 0));
+                self.offsets[idx] = toks.iter().map(|&t| self.text_len(t)).sum();
+                v
+            }
+            (Some(_), Some(l)) => {
+                let v = Some(legacy_logprobs(&self.st, &[Some(l)], &[token], self.offsets[idx]));
+                self.offsets[idx] += self.text_len(token);
+                v
+            }
+            _ => None,
+        };
+        vec![self.chunk(vec![choice(idx, t, lp)], None)]
+    }
+
+    fn finished(
+        &mut self,
+        pi: usize,
+        c: usize,
+        reason: FinishReason,
+        text: String,
+        stop: Option<StopMatch>,
+    ) -> Vec<Completion> {
+        let mut ch = choice(pi * self.n + c, text, None);
+        ch.finish_reason = Some(reason.as_str());
+        ch.stop_reason = StopReason::of(&stop);
+        vec![self.chunk(vec![ch], None)]
+    }
+
+    fn prompt_logprobs(&mut self, pi: usize, lps: Vec<Option<TokenLogprob>>) {
+        if let Some(slot) = self.prompt_lps.get_mut(pi) {
+            *slot = Some(lps);
+        }
+    }
+
+    fn usage_chunk(&self, usage: UsageOut) -> Completion {
+        self.chunk(vec![], Some(usage))
+    }
+
+    fn set_running_usage(chunk: &mut Completion, usage: UsageOut) {
+        chunk.usage.get_or_insert(usage);
+    }
+
+    fn body(self, mut choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, mut usage: Usage) -> Completion {
+        if self.score_only {
             for ch in &mut choices {
                 ch.text.clear();
                 ch.tokens.clear();
@@ -219,26 +356,27 @@ pub async fn completions(
             }
             usage.completion_tokens = 0;
         }
+        let n = self.n;
         let choices = choices
             .iter()
             .enumerate()
             .map(|(i, ch)| {
-                let p = &prompts[i / n];
+                let p = &self.prompts[i / n];
                 let mut text = String::new();
-                if echo {
+                if self.echo {
                     text.push_str(&p.text);
                 }
                 text.push_str(&ch.text);
-                let lp = logprobs.map(|_| {
+                let lp = self.logprobs.map(|_| {
                     let gen: Vec<Option<TokenLogprob>> = ch.logprobs.iter().cloned().map(Some).collect();
-                    if echo {
+                    if self.echo {
                         let mut all = prompt_lps[i / n].clone().unwrap_or_else(|| vec![None; p.ids.len()]);
                         all.extend(gen);
                         let mut toks = p.ids.clone();
                         toks.extend(&ch.tokens);
-                        legacy_logprobs(&st, &all, &toks, 0)
+                        legacy_logprobs(&self.st, &all, &toks, 0)
                     } else {
-                        legacy_logprobs(&st, &gen, &ch.tokens, 0)
+                        legacy_logprobs(&self.st, &gen, &ch.tokens, 0)
                     }
                 });
                 CompletionChoice {
@@ -250,116 +388,9 @@ pub async fn completions(
                 }
             })
             .collect();
-        let out = Completion {
-            id,
-            object: "text_completion",
-            created,
-            model,
-            choices,
+        Completion {
             usage: Some(UsageOut::of(&usage)),
-        };
-        return Ok(axum::Json(out).into_response());
+            ..self.chunk(choices, None)
+        }
     }
-    // Streaming.
-    let prompts_text: Vec<String> = prompts.iter().map(|p| p.text.clone()).collect();
-    let prompt_ids: Vec<Vec<u32>> = prompts.iter().map(|p| p.ids.clone()).collect();
-    let mut prompt_lps: Vec<Option<Vec<Option<TokenLogprob>>>> = vec![None; prompts.len()];
-    let total_prompts = prompts_text.len();
-    let mut echoed = vec![false; total_prompts * n];
-    let mut offsets = vec![0usize; total_prompts * n];
-    let mut usage = kvgate_engine::Usage::default();
-    let mut done = 0;
-    let include_usage = c.include_usage;
-    let continuous = c.continuous_usage;
-    let prompt_len: usize = prompts.iter().map(|p| p.ids.len()).sum();
-    let mut emitted = 0usize;
-    let stream = merged(tagged).map(move |(pi, ev)| {
-        let chunk = |choices: Vec<CompletionChoice>, usage: Option<UsageOut>| Completion {
-            id: id.clone(),
-            object: "text_completion",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-        };
-        let choice = |index: usize, text: String, logprobs: Option<LegacyLogprobs>| CompletionChoice {
-            index,
-            text,
-            logprobs,
-            finish_reason: None,
-            stop_reason: None,
-        };
-        let mut out: Vec<Completion> = vec![];
-        match ev {
-            Event::Token {
-                choice: c,
-                token,
-                text,
-                logprob,
-            } => {
-                emitted += 1;
-                let idx = pi * n + c;
-                let mut t = String::new();
-                let first_echo = echo && !echoed[idx];
-                if first_echo {
-                    echoed[idx] = true;
-                    t.push_str(&prompts_text[pi]);
-                }
-                t.push_str(&text);
-                let lp = match (logprobs, logprob) {
-                    // the echoed prompt's logprobs come with its text, offsets counting from its start
-                    (Some(_), Some(l)) if first_echo => {
-                        let mut all = prompt_lps[pi]
-                            .clone()
-                            .unwrap_or_else(|| vec![None; prompt_ids[pi].len()]);
-                        all.push(Some(l));
-                        let mut toks = prompt_ids[pi].clone();
-                        toks.push(token);
-                        let v = Some(legacy_logprobs(&st, &all, &toks, 0));
-                        offsets[idx] = toks
-                            .iter()
-                            .map(|&t| st.tokenizer.decode(&[t], false).map(|s| s.len()).unwrap_or(0))
-                            .sum();
-                        v
-                    }
-                    (Some(_), Some(l)) => {
-                        let v = Some(legacy_logprobs(&st, &[Some(l)], &[token], offsets[idx]));
-                        offsets[idx] += st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0);
-                        v
-                    }
-                    _ => None,
-                };
-                out.push(chunk(vec![choice(idx, t, lp)], None));
-            }
-            Event::Finished {
-                choice: c,
-                reason,
-                text,
-                stop,
-            } => {
-                let mut ch = choice(pi * n + c, text, None);
-                ch.finish_reason = Some(reason.as_str());
-                ch.stop_reason = StopReason::of(&stop);
-                out.push(chunk(vec![ch], None));
-            }
-            Event::Done(u) => {
-                usage.prompt_tokens += u.prompt_tokens;
-                usage.completion_tokens += u.completion_tokens;
-                usage.cached_tokens += u.cached_tokens;
-                done += 1;
-                if done == total_prompts && include_usage {
-                    out.push(chunk(vec![], Some(UsageOut::of(&usage))));
-                }
-            }
-            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
-            Event::PromptLogprobs(l) => prompt_lps[pi] = Some(l),
-        }
-        if continuous {
-            for c in out.iter_mut().filter(|c| c.usage.is_none()) {
-                c.usage = Some(UsageOut::running(prompt_len, emitted));
-            }
-        }
-        out.iter().map(to_json).collect()
-    });
-    Ok(sse(stream))
 }

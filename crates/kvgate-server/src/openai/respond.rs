@@ -1,0 +1,126 @@
+//! One response pipeline for the OpenAI protocols: a protocol says how engine events become its wire
+//! (a [`Shape`]: the chunks of a token and of a finish, the usage chunk, the whole body), and
+//! [`respond`] does the rest for all of them — wait for every prompt and build the body, or stream:
+//! merge the prompts' events, count tokens, sum usage over prompts and send it after the last one
+//! (`include_usage`), stamp running usage on every chunk (`continuous_usage_stats`), turn an engine
+//! error into the error event, frame it all as SSE. Completions and chat completions are two shapes;
+//! `/v1/responses` is a third.
+
+use axum::response::{IntoResponse, Response};
+use futures::stream::StreamExt;
+use kvgate_engine::{Event, FinishReason, StopMatch, TokenLogprob, Usage};
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::events::{collect, merged, sse, ChoiceOut, Tagged};
+use crate::openai::response::{to_json, UsageOut};
+
+/// Per prompt, the logprobs of its tokens (when asked).
+pub type PromptLogprobs = Vec<Option<Vec<Option<TokenLogprob>>>>;
+
+/// How one protocol writes engine events.
+pub trait Shape: Send + 'static {
+    /// A streamed chunk.
+    type Chunk: Serialize + Send;
+    /// The non-streamed body.
+    type Body: Serialize;
+
+    /// The chunks of one token of choice `choice` of prompt `prompt`.
+    fn token(
+        &mut self,
+        prompt: usize,
+        choice: usize,
+        token: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Vec<Self::Chunk>;
+
+    /// The chunks that end choice `choice` of prompt `prompt` (`text` is its last delta).
+    fn finished(
+        &mut self,
+        prompt: usize,
+        choice: usize,
+        reason: FinishReason,
+        text: String,
+        stop: Option<StopMatch>,
+    ) -> Vec<Self::Chunk>;
+
+    /// A prompt's own logprobs arrived (before its first token).
+    fn prompt_logprobs(&mut self, _prompt: usize, _lps: Vec<Option<TokenLogprob>>) {}
+
+    /// The last chunk, carrying the whole request's usage.
+    fn usage_chunk(&self, usage: UsageOut) -> Self::Chunk;
+
+    /// Gives a chunk that has no usage this running usage.
+    fn set_running_usage(chunk: &mut Self::Chunk, usage: UsageOut);
+
+    /// The whole answer: every choice (prompt-major), every prompt's logprobs, the summed usage.
+    fn body(self, choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, usage: Usage) -> Self::Body;
+}
+
+/// What a stream reports of usage.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamUsage {
+    /// A last chunk with the request's usage (`stream_options.include_usage`).
+    pub include: bool,
+    /// Running usage on every chunk (`stream_options.continuous_usage_stats`).
+    pub continuous: bool,
+    /// Prompt tokens over all prompts (the running usage's prompt part).
+    pub prompt_tokens: usize,
+}
+
+/// Answers the submitted prompts in `shape`: a body once all are done, or (with `stream`) SSE.
+pub async fn respond<S: Shape>(
+    tagged: Vec<Tagged>,
+    n: usize,
+    stream: Option<StreamUsage>,
+    mut shape: S,
+) -> Result<Response, ApiError> {
+    let Some(u) = stream else {
+        let (choices, prompt_lps, usage) = collect(tagged, n).await?;
+        return Ok(axum::Json(shape.body(choices, prompt_lps, usage)).into_response());
+    };
+    let prompts = tagged.len();
+    let (mut done, mut emitted, mut usage) = (0usize, 0usize, Usage::default());
+    let events = merged(tagged).map(move |(pi, ev)| {
+        let mut out = match ev {
+            Event::Token {
+                choice,
+                token,
+                text,
+                logprob,
+            } => {
+                emitted += 1;
+                shape.token(pi, choice, token, text, logprob)
+            }
+            Event::Finished {
+                choice,
+                reason,
+                text,
+                stop,
+            } => shape.finished(pi, choice, reason, text, stop),
+            Event::PromptLogprobs(l) => {
+                shape.prompt_logprobs(pi, l);
+                vec![]
+            }
+            Event::Done(d) => {
+                usage.prompt_tokens += d.prompt_tokens;
+                usage.completion_tokens += d.completion_tokens;
+                usage.cached_tokens += d.cached_tokens;
+                done += 1;
+                match done == prompts && u.include {
+                    true => vec![shape.usage_chunk(UsageOut::of(&usage))],
+                    false => vec![],
+                }
+            }
+            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
+        };
+        if u.continuous {
+            for c in out.iter_mut() {
+                S::set_running_usage(c, UsageOut::running(u.prompt_tokens, emitted));
+            }
+        }
+        out.iter().map(to_json).collect()
+    });
+    Ok(sse(events))
+}
