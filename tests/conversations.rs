@@ -2,7 +2,8 @@
 //! way for every route that takes them, over the tiny model in process: content parts join into the
 //! same text as a string; tool calls render the same on `/tokenize` as on chat; a conversation state
 //! of `/v1/systemone` is normalised by its validator, so a message chat refuses is a 422 at
-//! `body.state`, listed with the body's other problems.
+//! `body.state`, listed with the body's other problems. `/tokenize` and `/detokenize` bodies are serde
+//! types: a wrong type or an unknown field is a 400 naming it.
 
 mod common;
 
@@ -78,4 +79,37 @@ fn a_refused_message_in_a_state_is_a_422_at_state_with_the_other_problems() {
         &json!({"state": ok, "questions": {"q": {"type": "noul", "instructions": "Urgent?"}}}),
     );
     assert_eq!(st, 200, "{r}");
+}
+
+#[test]
+fn tokenize_bodies_are_typed() {
+    let s = InProcess::tiny(&[]);
+    for (path, body, param, says) in [
+        ("/tokenize", json!({"prompt": 3}), "prompt", "'prompt'"),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "add_special_tokens": "yes"}),
+            "add_special_tokens",
+            "'add_special_tokens'",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "x", "frobnicate": 1}),
+            "frobnicate",
+            "unknown parameter 'frobnicate'",
+        ),
+        ("/tokenize", json!({"prompt": "x", "messages": []}), "", "not both"),
+        ("/detokenize", json!({"tokens": [1, -2]}), "tokens", "'tokens[1]'"),
+        ("/detokenize", json!({}), "tokens", "'tokens' is required"),
+    ] {
+        let (st, r) = s.post(path, &body);
+        assert_eq!(st, 400, "{path} {body}: {r}");
+        let msg = r["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{path} {body}: {msg}");
+        if !param.is_empty() {
+            assert_eq!(r["error"]["param"], param, "{r}");
+        }
+    }
+    let (st, r) = s.post("/tokenize", &json!({"prompt": "hello", "add_special_tokens": null}));
+    assert_eq!(st, 200, "null is absent: {r}");
 }

@@ -21,8 +21,8 @@ use crate::{chat, completions, routes, systemone};
 
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
 pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_hooks: bool) -> Router {
-    let limit = st.args.max_request_body.bytes().min(usize::MAX as u64) as usize;
-    let body_timeout = std::time::Duration::from_secs(st.args.body_read_timeout.max(1));
+    let limit = st.settings.max_request_body.min(usize::MAX as u64) as usize;
+    let body_timeout = st.settings.body_read_timeout;
     let mut r = Router::new();
     if test_hooks {
         // For the test suite only: routes that break things on purpose.

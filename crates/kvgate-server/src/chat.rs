@@ -319,7 +319,7 @@ pub async fn chat_completions(
     if let Some((field, spec)) = constraint {
         c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
     }
-    if st.args.log_requests {
+    if st.settings.log_requests {
         tracing::info!(body = %value, "chat request");
     }
     c.cache_salt = st.salted(tenant, c.cache_salt.take());

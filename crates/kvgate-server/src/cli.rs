@@ -341,14 +341,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
 
 /// The router over a state, with the CORS policy and keys its settings name.
 pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Arc<CorsPolicy>, Arc<Keys>) {
-    let args = &state.args;
-    let policy = Arc::new(CorsPolicy {
-        origins: args.allowed_origins.clone(),
-        methods: args.allowed_methods.clone(),
-        headers: args.allowed_headers.clone(),
-        credentials: args.allow_credentials,
-    });
-    let keys = Arc::new(Keys(args.api_key.clone(), args.api_key.len() > 1));
+    let (policy, keys) = (state.settings.cors.clone(), state.settings.keys.clone());
     let state = Arc::new(state);
     let router = app::router(state.clone(), policy.clone(), keys.clone(), test_hooks);
     (router, state, policy, keys)

@@ -191,7 +191,7 @@ pub async fn completions(
         }
         c.params.guide = Some(crate::structured::compile(st.grammars.clone(), field, spec).await?);
     }
-    if st.args.log_requests {
+    if st.settings.log_requests {
         tracing::info!(body = %value, "completion request");
     }
     c.cache_salt = st.salted(tenant, c.cache_salt.take());

@@ -19,6 +19,7 @@ mod openai;
 mod params;
 mod routes;
 mod sampling;
+pub mod settings;
 mod state;
 mod structured;
 mod systemone;

@@ -9,11 +9,10 @@ use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::chat::{normalize_messages, render};
 use crate::error::{ApiError, Shape};
-use crate::params::Body;
+use crate::openai::request::{strict_body, DetokenizeBody, TokenizeBody};
 use crate::state::AppState;
 
 /// `GET /health` and `/ping`: 200 while the engine runs, 503 when it does not.
@@ -113,8 +112,8 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
         })
         .collect();
     models.extend(
-        st.args
-            .model_alias
+        st.settings
+            .model_aliases
             .iter()
             .filter(|a| !st.served_names.contains(a))
             .map(|a| JevModel {
@@ -145,42 +144,21 @@ pub async fn tokenize(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let map = st.json_body(&headers, body)?;
-    let b = Body::new(&map);
-    b.only(
-        &[
-            "model",
-            "prompt",
-            "messages",
-            "add_special_tokens",
-            "add_generation_prompt",
-            "continue_final_message",
-            "chat_template_kwargs",
-        ],
-        &[],
-    )?;
-    st.check_model(b.str("model")?)?;
-    let tokens = match (b.raw("prompt"), b.raw("messages")) {
+    let b: TokenizeBody = strict_body(st.json_body(&headers, body)?)?;
+    st.check_model(b.model.as_deref())?;
+    let messages = b.messages.filter(|m| !m.is_null());
+    let tokens = match (b.prompt, messages) {
         (Some(_), Some(_)) => return Err(ApiError::bad("give either 'prompt' or 'messages', not both")),
-        (Some(Value::String(p)), None) => {
-            let add = b.bool("add_special_tokens")?.unwrap_or(true);
-            st.encode("prompt", p.clone(), add).await?
-        }
-        (Some(_), None) => return Err(ApiError::param("prompt", "'prompt' must be a string")),
+        (Some(p), None) => st.encode("prompt", p, b.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(m)) => {
-            let msgs = normalize_messages(Some(m), "messages")?;
+            let msgs = normalize_messages(Some(&m), "messages")?;
             st.check_prompt_bytes("messages", crate::chat::message_bytes(&msgs))?;
-            let kwargs = b.object("chat_template_kwargs")?.cloned().unwrap_or_default();
-            let cont = b.bool("continue_final_message")?.unwrap_or(false);
-            let text = render(
-                &st,
-                &msgs,
-                b.bool("add_generation_prompt")?.unwrap_or(true) && !cont,
-                cont,
-                &kwargs,
-            )?;
-            let add = b.bool("add_special_tokens")?.unwrap_or(false);
-            st.encode("messages", text, add).await?
+            let kwargs = b.chat_template_kwargs.unwrap_or_default();
+            let cont = b.continue_final_message.unwrap_or(false);
+            let add_gen = b.add_generation_prompt.unwrap_or(true) && !cont;
+            let text = render(&st, &msgs, add_gen, cont, &kwargs)?;
+            st.encode("messages", text, b.add_special_tokens.unwrap_or(false))
+                .await?
         }
         (None, None) => return Err(ApiError::bad("'prompt' or 'messages' is required")),
     };
@@ -255,14 +233,11 @@ pub async fn detokenize(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let map = st.json_body(&headers, body)?;
-    let b = Body::new(&map);
-    b.only(&["model", "tokens"], &[])?;
-    st.check_model(b.str("model")?)?;
-    if b.raw("tokens").is_none() {
+    let b: DetokenizeBody = strict_body(st.json_body(&headers, body)?)?;
+    st.check_model(b.model.as_deref())?;
+    let Some(ids) = b.tokens else {
         return Err(ApiError::param("tokens", "'tokens' is required"));
-    }
-    let ids = b.ids("tokens")?;
+    };
     if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.engine.limits().vocab_size) {
         return Err(ApiError::param(
             "tokens",

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 use crate::config::Args;
 use crate::error::ApiError;
 use crate::infer::Inference;
-use crate::params::Body;
+use crate::params::parse_object;
+use crate::settings::Settings;
 
 /// Shared by all handlers.
 pub struct AppState {
@@ -29,8 +30,8 @@ pub struct AppState {
     pub defaults: GenerationDefaults,
     /// The Prometheus exporter, when installed.
     pub metrics: Option<PrometheusHandle>,
-    /// Settings.
-    pub args: Arc<Args>,
+    /// The serving settings, parsed once from the flags.
+    pub settings: Settings,
     /// System One decisions (the service below HTTP, over the same engine).
     pub decisions: Arc<DecisionService>,
     /// Start time (unix seconds), used as `created` of the model.
@@ -102,8 +103,9 @@ pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<A
 }
 
 impl AppState {
-    /// The state over `engine` and `model` with settings `args`: the tokenization slots, the grammar
-    /// compiler and the decision service are built here, once, for `serve` and the test servers alike.
+    /// The state over `engine` and `model` with the flags `args` (read here, once, into [`Settings`]
+    /// and the decision service's temperature): the tokenization slots, the grammar compiler and the
+    /// decision service are built here, once, for `serve` and the test servers alike.
     pub fn new(
         engine: Arc<dyn Inference>,
         model: ServedModel,
@@ -137,7 +139,7 @@ impl AppState {
             served_names,
             defaults,
             metrics,
-            args: Arc::new(args),
+            settings: Settings::from_args(&args),
             created: crate::events::now_secs(),
         }
     }
@@ -150,7 +152,7 @@ impl AppState {
     /// Checks a System One request's `model`: also accepts the aliases (`--model-alias`).
     pub fn check_decision_model(&self, name: Option<&str>) -> Result<String, ApiError> {
         match name {
-            Some(n) if self.args.model_alias.iter().any(|a| a == n) => Ok(self.model_name().to_string()),
+            Some(n) if self.settings.model_aliases.iter().any(|a| a == n) => Ok(self.model_name().to_string()),
             other => self.check_model(other),
         }
     }
@@ -168,7 +170,7 @@ impl AppState {
     /// are kept apart (several keys), so prefixes are only shared within a key.
     pub fn salted(&self, tenant: Option<u32>, salt: Option<String>) -> Option<String> {
         match tenant {
-            Some(t) if !self.args.share_prefix_cache_across_keys => {
+            Some(t) if !self.settings.share_prefix_cache_across_keys => {
                 Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default()))
             }
             _ => salt,
@@ -238,14 +240,14 @@ impl AppState {
     ) -> Result<Map<String, Value>, ApiError> {
         check_json_content_type(headers)?;
         let bytes = body.map_err(|e| self.body_error(e))?;
-        Body::parse(&bytes)
+        parse_object(&bytes)
     }
 
     /// Maps a body-reading failure.
     pub fn body_error(&self, e: axum::extract::rejection::BytesRejection) -> ApiError {
         if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::PayloadTooLarge {
-                limit: self.args.max_request_body.bytes(),
+                limit: self.settings.max_request_body,
             }
         } else {
             ApiError::bad(format!("cannot read the request body: {e}"))

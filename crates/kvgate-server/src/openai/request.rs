@@ -242,6 +242,32 @@ pub struct CompletionFields {
     pub echo: Option<bool>,
 }
 
+/// `POST /tokenize` (vLLM's): a prompt, or messages rendered through the chat template.
+#[derive(Debug, Default, Deserialize)]
+pub struct TokenizeBody {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    /// Checked by the chat messages' validator (the same one chat completions use).
+    pub messages: Option<Value>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+/// `POST /detokenize` (vLLM's).
+#[derive(Debug, Default, Deserialize)]
+pub struct DetokenizeBody {
+    pub model: Option<String>,
+    pub tokens: Option<Vec<u32>>,
+}
+
+/// A body of exactly `T`'s fields, deserialised (an unknown field or a wrong type is a 400 naming it).
+pub fn strict_body<T: for<'de> Deserialize<'de>>(body: Map<String, Value>) -> Result<T, ApiError> {
+    only_known(&body, &[field_names::<T>()])?;
+    typed(&Value::Object(body))
+}
+
 /// The field names of a struct's `Deserialize` (serde's own list, read by asking it to deserialize
 /// from a deserializer that only records them).
 pub fn field_names<'de, T: Deserialize<'de>>() -> &'static [&'static str] {

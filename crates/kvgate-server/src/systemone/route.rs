@@ -61,7 +61,7 @@ async fn answer_request(
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
     let bytes = body.map_err(|e| st.body_error(e))?;
-    let req = wire::parse(&bytes, st.args.systemone_max_questions).map_err(ApiError::Unprocessable)?;
+    let req = wire::parse(&bytes, st.settings.systemone_max_questions).map_err(ApiError::Unprocessable)?;
     let model = st.check_decision_model(req.model.as_deref())?;
     let mut spec = req.spec;
     // A state that cannot fit the context by its bytes is refused before any question renders and
@@ -71,7 +71,7 @@ async fn answer_request(
         StateKind::Text(t) => t.len(),
     };
     st.check_prompt_bytes("state", state_bytes)?;
-    if st.args.log_requests {
+    if st.settings.log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
     spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
