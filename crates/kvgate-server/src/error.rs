@@ -8,12 +8,52 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvgate_engine::EngineError;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
+
+/// `{"detail": [...]}`: a 422's problems.
+#[derive(Serialize)]
+struct ValidationBody<'a> {
+    detail: &'a [Detail],
+}
+
+/// `{"error": {...}}`: OpenAI's error body.
+#[derive(Serialize)]
+struct OpenAiBody<'a> {
+    error: OpenAiError<'a>,
+}
+
+#[derive(Serialize)]
+struct OpenAiError<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'a str>,
+    code: u16,
+}
+
+/// `{"detail": {"error_type", "message"}}`: Jev's error body.
+#[derive(Serialize)]
+struct JevBody {
+    detail: JevError,
+}
+
+#[derive(Serialize)]
+struct JevError {
+    error_type: &'static str,
+    message: String,
+}
+
+/// A body as JSON (serialising these plain structs cannot fail).
+fn to_value<T: Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap_or(Value::Null)
+}
 
 /// One problem of a 422 System One validation error.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Detail {
     /// Error type (`missing`, `string_type`, `extra_forbidden`, ...).
+    #[serde(rename = "type")]
     pub kind: &'static str,
     /// Location, e.g. `["body", "questions", "q1", "criteria"]`.
     pub loc: Vec<String>,
@@ -122,22 +162,20 @@ impl ApiError {
     /// The OpenAI-shaped body (also used for errors inside a stream).
     pub fn body(&self) -> Value {
         if let ApiError::Unprocessable(details) = self {
-            return json!({
-                "detail": details.iter().map(|d| json!({
-                    "type": d.kind, "loc": d.loc, "msg": d.msg, "input": d.input,
-                })).collect::<Vec<_>>()
-            });
+            return to_value(&ValidationBody { detail: details });
         }
         let param = match self {
-            ApiError::BadRequest { param, .. } => param.clone(),
+            ApiError::BadRequest { param, .. } => param.as_deref(),
             _ => None,
         };
-        json!({"error": {
-            "message": self.to_string(),
-            "type": self.type_name(),
-            "param": param,
-            "code": self.status().as_u16(),
-        }})
+        to_value(&OpenAiBody {
+            error: OpenAiError {
+                message: self.to_string(),
+                kind: self.type_name(),
+                param,
+                code: self.status().as_u16(),
+            },
+        })
     }
 }
 
@@ -181,9 +219,12 @@ impl ApiError {
     /// The body in `shape` (422s keep the validation shape in both).
     pub fn body_in(&self, shape: Shape) -> Value {
         match (shape, self) {
-            (Shape::Jev, e) if !matches!(e, ApiError::Unprocessable(_)) => {
-                json!({"detail": {"error_type": self.jev_type(), "message": self.to_string()}})
-            }
+            (Shape::Jev, e) if !matches!(e, ApiError::Unprocessable(_)) => to_value(&JevBody {
+                detail: JevError {
+                    error_type: self.jev_type(),
+                    message: self.to_string(),
+                },
+            }),
             _ => self.body(),
         }
     }

@@ -2,210 +2,18 @@
 //! the command line and `KVGATE_*` environment variables and serde reads from a TOML `--config` file.
 //! Precedence: command line > environment > config file > default ([`load`]).
 
-pub use kvgate_engine::Device;
+mod values;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
-use kvgate_kv::{KvDtype, KvQuant};
 use serde::{Deserialize, Serialize};
 
 use kvgate_decide::DecisionTemperature;
-
-/// Implements `FromStr`-backed serde (as a string) and `Display` for a setting type, so clap, the
-/// environment and the TOML file all parse it with the same code.
-macro_rules! string_setting {
-    ($t:ty) => {
-        impl TryFrom<String> for $t {
-            type Error = String;
-            fn try_from(s: String) -> Result<Self, String> {
-                s.parse()
-            }
-        }
-        impl From<$t> for String {
-            fn from(v: $t) -> String {
-                v.to_string()
-            }
-        }
-    };
-}
-
-/// `--kv-cache-dtype`: `auto` (the model's choice) or a fixed dtype.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum KvCacheDtype {
-    /// float32 on the CPU.
-    Auto,
-    /// This dtype.
-    Fixed(KvDtype),
-}
-
-impl KvCacheDtype {
-    /// The dtype the cache is stored in.
-    pub fn resolve(self) -> KvDtype {
-        match self {
-            KvCacheDtype::Auto => KvDtype::F32,
-            KvCacheDtype::Fixed(d) => d,
-        }
-    }
-}
-
-impl std::str::FromStr for KvCacheDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match KvDtype::parse(s).map_err(|e| e.to_string())? {
-            None => Ok(KvCacheDtype::Auto),
-            Some(d) => Ok(KvCacheDtype::Fixed(d)),
-        }
-    }
-}
-
-impl std::fmt::Display for KvCacheDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KvCacheDtype::Auto => f.write_str("auto"),
-            KvCacheDtype::Fixed(d) => f.write_str(d.name()),
-        }
-    }
-}
-string_setting!(KvCacheDtype);
-
-/// `--kv-cache-method`: how fp8/nvfp4 caches are written: `auto` (the dtype's default) or a fixed
-/// method (`plain`, `rotation`, `fine`, `both`; see `kvgate_kv::quant`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum KvCacheMethod {
-    /// `KvQuant::default_for(dtype)`.
-    Auto,
-    /// This method.
-    Fixed(KvQuant),
-}
-
-impl KvCacheMethod {
-    /// The method a cache of `dtype` is written with.
-    pub fn resolve(self, dtype: KvDtype) -> KvQuant {
-        match self {
-            KvCacheMethod::Auto => KvQuant::default_for(dtype),
-            KvCacheMethod::Fixed(q) => q,
-        }
-    }
-}
-
-impl std::str::FromStr for KvCacheMethod {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s.trim().eq_ignore_ascii_case("auto") {
-            return Ok(KvCacheMethod::Auto);
-        }
-        KvQuant::parse(s).map(KvCacheMethod::Fixed).ok_or_else(|| {
-            format!(
-                "unknown KV-cache method '{s}'; expected one of auto, plain, rotation, fine, both, smooth, \
-                     rotation+smooth, fine+smooth, both+smooth"
-            )
-        })
-    }
-}
-
-impl std::fmt::Display for KvCacheMethod {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KvCacheMethod::Auto => f.write_str("auto"),
-            KvCacheMethod::Fixed(q) => f.write_str(q.name()),
-        }
-    }
-}
-string_setting!(KvCacheMethod);
-
-/// `--activations`: the precision completions compute their matmuls in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum Activations {
-    /// f32 activations (the default: every result equals a matmul against the dequantized weights up
-    /// to f32 rounding).
-    F32,
-    /// 8-bit activations (per 32 inputs) and integer dot products for 4- and 8-bit weights, as
-    /// llama.cpp computes; completions only, decisions stay f32.
-    Int8,
-}
-
-impl std::str::FromStr for Activations {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "f32" | "float32" => Ok(Activations::F32),
-            "int8" | "q8" => Ok(Activations::Int8),
-            _ => Err(format!("{s:?} is not an activation precision: expected f32 or int8")),
-        }
-    }
-}
-
-impl std::fmt::Display for Activations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Activations::F32 => "f32",
-            Activations::Int8 => "int8",
-        })
-    }
-}
-string_setting!(Activations);
-
-/// `--log-format`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            _ => Err(format!("{s:?} is not a log format: expected text or json")),
-        }
-    }
-}
-
-impl std::fmt::Display for LogFormat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            LogFormat::Text => "text",
-            LogFormat::Json => "json",
-        })
-    }
-}
-string_setting!(LogFormat);
-
-/// A size in bytes, written "2GiB", "512MiB", "1.5GB" or "1024".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct ByteSize(u64);
-
-impl ByteSize {
-    /// The size.
-    pub fn bytes(self) -> u64 {
-        self.0
-    }
-}
-
-impl std::str::FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        parse_bytes(s).map(ByteSize)
-    }
-}
-
-impl std::fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-string_setting!(ByteSize);
+pub use kvgate_engine::Device;
+pub use values::{Activations, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat};
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
@@ -336,7 +144,7 @@ pub struct Args {
 
     /// Precision of completions' matmul activations: f32, or int8 (opt-in: faster on 4/8-bit GGUF
     /// weights, as llama.cpp computes; decisions always stay f32)
-    #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "f32")]
+    #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "f32", value_parser = values::parse_setting::<Activations>)]
     pub activations: Activations,
 
     /// Compute threads [default: all cores]
@@ -365,7 +173,7 @@ pub struct Args {
     pub model_alias: Vec<String>,
 
     /// Log format: text or json
-    #[arg(long, env = "KVGATE_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "KVGATE_LOG_FORMAT", default_value = "text", value_parser = values::parse_setting::<LogFormat>)]
     pub log_format: LogFormat,
 
     /// Log request bodies (never logged otherwise; keys are never logged)
@@ -489,29 +297,6 @@ fn json_list(values: &[String], flag: &'static str) -> Result<Vec<String>, Confi
     Ok(out)
 }
 
-/// Parses "2GiB", "512MiB", "1.5GB", "1024" into bytes.
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("{s:?} is not a size like 2GiB"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kb" => 1e3,
-        "m" | "mb" => 1e6,
-        "g" | "gb" => 1e9,
-        "kib" | "ki" => 1024.0,
-        "mib" | "mi" => 1024.0 * 1024.0,
-        "gib" | "gi" => 1024.0 * 1024.0 * 1024.0,
-        "tib" | "ti" => 1024f64.powi(4),
-        other => return Err(format!("unknown size unit {other:?} in {s:?}")),
-    };
-    if !n.is_finite() || n < 0.0 {
-        return Err(format!("{s:?} is not a size"));
-    }
-    Ok((n * mult) as u64)
-}
-
 fn validate(a: &Args) -> Result<(), ConfigError> {
     let bad = |flag, msg: String| Err(ConfigError::Invalid { flag, msg });
     if a.allow_credentials && a.allowed_origins.iter().any(|o| o == "*") {
@@ -564,122 +349,4 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_match_the_spec() {
-        let a = load(["serve"]).unwrap();
-        assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8000));
-        assert!(a.allowed_origins.is_empty());
-        assert_eq!(a.allowed_methods, vec!["*"]);
-        assert_eq!(a.block_size, 16);
-        assert!(a.enable_prefix_caching);
-        assert_eq!(
-            (a.max_num_seqs, a.max_num_batched_tokens, a.max_queue),
-            (256, 2048, 1024)
-        );
-        assert_eq!(a.shutdown_timeout, 30);
-        assert_eq!(a.max_request_body.bytes(), 32 << 20);
-        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Auto);
-        assert_eq!((a.device, a.log_format), (Device::Cpu, LogFormat::Text));
-    }
-
-    #[test]
-    fn lists_take_json_or_repeats() {
-        let a = load([
-            "serve",
-            "--allowed-origins",
-            "[\"https://a.example\",\"http://b:3000\"]",
-        ])
-        .unwrap();
-        assert_eq!(a.allowed_origins, vec!["https://a.example", "http://b:3000"]);
-        let b = load([
-            "serve",
-            "--allowed-origins",
-            "https://a.example",
-            "--allowed-origins",
-            "http://b:3000",
-        ])
-        .unwrap();
-        assert_eq!(a.allowed_origins, b.allowed_origins);
-        assert!(load(["serve", "--allowed-origins", "*", "--allow-credentials"]).is_err());
-        assert!(
-            !load(["serve", "--no-enable-prefix-caching"])
-                .unwrap()
-                .enable_prefix_caching
-        );
-    }
-
-    #[test]
-    fn typed_settings_parse_once_and_name_the_flag() {
-        let a = load([
-            "serve",
-            "--kv-cache-dtype",
-            "fp8",
-            "--device",
-            "cuda:1",
-            "--log-format",
-            "json",
-            "--kv-cache-memory",
-            "512MiB",
-        ])
-        .unwrap();
-        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Fp8E4m3));
-        assert_eq!(a.device, Device::Cuda(1));
-        assert_eq!(a.log_format, LogFormat::Json);
-        assert_eq!(a.kv_cache_memory.map(ByteSize::bytes), Some(512 << 20));
-        for (flag, value) in [
-            ("--kv-cache-dtype", "int3"),
-            ("--device", "tpu"),
-            ("--device", "cuda:x"),
-            ("--log-format", "xml"),
-            ("--max-request-body", "2 parsecs"),
-        ] {
-            let e = load(["serve", flag, value]).unwrap_err().to_string();
-            assert!(e.contains(flag) && e.contains(value), "{e}");
-        }
-        // the config file goes through the same types
-        let dir = std::env::temp_dir().join(format!("kvgate-cfg-typed-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("c.toml");
-        std::fs::write(&f, "kv-cache-dtype = \"nvfp4\"\nmax-request-body = \"1KiB\"\n").unwrap();
-        let a = load(["serve", "--config", f.to_str().unwrap()]).unwrap();
-        assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Nvfp4));
-        assert_eq!(a.max_request_body.bytes(), 1024);
-        std::fs::write(&f, "device = \"gpu\"\n").unwrap();
-        let e = load(["serve", "--config", f.to_str().unwrap()])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("gpu"), "{e}");
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_bytes("1000").unwrap(), 1000);
-        assert!(parse_bytes("2 parsecs").is_err());
-    }
-
-    #[test]
-    fn file_below_flags() {
-        let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("c.toml");
-        std::fs::write(
-            &f,
-            "port = 9001\nmax-num-seqs = 7\nallowed-origins = [\"https://x.example\"]\n",
-        )
-        .unwrap();
-        let a = load(["serve", "--config", f.to_str().unwrap(), "--port", "9100"]).unwrap();
-        assert_eq!(a.port, 9100, "flag beats file");
-        assert_eq!(a.max_num_seqs, 7, "file beats default");
-        assert_eq!(a.allowed_origins, vec!["https://x.example"]);
-        std::fs::write(&f, "prot = 1\n").unwrap();
-        assert!(
-            load(["serve", "--config", f.to_str().unwrap()]).is_err(),
-            "unknown keys are refused"
-        );
-    }
-}
+mod tests;

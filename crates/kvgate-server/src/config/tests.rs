@@ -1,0 +1,121 @@
+//! The configuration's tests: precedence, every setting type's parser, the file format.
+
+use super::values::parse_bytes;
+use super::*;
+use kvgate_kv::KvDtype;
+
+#[test]
+fn defaults_match_the_spec() {
+    let a = load(["serve"]).unwrap();
+    assert_eq!((a.host.as_str(), a.port), ("127.0.0.1", 8000));
+    assert!(a.allowed_origins.is_empty());
+    assert_eq!(a.allowed_methods, vec!["*"]);
+    assert_eq!(a.block_size, 16);
+    assert!(a.enable_prefix_caching);
+    assert_eq!(
+        (a.max_num_seqs, a.max_num_batched_tokens, a.max_queue),
+        (256, 2048, 1024)
+    );
+    assert_eq!(a.shutdown_timeout, 30);
+    assert_eq!(a.max_request_body.bytes(), 32 << 20);
+    assert_eq!(a.kv_cache_dtype, KvCacheDtype::Auto);
+    assert_eq!((a.device, a.log_format), (Device::Cpu, LogFormat::Text));
+}
+
+#[test]
+fn lists_take_json_or_repeats() {
+    let a = load([
+        "serve",
+        "--allowed-origins",
+        "[\"https://a.example\",\"http://b:3000\"]",
+    ])
+    .unwrap();
+    assert_eq!(a.allowed_origins, vec!["https://a.example", "http://b:3000"]);
+    let b = load([
+        "serve",
+        "--allowed-origins",
+        "https://a.example",
+        "--allowed-origins",
+        "http://b:3000",
+    ])
+    .unwrap();
+    assert_eq!(a.allowed_origins, b.allowed_origins);
+    assert!(load(["serve", "--allowed-origins", "*", "--allow-credentials"]).is_err());
+    assert!(
+        !load(["serve", "--no-enable-prefix-caching"])
+            .unwrap()
+            .enable_prefix_caching
+    );
+}
+
+#[test]
+fn typed_settings_parse_once_and_name_the_flag() {
+    let a = load([
+        "serve",
+        "--kv-cache-dtype",
+        "fp8",
+        "--device",
+        "cuda:1",
+        "--log-format",
+        "json",
+        "--kv-cache-memory",
+        "512MiB",
+    ])
+    .unwrap();
+    assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Fp8E4m3));
+    assert_eq!(a.device, Device::Cuda(1));
+    assert_eq!(a.log_format, LogFormat::Json);
+    assert_eq!(a.kv_cache_memory.map(ByteSize::bytes), Some(512 << 20));
+    for (flag, value) in [
+        ("--kv-cache-dtype", "int3"),
+        ("--device", "tpu"),
+        ("--device", "cuda:x"),
+        ("--log-format", "xml"),
+        ("--max-request-body", "2 parsecs"),
+    ] {
+        let e = load(["serve", flag, value]).unwrap_err().to_string();
+        assert!(e.contains(flag) && e.contains(value), "{e}");
+    }
+    // the config file goes through the same types
+    let dir = std::env::temp_dir().join(format!("kvgate-cfg-typed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.toml");
+    std::fs::write(&f, "kv-cache-dtype = \"nvfp4\"\nmax-request-body = \"1KiB\"\n").unwrap();
+    let a = load(["serve", "--config", f.to_str().unwrap()]).unwrap();
+    assert_eq!(a.kv_cache_dtype, KvCacheDtype::Fixed(KvDtype::Nvfp4));
+    assert_eq!(a.max_request_body.bytes(), 1024);
+    std::fs::write(&f, "device = \"gpu\"\n").unwrap();
+    let e = load(["serve", "--config", f.to_str().unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gpu"), "{e}");
+}
+
+#[test]
+fn sizes() {
+    assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
+    assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
+    assert_eq!(parse_bytes("1000").unwrap(), 1000);
+    assert!(parse_bytes("2 parsecs").is_err());
+}
+
+#[test]
+fn file_below_flags() {
+    let dir = std::env::temp_dir().join(format!("kvgate-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.toml");
+    std::fs::write(
+        &f,
+        "port = 9001\nmax-num-seqs = 7\nallowed-origins = [\"https://x.example\"]\n",
+    )
+    .unwrap();
+    let a = load(["serve", "--config", f.to_str().unwrap(), "--port", "9100"]).unwrap();
+    assert_eq!(a.port, 9100, "flag beats file");
+    assert_eq!(a.max_num_seqs, 7, "file beats default");
+    assert_eq!(a.allowed_origins, vec!["https://x.example"]);
+    std::fs::write(&f, "prot = 1\n").unwrap();
+    assert!(
+        load(["serve", "--config", f.to_str().unwrap()]).is_err(),
+        "unknown keys are refused"
+    );
+}
