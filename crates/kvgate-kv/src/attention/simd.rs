@@ -1,0 +1,270 @@
+//! The vector arithmetic of attention, each with one fixed reduction order (so results never depend
+//! on batch shape or thread split): dot products (8-lane, plain or fused; eight at once, two queries ×
+//! four keys), the row softmax with a vectorised `exp`, and the weighted sums of V (AVX2 kernels where
+//! compiled in, the same arithmetic otherwise).
+
+/// Eight dot products `q · ks[j]` at once. Every result is computed by the same arithmetic whichever
+/// slot `j` it is in (AVX2: a fixed 8-lane accumulation and a fixed `hadd` tree; otherwise [`dot`]).
+/// (The tests' reference for [`dot2x4`].)
+#[cfg(test)]
+pub fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if q.len().is_multiple_of(8) {
+        // SAFETY: avx2 and fma are enabled at compile time; every `ks[j]` has `q.len()` elements (the
+        // caller passes head_dim-long vectors) and loads stay below `q.len()`.
+        return unsafe { avx2::dot8(q, ks) };
+    }
+    std::array::from_fn(|j| dot(q, ks[j]))
+}
+
+/// Eight dot products at once, two queries × four keys: `[q0·k0, q0·k1, q0·k2, q0·k3, q1·k0, …, q1·k3]`,
+/// each by exactly [`dot8`]'s arithmetic (its own 8-lane FMA chain, the same `hadd` tree), with a
+/// quarter fewer loads per multiply-add than two [`dot8`] calls: the score kernel of a tile's rows.
+#[inline]
+pub fn dot2x4(q0: &[f32], q1: &[f32], ks: &[&[f32]; 4]) -> [f32; 8] {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if q0.len().is_multiple_of(8) {
+        // SAFETY: avx2 and fma are enabled at compile time; `q1` and every `ks[j]` have at least
+        // `q0.len()` elements (head_dim-long vectors) and loads stay below `q0.len()`.
+        return unsafe { avx2::dot2x4(q0, q1, ks) };
+    }
+    std::array::from_fn(|j| dot(if j < 4 { q0 } else { q1 }, ks[j % 4]))
+}
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// exp(x) for x ≤ 0 (Cephes-style: 2^n · p(r), r = x − n·ln2 in two steps, degree-6 polynomial).
+    #[inline(always)]
+    unsafe fn exp8(x_in: __m256) -> __m256 {
+        let floor = _mm256_set1_ps(-87.3);
+        let keep = _mm256_cmp_ps(x_in, floor, _CMP_GE_OQ);
+        let x = _mm256_max_ps(x_in, floor);
+        let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_199_9e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r);
+        p = _mm256_add_ps(p, _mm256_set1_ps(1.0));
+        let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+        // Below the float range (and −∞ padding): exactly 0.
+        _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep)
+    }
+
+    /// SAFETY (caller): avx2+fma available. Loads and stores stay inside `x` (full chunks of 8, then the
+    /// tail through a padded copy).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn softmax(x: &mut [f32], max: f32) {
+        let m = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        let full = x.len() / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), m));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), e);
+            sum = _mm256_add_ps(sum, e);
+            i += 8;
+        }
+        if full < x.len() {
+            // The tail goes through the same vector code, padded with −∞ (exp → 0).
+            let mut pad = [f32::NEG_INFINITY; 8];
+            pad[..x.len() - full].copy_from_slice(&x[full..]);
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(pad.as_ptr()), m));
+            _mm256_storeu_ps(pad.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+            let tail = x.len() - full;
+            x[full..].copy_from_slice(&pad[..tail]);
+        }
+        let lo = _mm256_castps256_ps128(sum);
+        let hi = _mm256_extractf128_ps(sum, 1);
+        let s4 = _mm_add_ps(lo, hi);
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+        let total = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        let inv = _mm256_set1_ps(1.0 / total);
+        let mut i = 0;
+        while i < full {
+            let p = x.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
+            i += 8;
+        }
+        let inv = 1.0 / total;
+        for v in &mut x[full..] {
+            *v *= inv;
+        }
+    }
+
+    /// SAFETY (caller): avx2 available, `acc.len() % 8 == 0`, `xs.len() >= ws.len() · acc.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
+        let len = acc.len();
+        let (ap, xp) = (acc.as_mut_ptr(), xs.as_ptr());
+        let mut c = 0;
+        // 32 elements (four registers) at a time, then 8.
+        while c + 32 <= len {
+            let mut a = [_mm256_setzero_ps(); 4];
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(ap.add(c + 8 * i));
+            }
+            for (j, &w) in ws.iter().enumerate() {
+                let wv = _mm256_set1_ps(w);
+                for (i, v) in a.iter_mut().enumerate() {
+                    let x = _mm256_loadu_ps(xp.add(j * len + c + 8 * i));
+                    *v = _mm256_add_ps(*v, _mm256_mul_ps(wv, x));
+                }
+            }
+            for (i, v) in a.iter().enumerate() {
+                _mm256_storeu_ps(ap.add(c + 8 * i), *v);
+            }
+            c += 32;
+        }
+        while c < len {
+            let mut v = _mm256_loadu_ps(ap.add(c));
+            for (j, &w) in ws.iter().enumerate() {
+                v = _mm256_add_ps(
+                    v,
+                    _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(xp.add(j * len + c))),
+                );
+            }
+            _mm256_storeu_ps(ap.add(c), v);
+            c += 8;
+        }
+    }
+
+    /// SAFETY (caller): avx2+fma available, `q0.len() % 8 == 0`, `q1` and every `ks[j]` at least as long.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot2x4(q0: &[f32], q1: &[f32], ks: &[&[f32]; 4]) -> [f32; 8] {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut c = 0;
+        while c < q0.len() {
+            let (a, b) = (_mm256_loadu_ps(q0.as_ptr().add(c)), _mm256_loadu_ps(q1.as_ptr().add(c)));
+            for (j, k) in ks.iter().enumerate() {
+                let kv = _mm256_loadu_ps(k.as_ptr().add(c));
+                acc[j] = _mm256_fmadd_ps(a, kv, acc[j]);
+                acc[4 + j] = _mm256_fmadd_ps(b, kv, acc[4 + j]);
+            }
+            c += 8;
+        }
+        reduce8(&acc)
+    }
+
+    /// SAFETY (caller): avx2+fma available, `q.len() % 8 == 0`, every `ks[j].len() >= q.len()`.
+    #[cfg(test)]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot8(q: &[f32], ks: &[&[f32]; 8]) -> [f32; 8] {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        let mut c = 0;
+        while c < q.len() {
+            let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+            for (a, k) in acc.iter_mut().zip(ks) {
+                *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.as_ptr().add(c)), *a);
+            }
+            c += 8;
+        }
+        reduce8(&acc)
+    }
+
+    /// Lane `j` of the result is the sum of `acc[j]`'s eight lanes by a fixed tree:
+    /// `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn reduce8(acc: &[__m256; 8]) -> [f32; 8] {
+        let t0 = _mm256_hadd_ps(acc[0], acc[1]);
+        let t1 = _mm256_hadd_ps(acc[2], acc[3]);
+        let t2 = _mm256_hadd_ps(acc[4], acc[5]);
+        let t3 = _mm256_hadd_ps(acc[6], acc[7]);
+        let u0 = _mm256_hadd_ps(t0, t1);
+        let u1 = _mm256_hadd_ps(t2, t3);
+        let r = _mm256_add_ps(
+            _mm256_permute2f128_ps(u0, u1, 0x20),
+            _mm256_permute2f128_ps(u0, u1, 0x31),
+        );
+        let mut out = [0f32; 8];
+        _mm256_storeu_ps(out.as_mut_ptr(), r);
+        out
+    }
+}
+
+/// In-place softmax of one row of scores with a vectorised `exp` (AVX2: a degree-6 polynomial after
+/// range reduction, within 2 ulp of `f32::exp`); every element goes through the same code path.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        // SAFETY: avx2 and fma are enabled at compile time; the kernel only touches `x`.
+        unsafe { avx2::softmax(x, max) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    {
+        let mut sum = 0f32;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
+/// Dot product with a fixed 8-lane reduction order (vectorizes; deterministic for a given length);
+/// each lane multiplies then adds (unfused).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<false>(a, b)
+}
+
+/// [`dot`] with each lane's multiply-add fused (one rounding): the dense matmul's order.
+#[inline]
+pub fn dot_fused(a: &[f32], b: &[f32]) -> f32 {
+    dot_lanes::<true>(a, b)
+}
+
+/// The one 8-lane dot product: lanes `i mod 8` accumulate in order, then a fixed tree, then the tail.
+#[inline]
+fn dot_lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for i in 0..8 {
+            acc[i] = if FUSED {
+                x[i].mul_add(y[i], acc[i])
+            } else {
+                acc[i] + x[i] * y[i]
+            };
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ra.iter().zip(rb) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `acc += Σ_j ws[j] · xs[j·len .. (j+1)·len]` for `j` ascending, with `len = acc.len()`: per element
+/// exactly the sequence of [`axpy`] calls (a multiply then an add, unfused), with the accumulator kept
+/// in registers across the `j`s (AVX2) instead of loaded and stored for each.
+pub(crate) fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
+    let len = acc.len();
+    debug_assert!(xs.len() >= ws.len() * len);
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if len.is_multiple_of(8) {
+        // SAFETY: avx2 is enabled at compile time; `xs` holds `ws.len()` vectors of `len` (asserted
+        // in debug builds and guaranteed by the callers, which pass whole decoded blocks).
+        return unsafe { avx2::axpy_many(acc, ws, xs) };
+    }
+    for (j, &w) in ws.iter().enumerate() {
+        axpy(acc, w, &xs[j * len..(j + 1) * len]);
+    }
+}
+
+#[inline]
+pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += w * b;
+    }
+}
