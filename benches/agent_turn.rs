@@ -7,12 +7,13 @@
 //!    concurrently, as an agent framework's `gather` does): time to the routing answers, time to the
 //!    end of the follow-up (max_tokens 16), and the follow-up's cached-token share.
 //! 2. 32 concurrent conversations (~1,000-token states) over a cache that holds only 8 of them:
-//!    each routes then follows up as soon as its answer arrives. Reported per arm — router + main,
-//!    systemone without `keep_alive`, systemone with `keep_alive` 60 s — the follow-ups' cached-token
-//!    share, failed requests (with their status) and the wall time.
+//!    each routes then follows up as soon as its answer arrives. Reported per arm — router + main;
+//!    systemone under today's policy (arrival order, nothing retained) without and with `keep_alive`
+//!    60 s; systemone on the defaults (session retention, cache-aware admission) — the follow-ups'
+//!    cached-token share, failed requests (with their status) and the wall time.
 //!
-//! `cargo bench --bench agent_turn` prints the tables (~17 minutes on 2 cores; `AGENT_TURN_PARTS=two`
-//! runs only the second, ~12 minutes).
+//! `cargo bench --bench agent_turn` prints the tables (~20 minutes on 2 cores; `AGENT_TURN_PARTS=two`
+//! runs only the second, `AGENT_TURN_ARMS=defaults` only the arms whose name holds the word).
 
 use std::time::Instant;
 
@@ -230,15 +231,30 @@ fn part_two(rows: &mut Vec<String>) {
     // ~1,000-token states plus question and follow-up: 72 blocks of 16 each; room for 8
     let blocks = (8 * 72).to_string();
     let args = ["--num-kv-blocks", blocks.as_str()];
-    {
+    // AGENT_TURN_ARMS=word runs only the arms whose name holds it
+    let only = std::env::var("AGENT_TURN_ARMS").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|w| name.contains(w));
+    if wanted("router") {
         let router = common::start(&args);
         let main = common::start(&args);
         let r = crowd(main.1, 1000, &|m| route_by_chat(router.1, m, 1)[0].0);
         rows.push(format!("| router (chat, max_tokens 5) + main | {r}"));
     }
-    for (name, keep) in [("without keep_alive", None), ("keep_alive 60 s", Some(60.0))] {
-        let main: Serve = common::start(&args);
-        let first = if keep.is_some() { 3000 } else { 2000 };
+    // today's policy (arrival order, nothing retained), with and without keep_alive pins, then the
+    // defaults: session retention and cache-aware admission
+    let today = ["--session-window", "0", "--admission", "fifo"];
+    let arms: [(&str, &[&str], Option<f64>, usize); 3] = [
+        ("arrival order, no retention", &today, None, 2000),
+        ("arrival order, keep_alive 60 s", &today, Some(60.0), 3000),
+        ("defaults: session retention + cache-aware admission", &[], None, 4000),
+    ];
+    for (name, extra, keep, first) in arms {
+        if !wanted(name) {
+            continue;
+        }
+        let mut a: Vec<&str> = args.to_vec();
+        a.extend_from_slice(extra);
+        let main: Serve = common::start(&a);
         let r = crowd(main.1, first, &|m| {
             let mut body = json!({"state": m, "questions": decision_questions(1)});
             if let Some(k) = keep {

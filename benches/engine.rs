@@ -51,6 +51,7 @@ async fn run(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize, salt: Option
             prompt,
             params: params(max_tokens),
             cache_salt: salt,
+            retain: None,
         })
         .unwrap();
     let mut first = None;

@@ -113,3 +113,38 @@ fn tokenize_bodies_are_typed() {
     let (st, r) = s.post("/tokenize", &json!({"prompt": "hello", "add_special_tokens": null}));
     assert_eq!(st, 200, "null is absent: {r}");
 }
+
+/// A session hint (`X-Session-ID` or `prompt_cache_key`) retains a completion's state through a
+/// flood of other prompts; without one it is evicted like any other.
+#[test]
+fn a_session_hint_keeps_the_state_for_the_next_turn() {
+    let args = ["--num-kv-blocks", "64", "--block-size", "4", "--session-window", "600"];
+    let s = InProcess::tiny(&args);
+    let state = |i: usize| {
+        let who = ["Alpha", "Bravo", "Charlie", "Delta"][i];
+        format!("{who} reports: the order is late, the customer is upset, a refund is asked for.")
+    };
+    let next_turn_cached = |hint: Option<(&str, &str)>, body_key: Option<&str>, i: usize| -> u64 {
+        let mut first = json!({"prompt": state(i), "max_tokens": 1, "temperature": 0});
+        if let Some(k) = body_key {
+            first["prompt_cache_key"] = json!(k);
+        }
+        let headers: Vec<(&str, &str)> = hint.into_iter().collect();
+        let (st, _, r) = s.post_with("/v1/completions", &headers, &first);
+        assert_eq!(st, 200, "{r}");
+        for j in 0..6 {
+            let cold = json!({"prompt": format!("Unrelated prompt {i}-{j} about warehouses and shipping lanes."), "max_tokens": 1});
+            let (st, r) = s.post("/v1/completions", &cold);
+            assert_eq!(st, 200, "{r}");
+        }
+        let next = json!({"prompt": format!("{} And now?", state(i)), "max_tokens": 1, "temperature": 0});
+        let (st, _, r) = s.post_with("/v1/completions", &headers, &next);
+        assert_eq!(st, 200, "{r}");
+        r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap()
+    };
+    let kept = next_turn_cached(Some(("X-Session-ID", "s1")), None, 1);
+    assert!(kept >= 40, "the state's blocks: {kept}");
+    let kept = next_turn_cached(None, Some("s2"), 2);
+    assert!(kept >= 40, "the state's blocks: {kept}");
+    assert_eq!(next_turn_cached(None, None, 3), 0, "no hint: evicted by the flood");
+}

@@ -26,6 +26,12 @@ impl BlockId {
     pub fn index(self) -> usize {
         self.0 as usize
     }
+
+    /// The id of block `i` (tests of bookkeeping that holds ids without a pool).
+    #[cfg(test)]
+    pub(crate) fn from_index(i: usize) -> BlockId {
+        BlockId(i as u32)
+    }
 }
 
 impl From<BlockId> for u32 {

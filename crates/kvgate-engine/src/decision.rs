@@ -63,55 +63,118 @@ impl DecisionState {
     }
 }
 
-/// Blocks held from eviction until a deadline (`keep_alive`), each pin one extra reference per block.
+/// Why blocks are pinned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PinKind {
+    /// An explicit `keep_alive`: held until its deadline (or pressure), whoever reuses the blocks.
+    KeepAlive,
+    /// Session retention: a state expected again (a decision's state, a completion with a session
+    /// hint), held until its window ends, pressure, or its next turn arrives and takes the blocks over
+    /// (the pin is consumed: the next turn pins again at its own end).
+    Session,
+}
+
+/// One pin.
+#[derive(Debug, Clone)]
+struct Pin {
+    /// When it was taken (the caller's clock).
+    since: u64,
+    until: u64,
+    tenant: Option<u32>,
+    kind: PinKind,
+    blocks: Vec<BlockId>,
+}
+
+/// Blocks held from eviction until a deadline, each pin one extra reference per block, oldest first.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pins {
-    pins: Vec<(u64, Option<u32>, Vec<BlockId>)>,
+    pins: Vec<Pin>,
 }
 
 impl Pins {
     /// Records a pin (the caller took the references).
-    pub(crate) fn add(&mut self, until: u64, tenant: Option<u32>, blocks: Vec<BlockId>) {
-        self.pins.push((until, tenant, blocks));
+    pub(crate) fn add(&mut self, since: u64, until: u64, tenant: Option<u32>, kind: PinKind, blocks: Vec<BlockId>) {
+        self.pins.push(Pin {
+            since,
+            until,
+            tenant,
+            kind,
+            blocks,
+        });
     }
 
     /// Removes and returns the pins whose deadline is `≤ now` (the caller drops their references).
     pub(crate) fn take_expired(&mut self, now: u64) -> Vec<Vec<BlockId>> {
+        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins).into_iter().partition(|p| p.until <= now);
+        self.pins = keep;
+        done.into_iter().map(|p| p.blocks).collect()
+    }
+
+    /// Removes and returns the session pins whose whole state `blocks` holds (their last block among
+    /// them): the session's next turn took them over. A pin that only shares a prefix with `blocks` (a
+    /// common system prompt) stays.
+    pub(crate) fn take_sessions_over(&mut self, blocks: &[BlockId]) -> Vec<Vec<BlockId>> {
         let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins)
             .into_iter()
-            .partition(|(t, _, _)| *t <= now);
+            .partition(|p| p.kind == PinKind::Session && p.blocks.last().is_some_and(|b| blocks.contains(b)));
         self.pins = keep;
-        done.into_iter().map(|(_, _, b)| b).collect()
+        done.into_iter().map(|p| p.blocks).collect()
     }
 
     /// Removes and returns the oldest pin's blocks (the caller drops their references).
     pub(crate) fn take_oldest(&mut self) -> Option<Vec<BlockId>> {
-        (!self.pins.is_empty()).then(|| self.pins.remove(0).2)
+        (!self.pins.is_empty()).then(|| self.pins.remove(0).blocks)
     }
 
     /// Removes and returns the oldest pin of `tenant`.
     pub(crate) fn take_oldest_of(&mut self, tenant: u32) -> Option<Vec<BlockId>> {
-        let i = self.pins.iter().position(|(_, t, _)| *t == Some(tenant))?;
-        Some(self.pins.remove(i).2)
+        let i = self.pins.iter().position(|p| p.tenant == Some(tenant))?;
+        Some(self.pins.remove(i).blocks)
+    }
+
+    /// Removes and returns the oldest pin taken at or before `cutoff`.
+    pub(crate) fn take_oldest_since(&mut self, cutoff: u64) -> Option<Vec<BlockId>> {
+        let i = self.pins.iter().position(|p| p.since <= cutoff)?;
+        Some(self.pins.remove(i).blocks)
+    }
+
+    /// Removes and returns the oldest pin of `kind`.
+    pub(crate) fn take_oldest_kind(&mut self, kind: PinKind) -> Option<Vec<BlockId>> {
+        let i = self.pins.iter().position(|p| p.kind == kind)?;
+        Some(self.pins.remove(i).blocks)
+    }
+
+    /// Blocks pinned as `kind` (with multiplicity).
+    pub(crate) fn count_kind(&self, kind: PinKind) -> usize {
+        self.pins
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.blocks.len())
+            .sum()
     }
 
     /// Blocks pinned by `tenant`.
     pub(crate) fn count_of(&self, tenant: u32) -> usize {
         self.pins
             .iter()
-            .filter(|(_, t, _)| *t == Some(tenant))
-            .map(|(_, _, b)| b.len())
+            .filter(|p| p.tenant == Some(tenant))
+            .map(|p| p.blocks.len())
             .sum()
     }
 
     /// Earliest deadline, if any.
     pub(crate) fn next_expiry(&self) -> Option<u64> {
-        self.pins.iter().map(|(t, _, _)| *t).min()
+        self.pins.iter().map(|p| p.until).min()
     }
 
     /// Blocks pinned (with multiplicity: a block pinned twice counts twice).
     pub(crate) fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.pins.iter().flat_map(|(_, _, b)| b.iter().copied())
+        self.pins.iter().flat_map(|p| p.blocks.iter().copied())
+    }
+
+    /// Blocks pinned by session retention (with multiplicity).
+    pub(crate) fn session_blocks(&self) -> usize {
+        self.count_kind(PinKind::Session)
     }
 }
 
@@ -142,12 +205,35 @@ mod tests {
     #[test]
     fn pins_expire_in_order() {
         let mut p = Pins::default();
-        p.add(5, None, vec![]);
-        p.add(3, Some(1), vec![]);
+        p.add(0, 5, None, PinKind::KeepAlive, vec![]);
+        p.add(1, 3, Some(1), PinKind::Session, vec![]);
+        assert!(p.take_oldest_since(0).is_some_and(|b| b.is_empty()));
+        assert!(p.take_oldest_since(0).is_none(), "the other is newer");
+        p.add(0, 5, None, PinKind::KeepAlive, vec![]);
         assert_eq!(p.next_expiry(), Some(3));
         assert_eq!(p.take_expired(4).len(), 1);
         assert_eq!(p.next_expiry(), Some(5));
         assert_eq!(p.take_expired(u64::MAX).len(), 1);
         assert_eq!(p.next_expiry(), None);
+    }
+
+    #[test]
+    fn a_next_turn_takes_over_only_the_session_it_extends() {
+        let b = |i: usize| BlockId::from_index(i);
+        let mut p = Pins::default();
+        // two sessions over a common system-prompt block 0; a keep_alive over the same state as 1
+        p.add(0, 9, None, PinKind::Session, vec![b(0), b(1), b(2)]);
+        p.add(0, 9, None, PinKind::Session, vec![b(0), b(3)]);
+        p.add(0, 9, None, PinKind::KeepAlive, vec![b(0), b(1), b(2)]);
+        assert_eq!(p.session_blocks(), 5);
+        // a request sharing only the system prompt takes nothing over
+        assert!(p.take_sessions_over(&[b(0), b(7)]).is_empty());
+        // the first session's next turn (its whole state, then more) takes over its pin only
+        assert_eq!(
+            p.take_sessions_over(&[b(0), b(1), b(2), b(8)]),
+            vec![vec![b(0), b(1), b(2)]]
+        );
+        assert_eq!(p.session_blocks(), 2);
+        assert_eq!(p.blocks().count(), 5, "the keep_alive pin stays");
     }
 }

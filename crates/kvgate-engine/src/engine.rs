@@ -28,7 +28,7 @@ use crate::metrics::Recorder;
 use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
 use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
-use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
+use crate::scheduler::{Admission, Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
 
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +67,22 @@ pub struct EngineConfig {
     pub max_pinned_blocks: Option<usize>,
     /// Most blocks one tenant's pins may hold (`None`: only the overall cap).
     pub max_pinned_blocks_per_tenant: Option<usize>,
+    /// Most blocks session retention may hold (`None`: three quarters of the pool).
+    pub max_retained_blocks: Option<usize>,
+    /// Session retention: a decision's state (without an explicit `keep_alive`) is retained this long
+    /// for its session's next turn, and a completion with a session hint asks for it too. `None`: off.
+    pub session_window: Option<Duration>,
+    /// How waiting requests are admitted (cache-aware: warm prefixes first, retained states protected
+    /// from cold prefills up to a starvation bound).
+    pub admission: Admission,
 }
 
 impl Default for EngineConfig {
     /// `serve`'s defaults where it has them (16-token blocks, 256 sequences, 2,048 tokens a step, 1,024
-    /// waiting, prefix caching on, a float32 cache, f32 activations, the pin caps' own defaults), over a
-    /// small pool of 512 blocks and a 2,048-token context: what tests and benches start from.
+    /// waiting, prefix caching on, a float32 cache, f32 activations, the pin caps' own defaults,
+    /// cache-aware admission with a 30 s bound), over a small pool of 512 blocks and a 2,048-token
+    /// context: what tests and benches start from. Session retention is off here (serve's default is
+    /// 60 s): a test that checks the pool empties opts in.
     fn default() -> EngineConfig {
         EngineConfig {
             block_size: 16,
@@ -90,6 +100,9 @@ impl Default for EngineConfig {
             int8_activations: false,
             max_pinned_blocks: None,
             max_pinned_blocks_per_tenant: None,
+            max_retained_blocks: None,
+            session_window: None,
+            admission: Admission::cache_aware(30_000),
         }
     }
 }
@@ -220,6 +233,10 @@ pub fn start_with_backend(
         sched.set_max_pinned_blocks(n);
     }
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
+    sched.set_admission(cfg.admission);
+    if let Some(n) = cfg.max_retained_blocks {
+        sched.set_max_retained_blocks(n);
+    }
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
         env: OutputEnv { tok, eos, limits },
@@ -338,7 +355,7 @@ impl Engine {
                 self.register(id, g, kind);
             }
             Command::Decide(id, req, reply) => {
-                let (g, kind) = decide::admit(&mut self.sched, req, reply);
+                let (g, kind) = decide::admit(&mut self.sched, req, reply, self.cfg.session_window);
                 self.register(id, g, kind);
                 self.rec.decision_request();
             }
@@ -403,9 +420,12 @@ impl Engine {
         // Whatever bookkeeping a failed step left behind goes with it; cached content is dropped too.
         self.sched.clear_pins();
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
+        let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
         self.sched.set_max_pinned_blocks(cap);
         self.sched.set_max_pinned_per_tenant(per_tenant);
+        self.sched.set_admission(admission);
+        self.sched.set_max_retained_blocks(retained);
     }
 
     fn drop_abandoned(&mut self) {

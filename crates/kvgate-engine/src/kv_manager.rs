@@ -151,6 +151,27 @@ impl KvManager {
         sb
     }
 
+    /// How many leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds, without
+    /// taking them: what admission ranks waiting requests by.
+    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        let bs = self.block_size;
+        let mut parent = None;
+        let mut n = 0;
+        while n < max_blocks.min(tokens.len() / bs) {
+            match self.pool.lookup(parent, &tokens[n * bs..(n + 1) * bs], extra) {
+                Some(b) => {
+                    parent = self.pool.block_ref(b);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
     /// New blocks needed so that `computed..upto` can be written (including one for copy-on-write).
     pub fn blocks_needed(&self, sb: &SeqBlocks, computed: usize, upto: usize) -> usize {
         let bs = self.block_size;

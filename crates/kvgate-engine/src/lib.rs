@@ -43,6 +43,7 @@ pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, KvM
 pub use kvgate_model::CpuBackend;
 pub use registry::SchedError;
 pub use request::{
-    DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, StopMatch, Usage,
+    DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, Retain, StopMatch, Usage,
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
+pub use scheduler::Admission;

@@ -53,6 +53,12 @@ pub const GRAMMAR_MASK_SECONDS: &str = "kvgate:grammar_mask_seconds_total";
 /// Output tokens a grammar forced (appended without sampling).
 pub const GRAMMAR_FORCED_TOKENS: &str = "kvgate:grammar_forced_tokens_total";
 /// Every histogram name (the exporter gives them buckets).
+/// Blocks held by session retention (decisions' states, completions with a session hint).
+pub const RETAINED_BLOCKS: &str = "kvgate:kv_cache_retained_blocks";
+/// Retained states taken over by their session's next turn.
+pub const SESSION_TURNS_KEPT: &str = "kvgate:session_turns_kept_total";
+/// Pins (retention or keep_alive) released before their deadline to make room.
+pub const PINS_RELEASED_EARLY: &str = "kvgate:pins_released_early_total";
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 
 /// Records the engine's series under one `model_name` label.
@@ -60,6 +66,8 @@ pub(crate) struct Recorder {
     label: [(&'static str, String); 1],
     last_prefix: (u64, u64),
     last_preemptions: u64,
+    /// (session turns kept, pins released early) as last reported.
+    last_pins: (u64, u64),
 }
 
 impl Recorder {
@@ -68,6 +76,7 @@ impl Recorder {
             label: [("model_name", model_name.to_string())],
             last_prefix: (0, 0),
             last_preemptions: 0,
+            last_pins: (0, 0),
         }
     }
 
@@ -86,6 +95,12 @@ impl Recorder {
         let pre = sched.preemptions();
         metrics::counter!(PREEMPTIONS, l).increment(pre - self.last_preemptions.min(pre));
         self.last_preemptions = pre;
+        metrics::gauge!(RETAINED_BLOCKS, l).set(sched.retained_blocks() as f64);
+        let kept = sched.pins_consumed();
+        metrics::counter!(SESSION_TURNS_KEPT, l).increment(kept - self.last_pins.0.min(kept));
+        let early = sched.pins_released_early();
+        metrics::counter!(PINS_RELEASED_EARLY, l).increment(early - self.last_pins.1.min(early));
+        self.last_pins = (kept, early);
     }
 
     /// A request was admitted (queue time; prompt tokens of a completion found in decision-warmed blocks).

@@ -101,6 +101,8 @@ pub(crate) struct Group {
     pub(crate) cached_tokens: usize,
     pub(crate) decision_warmed_tokens: usize,
     pub(crate) computed_tokens: usize,
+    /// The scheduler's clock when it arrived (admission's starvation bound).
+    pub(crate) arrived: u64,
 }
 
 /// The live sequences and groups.
@@ -157,7 +159,7 @@ impl Registry {
     }
 
     /// Registers a new group (with no sequences yet), newest in arrival order.
-    pub(crate) fn add_group(&mut self, kind: GroupKind, salt: String) -> GroupId {
+    pub(crate) fn add_group(&mut self, kind: GroupKind, salt: String, arrived: u64) -> GroupId {
         let id = GroupId(self.new_id());
         self.next_order += 1;
         self.groups.insert(
@@ -172,6 +174,7 @@ impl Registry {
                 cached_tokens: 0,
                 decision_warmed_tokens: 0,
                 computed_tokens: 0,
+                arrived,
             },
         );
         id

@@ -9,7 +9,7 @@ use crate::sampling::{SamplingParams, TokenLogprob};
 pub type RequestId = u64;
 
 /// A completion request: a tokenized prompt and sampling parameters.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct GenerateRequest {
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -17,6 +17,19 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Isolates prefix-cache sharing (joins the block keys).
     pub cache_salt: Option<String>,
+    /// A session hint: its state is expected again (the session's next turn), so its blocks are
+    /// retained when it ends.
+    pub retain: Option<Retain>,
+}
+
+/// Retention of a finished request's blocks for its session's next turn: ahead of plain LRU for
+/// `window`, given back first to running work, taken over by the next turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retain {
+    /// How long.
+    pub window: Duration,
+    /// Whose (the API key's index when several keys are configured): counted against its own cap.
+    pub tenant: Option<u32>,
 }
 
 /// One read of a decision: a prompt and, per label, the token ids whose probabilities are summed into
@@ -36,7 +49,8 @@ pub struct DecideRequest {
     pub reads: Vec<DecisionRead>,
     /// Isolates prefix-cache sharing.
     pub cache_salt: Option<String>,
-    /// Keep the shared prefix's blocks from eviction this long after the decision.
+    /// Keep the shared prefix's blocks from eviction this long after the decision, whoever reuses
+    /// them (without it the engine's session window retains them until the session's next turn).
     pub keep_alive: Option<Duration>,
     /// Who asks (the API key's index when several keys are configured): its pins count against its
     /// own cap.

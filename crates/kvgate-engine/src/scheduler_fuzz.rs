@@ -13,8 +13,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::block_pool::{BlockPool, BlockRef};
+use crate::decision::PinKind;
 use crate::registry::{GroupId, SeqId};
-use crate::scheduler::{Logits, Scheduler, SchedulerConfig};
+use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig};
 
 fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
     let mut h: u64 = 1469598103934665603;
@@ -60,9 +61,14 @@ impl Sim {
         } else {
             BlockPool::new(blocks)
         };
+        let mut s = Scheduler::with_pool(cfg, pool);
+        if rng.random_bool(0.5) {
+            // cache-aware admission, sometimes with a bound the simulation's clock reaches
+            s.set_admission(Admission::cache_aware(rng.random_range(1..200)));
+        }
         Sim {
             rng,
-            s: Scheduler::with_pool(cfg, pool),
+            s,
             cache: vec![u64::MAX; blocks * bs],
             bs,
             kind: HashMap::new(),
@@ -238,7 +244,12 @@ impl Sim {
         if let Some(&g) = gs.first() {
             if let Some(&sid) = self.s.group_seqs(g).first() {
                 let t = self.clock + self.rng.random_range(1..20);
-                self.s.pin_prefix(sid, 1000, t, Some((t % 3) as u32)).unwrap();
+                let kind = if self.rng.random_bool(0.5) {
+                    PinKind::Session
+                } else {
+                    PinKind::KeepAlive
+                };
+                self.s.pin_prefix(sid, 1000, t, Some((t % 3) as u32), kind).unwrap();
             }
         }
     }

@@ -129,6 +129,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
                     ..Default::default()
                 },
                 cache_salt: Some("seam-2".into()),
+                retain: None,
             })
             .unwrap();
         while let Some(e) = s.next().await {

@@ -161,6 +161,7 @@ fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
             prompt: fresh.clone(),
             params: greedy(2),
             cache_salt: None,
+            retain: None,
         };
         let (_, first) = collect(&q, req()).await;
         let (_, again) = collect(&q, req()).await;
@@ -209,6 +210,7 @@ fn n_choices_seeds_stops_and_lengths() {
             prompt: prompt.clone(),
             params: params.clone(),
             cache_salt: None,
+            retain: None,
         };
         let (a, usage) = collect(&h, req.clone()).await;
         let (b, _) = collect(&h, req).await;
@@ -225,6 +227,7 @@ fn n_choices_seeds_stops_and_lengths() {
                 prompt: prompt.clone(),
                 params: greedy(40),
                 cache_salt: None,
+                retain: None,
             },
         )
         .await;
@@ -239,6 +242,7 @@ fn n_choices_seeds_stops_and_lengths() {
                     prompt,
                     params: p,
                     cache_salt: None,
+                    retain: None,
                 },
             )
             .await;
@@ -264,6 +268,7 @@ fn dropped_streams_free_their_blocks() {
                     prompt: p.clone(),
                     params: greedy(200),
                     cache_salt: None,
+                    retain: None,
                 })
                 .unwrap(),
             );
@@ -292,6 +297,7 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
                 prompt: prompt.clone(),
                 params: greedy(1000),
                 cache_salt: None,
+                retain: None,
             })
             .unwrap();
         s.next().await.unwrap();
@@ -314,6 +320,7 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
                 prompt,
                 params: greedy(5),
                 cache_salt: None,
+                retain: None,
             },
         )
         .await;
@@ -336,11 +343,13 @@ fn queue_limit_and_up_front_rejections() {
             prompt: p.clone(),
             params: greedy(max_tokens),
             cache_salt: None,
+            retain: None,
         };
         let too_long = GenerateRequest {
             prompt: vec![5; 2000],
             params: greedy(1),
             cache_salt: None,
+            retain: None,
         };
         assert!(matches!(
             h.generate(too_long).unwrap_err(),
@@ -357,7 +366,8 @@ fn queue_limit_and_up_front_rejections() {
             h.generate(GenerateRequest {
                 prompt: vec![99999],
                 params: greedy(1),
-                cache_salt: None
+                cache_salt: None,
+                retain: None,
             })
             .unwrap_err(),
             EngineError::InvalidToken { .. }

@@ -65,6 +65,7 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                     prompt: p.clone(),
                     params: greedy(30),
                     cache_salt: None,
+                    retain: None,
                 })
                 .unwrap(),
             );

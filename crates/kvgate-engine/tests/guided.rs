@@ -123,6 +123,7 @@ fn req(prompt: Vec<u32>, params: SamplingParams) -> GenerateRequest {
         prompt,
         params,
         cache_salt: None,
+        retain: None,
     }
 }
 

@@ -85,6 +85,7 @@ async fn generate(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Resu
         prompt,
         params: p,
         cache_salt: None,
+        retain: None,
     })?;
     loop {
         match s.next().await.unwrap() {

@@ -323,6 +323,7 @@ pub async fn chat_completions(
         tracing::info!(body = %value, "chat request");
     }
     c.cache_salt = st.salted(tenant, c.cache_salt.take());
+    let retain = st.retain_for(&headers, sf.prompt_cache_key.as_deref(), tenant);
     let n = c.params.n;
     let prompt_len = ids.len();
     let tagged = submit_all(
@@ -331,6 +332,7 @@ pub async fn chat_completions(
             prompt: ids,
             params: c.params.clone(),
             cache_salt: c.cache_salt.clone(),
+            retain,
         }],
     )?;
     let shape = ChatShape {

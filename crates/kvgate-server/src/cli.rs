@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use kvgate_engine::{metrics as m, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory};
+use kvgate_engine::{metrics as m, Admission, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory};
 use kvgate_kv::{CacheShape, KvError};
 use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Activations, Args, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat};
+use crate::config::{self, Activations, AdmissionPolicy, Args, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::{AppState, ServedModel};
 use crate::{app, default_model};
@@ -290,6 +290,12 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         max_pinned_blocks_per_tenant: args.max_pinned_blocks_per_key.or_else(|| {
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
+        max_retained_blocks: args.max_retained_blocks,
+        session_window: (args.session_window > 0.0).then(|| Duration::from_secs_f64(args.session_window)),
+        admission: match args.admission {
+            AdmissionPolicy::CacheAware => Admission::cache_aware((args.admission_max_wait * 1000.0) as u64),
+            AdmissionPolicy::Fifo => Admission::default(),
+        },
     };
     let eos_token_ids = loaded.eos_token_ids.clone();
     let engine = kvgate_engine::start_with_backend(backend, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;

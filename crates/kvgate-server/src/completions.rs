@@ -195,6 +195,7 @@ pub async fn completions(
         tracing::info!(body = %value, "completion request");
     }
     c.cache_salt = st.salted(tenant, c.cache_salt.take());
+    let retain = st.retain_for(&headers, sf.prompt_cache_key.as_deref(), tenant);
     let n = c.params.n;
     let reqs = prompts
         .iter()
@@ -202,6 +203,7 @@ pub async fn completions(
             prompt: p.ids.clone(),
             params: c.params.clone(),
             cache_salt: c.cache_salt.clone(),
+            retain,
         })
         .collect();
     let tagged = submit_all(&st, reqs)?;

@@ -22,6 +22,8 @@ pub struct Settings {
     pub share_prefix_cache_across_keys: bool,
     /// Most questions one decision may ask (`--systemone-max-questions`).
     pub systemone_max_questions: usize,
+    /// How long a session's state is retained for its next turn (`--session-window`; `None`: off).
+    pub session_window: Option<Duration>,
     /// The CORS policy (`--allowed-origins`, …).
     pub cors: Arc<CorsPolicy>,
     /// The API keys (`--api-key`), and whether there are several (each a tenant).
@@ -38,6 +40,7 @@ impl Settings {
             model_aliases: args.model_alias.clone(),
             share_prefix_cache_across_keys: args.share_prefix_cache_across_keys,
             systemone_max_questions: args.systemone_max_questions,
+            session_window: (args.session_window > 0.0).then(|| Duration::from_secs_f64(args.session_window)),
             cors: Arc::new(CorsPolicy {
                 origins: args.allowed_origins.clone(),
                 methods: args.allowed_methods.clone(),

@@ -177,6 +177,19 @@ impl AppState {
         }
     }
 
+    /// The retention a completion asks for: a session hint (`prompt_cache_key`, or an `X-Session-ID`
+    /// header as vllm-router's consistent hashing routes by) with session retention on.
+    pub fn retain_for(
+        &self,
+        headers: &HeaderMap,
+        prompt_cache_key: Option<&str>,
+        tenant: Option<u32>,
+    ) -> Option<kvgate_engine::Retain> {
+        let hinted = prompt_cache_key.is_some_and(|k| !k.is_empty()) || headers.contains_key("x-session-id");
+        let window = self.settings.session_window.filter(|_| hinted)?;
+        Some(kvgate_engine::Retain { window, tenant })
+    }
+
     /// The most bytes a text of at most `max_model_len` tokens can have.
     pub fn max_prompt_bytes(&self) -> usize {
         self.engine

@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 
 use super::{ChunkOut, Outcome, Progress, RequestKind, StepContext};
 use crate::batch::ChunkWant;
+use crate::decision::PinKind;
 use crate::error::EngineError;
 use crate::inference::DecisionOutcome;
 use crate::registry::{GroupId, SchedError};
@@ -23,14 +24,21 @@ struct DecState {
     reply: Option<Reply>,
     reads: Vec<DecisionRead>,
     results: Vec<Option<ReadResult>>,
-    keep_alive: Option<Duration>,
+    /// How the shared prefix is pinned after the first read: `keep_alive`, else session retention.
+    pin: Option<(Duration, PinKind)>,
     tenant: Option<u32>,
     shared_len: usize,
     pinned: bool,
 }
 
 /// Queues a decision in the scheduler (its blocks keyed by `salt`) and returns its group and state.
-pub(crate) fn admit(sched: &mut Scheduler, req: DecideRequest, reply: Reply) -> (GroupId, Box<dyn RequestKind>) {
+/// Without a `keep_alive` its state is retained for `session_window` (when set) for the follow-up.
+pub(crate) fn admit(
+    sched: &mut Scheduler,
+    req: DecideRequest,
+    reply: Reply,
+    session_window: Option<Duration>,
+) -> (GroupId, Box<dyn RequestKind>) {
     let prompts: Vec<Vec<u32>> = req.reads.iter().map(|r| r.prompt.clone()).collect();
     let g = sched.add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
     let shared_len = sched.decision_layout(g).map_or(0, |l| l.shared);
@@ -39,7 +47,10 @@ pub(crate) fn admit(sched: &mut Scheduler, req: DecideRequest, reply: Reply) -> 
         reply: Some(reply),
         reads: req.reads,
         results: vec![None; n],
-        keep_alive: req.keep_alive,
+        pin: match req.keep_alive {
+            Some(k) => Some((k, PinKind::KeepAlive)),
+            None => session_window.map(|w| (w, PinKind::Session)),
+        },
         tenant: req.tenant,
         shared_len,
         pinned: false,
@@ -83,9 +94,10 @@ impl RequestKind for DecState {
             label_probs: probs,
             label_mass: mass,
         });
-        if let (Some(k), false) = (self.keep_alive, self.pinned) {
+        if let (Some((k, kind)), false) = (self.pin, self.pinned) {
             self.pinned = true;
-            cx.update.pin(c.seq, self.shared_len, (cx.pin_until)(k), self.tenant);
+            cx.update
+                .pin(c.seq, self.shared_len, (cx.pin_until)(k), self.tenant, kind);
         }
         cx.update.finish(c.seq);
         if !self.results.iter().all(Option::is_some) {

@@ -12,9 +12,10 @@ use tracing::warn;
 use super::{ChunkOut, Outcome, OutputEnv, Progress, RequestKind, StepContext};
 use crate::batch::ChunkWant;
 use crate::constraint::GuideState;
+use crate::decision::PinKind;
 use crate::error::EngineError;
 use crate::registry::{GroupId, SchedError, SeqId};
-use crate::request::{Event, FinishReason, GenerateRequest, StopMatch, Usage};
+use crate::request::{Event, FinishReason, GenerateRequest, Retain, StopMatch, Usage};
 use crate::sampling::{log_softmax, top_k_of, Sampler, SamplingParams, TokenLogprob};
 use crate::scheduler::{Chunk, Logits, Scheduler};
 use crate::text::TextState;
@@ -65,6 +66,7 @@ struct GenState {
     completion_tokens: usize,
     prompt_lps: Vec<Option<TokenLogprob>>,
     last_token: Option<Instant>,
+    retain: Option<Retain>,
 }
 
 /// Queues a completion in the scheduler (its blocks keyed by `salt`) and returns its group and state.
@@ -76,7 +78,9 @@ pub(crate) fn admit(
 ) -> (GroupId, Box<dyn RequestKind>) {
     let all = req.params.prompt_logprobs.is_some();
     let (g, seq) = sched.add_generate(req.prompt.clone(), salt, all);
-    (g, Box::new(GenState::new(seq, req.prompt, req.params, tx)))
+    let mut state = GenState::new(seq, req.prompt, req.params, tx);
+    state.retain = req.retain;
+    (g, Box::new(state))
 }
 
 impl GenState {
@@ -103,6 +107,7 @@ impl GenState {
             last_token: None,
             params,
             prompt,
+            retain: None,
         }
     }
 
@@ -225,6 +230,11 @@ impl GenState {
         for (t, reason) in ended {
             gs.choices.remove(&t);
             gs.remaining -= 1;
+            if let (0, Some(r)) = (gs.remaining, gs.retain) {
+                // the last choice to end: its conversation so far is retained for the next turn
+                cx.update
+                    .pin(t, usize::MAX, (cx.pin_until)(r.window), r.tenant, PinKind::Session);
+            }
             cx.update.finish(t);
             last_reason = Some(reason);
         }

@@ -16,9 +16,11 @@ impl Scheduler {
     /// [`crate::decision::DecisionLayout`]: a shared prefix computed once and forked per read, or plain
     /// sequences.
     pub fn add_decision(&mut self, prompts: Vec<Vec<u32>>, salt: &str) -> GroupId {
-        let g = self
-            .reg
-            .add_group(GroupKind::Decide(DecisionState::new(prompts)), salt.to_string());
+        let g = self.reg.add_group(
+            GroupKind::Decide(DecisionState::new(prompts)),
+            salt.to_string(),
+            self.now,
+        );
         // The group was just added, so this cannot fail.
         let _ = self.init_decision(g);
         self.waiting.push_back(g);

@@ -15,6 +15,7 @@
 //! slots and block table), so nothing outside reaches into a sequence. Sequences and groups live in the
 //! [`Registry`]; decision layouts and keep-alive pins in [`crate::decision`].
 
+mod admission;
 mod decisions;
 mod plan;
 mod step;
@@ -24,11 +25,12 @@ mod update;
 use std::collections::HashSet;
 use std::collections::VecDeque;
 
+pub use admission::Admission;
 pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
 pub(crate) use update::StepUpdate;
 
 use crate::block_pool::BlockPool;
-use crate::decision::Pins;
+use crate::decision::{PinKind, Pins};
 use crate::kv_manager::{KvManager, PrefixStats};
 #[cfg(test)]
 use crate::registry::Seq;
@@ -46,9 +48,14 @@ pub struct Scheduler {
     running: Vec<GroupId>,
     pins: Pins,
     max_pinned: usize,
+    max_retained: usize,
     max_pinned_per_tenant: Option<usize>,
     pins_released_early: u64,
+    pins_consumed: u64,
     preemptions: u64,
+    admission: Admission,
+    /// The caller's clock (milliseconds), as of the last [`Scheduler::expire_pins`].
+    now: u64,
 }
 
 impl Scheduler {
@@ -62,8 +69,12 @@ impl Scheduler {
         let max_pinned = pool.total() / 2;
         Scheduler {
             max_pinned,
+            max_retained: pool.total() * 3 / 4,
             max_pinned_per_tenant: None,
             pins_released_early: 0,
+            pins_consumed: 0,
+            admission: Admission::default(),
+            now: 0,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
             reg: Registry::default(),
@@ -150,7 +161,7 @@ impl Scheduler {
 
     /// Queues a completion: one sequence over `prompt` (forked later with [`Scheduler::fork`]).
     pub fn add_generate(&mut self, prompt: Vec<u32>, salt: &str, all_logits: bool) -> (GroupId, SeqId) {
-        let g = self.reg.add_group(GroupKind::Generate, salt.to_string());
+        let g = self.reg.add_group(GroupKind::Generate, salt.to_string(), self.now);
         let s = self.reg.add_seq(g, prompt, all_logits, true);
         if let Ok(grp) = self.reg.group_mut(g) {
             grp.seqs.push(s);
@@ -232,17 +243,29 @@ impl Scheduler {
     }
 
     /// Pins the full blocks among the first `tokens` tokens of a sequence (those computed) until `until`
-    /// (a caller-defined clock value); returns how many blocks. Pins never hold more than
-    /// [`Scheduler::max_pinned_blocks`]: older pins are released to make room, and a prefix larger than
-    /// the cap is not pinned at all (0). See [`Scheduler::expire_pins`].
-    pub fn pin_prefix(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>) -> Result<usize> {
+    /// (a caller-defined clock value); returns how many blocks. `keep_alive` pins never hold more than
+    /// [`Scheduler::max_pinned_blocks`], session retention never more than
+    /// [`Scheduler::max_retained_blocks`]: older pins of the kind are released to make room, and a
+    /// prefix larger than the cap is not pinned at all (0). See [`Scheduler::expire_pins`].
+    pub fn pin_prefix(
+        &mut self,
+        seq: SeqId,
+        tokens: usize,
+        until: u64,
+        tenant: Option<u32>,
+        kind: PinKind,
+    ) -> Result<usize> {
         let s = self.reg.seq(seq)?;
         let n = tokens.min(s.computed) / self.cfg.block_size;
         // Released blocks (slid out of a windowed model's reach) cannot be pinned; the rest can.
         let blocks: Vec<_> = (0..n).filter_map(|i| s.blocks.get(i)).collect();
         let n = blocks.len();
         let tenant_cap = tenant.and(self.max_pinned_per_tenant).unwrap_or(usize::MAX);
-        if n == 0 || n > self.max_pinned || n > tenant_cap {
+        let cap = match kind {
+            PinKind::KeepAlive => self.max_pinned,
+            PinKind::Session => self.max_retained,
+        };
+        if n == 0 || n > cap || n > tenant_cap {
             return Ok(0);
         }
         if let Some(t) = tenant {
@@ -253,9 +276,15 @@ impl Scheduler {
                 self.pins_released_early += 1;
             }
         }
-        while self.pinned_blocks() + n > self.max_pinned && self.release_oldest_pin() {}
+        while self.pins.count_kind(kind) + n > cap {
+            let Some(old) = self.pins.take_oldest_kind(kind) else {
+                break;
+            };
+            self.kv.unpin(&old);
+            self.pins_released_early += 1;
+        }
         self.kv.pin(&blocks);
-        self.pins.add(until, tenant, blocks);
+        self.pins.add(self.now, until, tenant, kind, blocks);
         Ok(n)
     }
 
@@ -288,10 +317,33 @@ impl Scheduler {
         self.max_pinned
     }
 
-    /// Sets the most blocks pins may hold.
+    /// Sets the most blocks `keep_alive` pins may hold.
     pub fn set_max_pinned_blocks(&mut self, n: usize) {
         self.max_pinned = n;
-        while self.pinned_blocks() > self.max_pinned && self.release_oldest_pin() {}
+        while self.pins.count_kind(PinKind::KeepAlive) > self.max_pinned {
+            let Some(old) = self.pins.take_oldest_kind(PinKind::KeepAlive) else {
+                break;
+            };
+            self.kv.unpin(&old);
+            self.pins_released_early += 1;
+        }
+    }
+
+    /// The most blocks session retention may hold (three quarters of the pool unless set).
+    pub fn max_retained_blocks(&self) -> usize {
+        self.max_retained
+    }
+
+    /// Sets the most blocks session retention may hold.
+    pub fn set_max_retained_blocks(&mut self, n: usize) {
+        self.max_retained = n;
+        while self.pins.session_blocks() > self.max_retained {
+            let Some(old) = self.pins.take_oldest_kind(PinKind::Session) else {
+                break;
+            };
+            self.kv.unpin(&old);
+            self.pins_released_early += 1;
+        }
     }
 
     /// Pins released before their deadline to make room (pressure or the cap).
@@ -299,8 +351,23 @@ impl Scheduler {
         self.pins_released_early
     }
 
+    /// Session pins taken over by their session's next turn.
+    pub fn pins_consumed(&self) -> u64 {
+        self.pins_consumed
+    }
+
+    /// Blocks held by session retention (with multiplicity).
+    pub fn retained_blocks(&self) -> usize {
+        self.pins.session_blocks()
+    }
+
     /// Releases pins whose time is `≤ now`; returns how many were released.
     pub fn expire_pins(&mut self, now: u64) -> usize {
+        self.now = self.now.max(now);
+        self.release_pins_until(now)
+    }
+
+    fn release_pins_until(&mut self, now: u64) -> usize {
         let done = self.pins.take_expired(now);
         for b in &done {
             self.kv.unpin(b);
@@ -310,7 +377,7 @@ impl Scheduler {
 
     /// Releases every pin.
     pub fn clear_pins(&mut self) {
-        self.expire_pins(u64::MAX);
+        self.release_pins_until(u64::MAX);
     }
 
     /// Earliest pin expiry, if any.

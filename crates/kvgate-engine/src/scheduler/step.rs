@@ -255,11 +255,13 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Admits waiting groups; returns whether any was admitted.
+    /// Admits waiting groups (in the order [`Scheduler::pick_waiting`] gives); returns whether any was
+    /// admitted.
     fn admit_waiting(&mut self, st: &mut StepState) -> Result<bool> {
         let mut admitted = false;
         while st.budget > 0 {
-            let Some(&g) = self.waiting.front() else { break };
+            let Some(at) = self.pick_waiting() else { break };
+            let Some(&g) = self.waiting.get(at) else { break };
             let seqs = self.group_seqs(g);
             if self.num_running_seqs() + seqs.len() > self.cfg.max_num_seqs && !self.running.is_empty() {
                 break;
@@ -271,16 +273,18 @@ impl Scheduler {
             let s = self.reg.seq(first)?;
             let len = (s.tokens.len() - s.computed).min(st.budget);
             let mut fits = len == 0 || self.try_reserve(first, len, &mut st.copies)?;
-            // Pins give way before a request is left waiting for blocks.
-            while !fits && self.release_oldest_pin() {
+            // Pins give way before a request is left waiting for blocks (cache-aware: only old ones,
+            // to one that starves, or any when nothing else holds blocks).
+            let nothing_else = self.running.is_empty() && st.chunks.is_empty();
+            while !fits && self.release_pin_for(g, nothing_else) {
                 fits = self.try_reserve(first, len, &mut st.copies)?;
             }
             if !fits {
                 let needed = self.needed_alone(g, first, len)?;
                 self.unmatch_seq(first)?;
-                if self.running.is_empty() && st.chunks.is_empty() {
+                if nothing_else {
                     // Nothing else holds blocks, and it still does not fit.
-                    self.waiting.pop_front();
+                    self.waiting.remove(at);
                     st.failed.push((g, needed));
                     self.finish_group(g);
                     continue;
@@ -292,7 +296,8 @@ impl Scheduler {
                 st.planned.insert(first);
                 st.budget -= len;
             }
-            self.waiting.pop_front();
+            self.waiting.remove(at);
+            self.consume_session_pins(first)?;
             let order = self.reg.group(g)?.order;
             let pos = arrival_slot(&self.reg, &self.running, order);
             self.running.insert(pos, g);

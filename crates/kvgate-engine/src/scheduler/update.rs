@@ -6,6 +6,7 @@
 //! happens once per request, at its first sample, and the new ids key the choices.
 
 use super::{Chunk, Result, Scheduler};
+use crate::decision::PinKind;
 use crate::registry::SeqId;
 
 /// One change to a sequence.
@@ -21,6 +22,8 @@ pub(crate) enum SeqOp {
         until: u64,
         /// Whose pin it is.
         tenant: Option<u32>,
+        /// `keep_alive` or session retention.
+        kind: PinKind,
     },
     /// The sequence ends; its blocks are released.
     Finish,
@@ -39,8 +42,16 @@ impl StepUpdate {
     }
 
     /// Records a pin of `seq`'s first `tokens` tokens.
-    pub(crate) fn pin(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>) {
-        self.ops.push((seq, SeqOp::Pin { tokens, until, tenant }));
+    pub(crate) fn pin(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>, kind: PinKind) {
+        self.ops.push((
+            seq,
+            SeqOp::Pin {
+                tokens,
+                until,
+                tenant,
+                kind,
+            },
+        ));
     }
 
     /// Records that `seq` ended.
@@ -67,8 +78,13 @@ impl Scheduler {
         for (seq, op) in update.ops {
             match op {
                 SeqOp::Append(tok) => self.append_token(seq, tok)?,
-                SeqOp::Pin { tokens, until, tenant } => {
-                    self.pin_prefix(seq, tokens, until, tenant)?;
+                SeqOp::Pin {
+                    tokens,
+                    until,
+                    tenant,
+                    kind,
+                } => {
+                    self.pin_prefix(seq, tokens, until, tenant, kind)?;
                 }
                 SeqOp::Finish => self.finish_seq(seq)?,
             }
@@ -100,7 +116,7 @@ mod tests {
         assert!(u.is_empty());
         u.append(a, 1);
         u.append(b, 2);
-        u.pin(b, 8, 100, None);
+        u.pin(b, 8, 100, None, PinKind::KeepAlive);
         u.finish(b);
         s.update_from_output(u).unwrap();
         assert_eq!(s.seq(a).unwrap().tokens.last(), Some(&1));

@@ -123,6 +123,7 @@ pub async fn run_all(h: &EngineHandle, ps: &[Vec<u32>], max_tokens: usize, concu
                         prompt: p.clone(),
                         params: greedy(max_tokens),
                         cache_salt: None,
+                        retain: None,
                     },
                 )
             })
@@ -138,6 +139,7 @@ pub async fn run_all(h: &EngineHandle, ps: &[Vec<u32>], max_tokens: usize, concu
                     prompt: p.clone(),
                     params: greedy(max_tokens),
                     cache_salt: None,
+                    retain: None,
                 },
             )
             .await;

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use kvgate_decide::DecisionTemperature;
 pub use kvgate_engine::Device;
-pub use values::{Activations, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat};
+pub use values::{Activations, AdmissionPolicy, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat};
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
@@ -111,6 +111,27 @@ pub struct Args {
     /// oldest pins) [default: the pin cap divided by the number of keys]
     #[arg(long, env = "KVGATE_MAX_PINNED_BLOCKS_PER_KEY")]
     pub max_pinned_blocks_per_key: Option<usize>,
+
+    /// Seconds a session's state stays retained for its next turn (every /v1/systemone state without a
+    /// keep_alive, and completions with a prompt_cache_key or an X-Session-ID header), within the pin cap;
+    /// released first to running work, taken over by the next turn; 0 turns retention off
+    #[arg(long, env = "KVGATE_SESSION_WINDOW", default_value_t = 60.0)]
+    pub session_window: f64,
+
+    /// Most KV blocks session retention may hold; the oldest retained state is released to make room
+    /// [default: three quarters of the cache]
+    #[arg(long, env = "KVGATE_MAX_RETAINED_BLOCKS")]
+    pub max_retained_blocks: Option<usize>,
+
+    /// Waiting-queue policy: cache-aware (warm prefixes first; cold prefills do not evict retained
+    /// states until --admission-max-wait) or fifo
+    #[arg(long, env = "KVGATE_ADMISSION", default_value = "cache-aware", value_parser = values::parse_setting::<AdmissionPolicy>)]
+    pub admission: AdmissionPolicy,
+
+    /// Seconds a request may wait before it is admitted in arrival order, whatever retained state it
+    /// evicts (cache-aware admission's starvation bound)
+    #[arg(long, env = "KVGATE_ADMISSION_MAX_WAIT", default_value_t = 30.0)]
+    pub admission_max_wait: f64,
 
     /// Turn automatic prefix caching off
     #[arg(long, default_value_t = false)]
@@ -339,6 +360,14 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     }
     if a.systemone_max_questions == 0 {
         return bad("systemone-max-questions", "must be at least 1".into());
+    }
+    for (flag, v) in [
+        ("session-window", a.session_window),
+        ("admission-max-wait", a.admission_max_wait),
+    ] {
+        if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
+            return bad(flag, format!("must be between 0 and 86400 seconds, got {v}"));
+        }
     }
     for k in &a.api_key {
         if k.trim().is_empty() {

@@ -172,6 +172,17 @@ pub enum LogFormat {
 }
 value_enum_setting!(LogFormat, "a log format");
 
+/// `--admission`: how the waiting queue is ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(try_from = "String", into = "String")]
+pub enum AdmissionPolicy {
+    /// Warm prefixes first; retained states protected from cold prefills up to the bound.
+    CacheAware,
+    /// Arrival order.
+    Fifo,
+}
+value_enum_setting!(AdmissionPolicy, "an admission policy");
+
 /// A size in bytes, written "2GiB", "512MiB", "1.5GB" or "1024".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]

@@ -109,6 +109,8 @@ pub struct SamplingFields {
     pub service_tier: Option<String>,
     pub reasoning_effort: Option<String>,
     pub cache_salt: Option<String>,
+    /// OpenAI's session hint: the request's state is retained for the session's next turn.
+    pub prompt_cache_key: Option<String>,
     pub skip_special_tokens: Option<bool>,
     pub best_of: Refused,
     pub suffix: Refused,
