@@ -74,6 +74,18 @@ pub enum PinKind {
     Session,
 }
 
+/// Whether a request matching `blocks` continues the retained state `pinned`: it starts the same and
+/// holds at least three quarters of it. (A decision retains its state with the question read after
+/// it; the follow-up shares the state, not the question. Another session that only shares a system
+/// prompt holds a smaller part.)
+fn continues(blocks: &[BlockId], pinned: &[BlockId]) -> bool {
+    let (Some(first), Some(mine)) = (pinned.first(), blocks.first()) else {
+        return false;
+    };
+    let held = pinned.iter().filter(|b| blocks.contains(b)).count();
+    first == mine && 4 * held >= 3 * pinned.len()
+}
+
 /// One pin.
 #[derive(Debug, Clone)]
 struct Pin {
@@ -110,15 +122,22 @@ impl Pins {
         done.into_iter().map(|p| p.blocks).collect()
     }
 
-    /// Removes and returns the session pins whose whole state `blocks` holds (their last block among
-    /// them): the session's next turn took them over. A pin that only shares a prefix with `blocks` (a
-    /// common system prompt) stays.
+    /// Removes and returns the session pins whose state `blocks` continues ([`continues`]): the
+    /// session's next turn took them over. A pin that only shares a prefix with `blocks` (a common
+    /// system prompt) stays.
     pub(crate) fn take_sessions_over(&mut self, blocks: &[BlockId]) -> Vec<Vec<BlockId>> {
         let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins)
             .into_iter()
-            .partition(|p| p.kind == PinKind::Session && p.blocks.last().is_some_and(|b| blocks.contains(b)));
+            .partition(|p| p.kind == PinKind::Session && continues(blocks, &p.blocks));
         self.pins = keep;
         done.into_iter().map(|p| p.blocks).collect()
+    }
+
+    /// Whether `blocks` continue some session pin's state (they would take it over).
+    pub(crate) fn any_session_over(&self, blocks: &[BlockId]) -> bool {
+        self.pins
+            .iter()
+            .any(|p| p.kind == PinKind::Session && continues(blocks, &p.blocks))
     }
 
     /// Removes and returns the oldest pin's blocks (the caller drops their references).
@@ -228,6 +247,8 @@ mod tests {
         assert_eq!(p.session_blocks(), 5);
         // a request sharing only the system prompt takes nothing over
         assert!(p.take_sessions_over(&[b(0), b(7)]).is_empty());
+        assert!(!p.any_session_over(&[b(0), b(1)]), "two thirds of the first state");
+        assert!(p.any_session_over(&[b(0), b(1), b(2), b(8)]));
         // the first session's next turn (its whole state, then more) takes over its pin only
         assert_eq!(
             p.take_sessions_over(&[b(0), b(1), b(2), b(8)]),

@@ -151,25 +151,26 @@ impl KvManager {
         sb
     }
 
-    /// How many leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds, without
+    /// The leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds, without
     /// taking them: what admission ranks waiting requests by.
-    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> usize {
+    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> Vec<BlockId> {
+        let mut found = vec![];
         if !self.prefix_caching {
-            return 0;
+            return found;
         }
         let bs = self.block_size;
         let mut parent = None;
-        let mut n = 0;
-        while n < max_blocks.min(tokens.len() / bs) {
+        while found.len() < max_blocks.min(tokens.len() / bs) {
+            let n = found.len();
             match self.pool.lookup(parent, &tokens[n * bs..(n + 1) * bs], extra) {
                 Some(b) => {
                     parent = self.pool.block_ref(b);
-                    n += 1;
+                    found.push(b);
                 }
                 None => break,
             }
         }
-        n
+        found
     }
 
     /// New blocks needed so that `computed..upto` can be written (including one for copy-on-write).

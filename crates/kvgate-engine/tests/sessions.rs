@@ -101,8 +101,9 @@ fn crowd(retention: bool, sessions: usize, blocks: usize) -> f64 {
         }
         let stats = h.stats().await.unwrap();
         assert_eq!(stats.active_requests, 0);
-        assert_eq!(
-            stats.pool.used, stats.pins,
+        // (pins count a block each time it is pinned: sessions 1 and 10 share a first block)
+        assert!(
+            stats.pool.used <= stats.pins,
             "only retained states hold blocks: {stats:?}"
         );
         if retention {
@@ -119,7 +120,7 @@ fn follow_ups_find_their_state_under_load() {
     let kept = crowd(true, sessions, blocks);
     let lru = crowd(false, sessions, blocks);
     eprintln!("follow-ups' cached share: retention + cache-aware {kept:.2}, arrival order {lru:.2}");
-    // measured: 0.85-0.93 against 0.12 (the retention cap of 4 states releases the oldest state when
+    // measured: 0.85-1.00 against 0.12 (the retention cap of 4 states releases the oldest state when
     // a wave of decisions ends before the previous wave's follow-ups are in)
     assert!(kept >= 0.75, "follow-ups' cached share with retention: {kept:.2}");
     assert!(kept >= lru + 0.3, "retention {kept:.2} against arrival order {lru:.2}");

@@ -1,6 +1,6 @@
-//! Cache-aware admission, for agents under load: among the waiting requests the one whose prefix is
-//! warmest goes first (a session's next turn jumps the queue: its state is in the cache now, and
-//! may not be later), and a request may only take blocks that sessions retain (their pins) when
+//! Cache-aware admission, for agents under load: a session's next turn jumps the queue (its state is
+//! in the cache now, and may not be later), then a request that waited past the bound, then the one
+//! whose prefix is warmest; and a request may only take blocks that sessions retain (their pins) when
 //! nothing else runs or it has waited past the starvation bound — so a cold prefill does not evict
 //! the state of a session that is mid-turn. When a next turn is admitted it takes its session's
 //! retained blocks over (the pin is consumed; the turn retains again at its own end). A starving
@@ -64,13 +64,13 @@ impl Scheduler {
             .is_ok_and(|grp| self.now.saturating_sub(grp.arrived) >= self.admission.max_wait_ms)
     }
 
-    /// Full blocks of `g`'s first sequence the prefix cache holds now.
-    fn warmth(&self, g: GroupId) -> usize {
+    /// The full blocks of `g`'s first sequence the prefix cache holds now.
+    fn warm_blocks(&self, g: GroupId) -> Vec<crate::block_pool::BlockId> {
         let Some(&sid) = self.group_seqs(g).first() else {
-            return 0;
+            return vec![];
         };
         let (Ok(s), Ok(grp)) = (self.reg.seq(sid), self.reg.group(g)) else {
-            return 0;
+            return vec![];
         };
         // as `match_seq` would match: the last token of a logits-wanting sequence is recomputed
         let max = if s.wants_logits {
@@ -81,21 +81,30 @@ impl Scheduler {
         self.kv.probe_prefix(&s.tokens, max, &grp.salt)
     }
 
-    /// The index in `waiting` of the group to admit next: the front in arrival order, or (cache-aware,
-    /// the front not starving) the warmest of the first `scan`, earliest among equals.
+    /// The index in `waiting` of the group to admit next. In arrival order, the front. Cache-aware,
+    /// among the first `scan`: a session's next turn first (it would take a retained state over:
+    /// cheap, and the state may not be there later), then the oldest starving group, then the warmest
+    /// (earliest among equals).
     pub(super) fn pick_waiting(&self) -> Option<usize> {
-        let front = *self.waiting.front()?;
-        if !self.admission.cache_aware || self.starving(front) {
+        self.waiting.front()?;
+        if !self.admission.cache_aware {
             return Some(0);
         }
-        let mut best = (0, 0);
+        let mut warmest = (0, 0);
+        let mut starving = None;
         for (i, &g) in self.waiting.iter().take(self.admission.scan).enumerate() {
-            let w = self.warmth(g);
-            if w > best.1 {
-                best = (i, w);
+            let warm = self.warm_blocks(g);
+            if !warm.is_empty() && self.pins.any_session_over(&warm) {
+                return Some(i);
+            }
+            if starving.is_none() && self.starving(g) {
+                starving = Some(i);
+            }
+            if warm.len() > warmest.1 {
+                warmest = (i, warm.len());
             }
         }
-        Some(best.0)
+        Some(starving.unwrap_or(warmest.0))
     }
 
     /// Releases a pin so that `g` can be admitted; false when none may go. Under FIFO, or when nothing
@@ -241,6 +250,26 @@ mod tests {
         s.schedule().unwrap();
         assert!(s.is_running(cold), "once the state is as old as the bound");
         assert_eq!(s.pinned_blocks(), 0);
+        s.check_invariants();
+    }
+
+    #[test]
+    fn a_starving_prefill_does_not_hold_a_next_turn_back() {
+        let mut s = sched(12, 64, Admission::cache_aware(1_000));
+        turn(&mut s, (0..16).collect()); // a session's state, retained at 0: 4 blocks
+        let (other, _) = s.add_generate((50..58).collect(), "", false);
+        s.schedule().unwrap(); // holds 2: 6 free
+        let (cold, _) = s.add_generate((100..132).collect(), "", false); // needs 8, arrives at 0
+        s.expire_pins(900);
+        turn(&mut s, (0..20).collect()); // its next turn at 900 goes first and retains 5 blocks
+        assert!(s.is_running(other) && !s.is_running(cold));
+        assert_eq!((s.pinned_blocks(), s.pins_consumed()), (5, 1));
+        s.expire_pins(1_000); // the cold one starves at the front; the state is young
+        let (next, _) = s.add_generate((0..24).collect(), "", false);
+        s.schedule().unwrap();
+        assert!(s.is_running(next), "the next turn goes past the starving one");
+        assert!(!s.is_running(cold));
+        assert_eq!(s.pins_consumed(), 2);
         s.check_invariants();
     }
 
