@@ -15,97 +15,21 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use kvgate_backend::{Backend, Batch, KvCalibration, KvMemory, Precision, Scales, StepOutput};
-use kvgate_kv::{KvDtype, KvQuant};
 use kvgate_model::{Model, Tokenizer};
 use tracing::{error, info, warn};
 
 use crate::batch::{self, ChunkWant};
+use crate::config::{calibration_of, EngineConfig};
 use crate::constraint::GuideState;
 use crate::device::{open_backend, BackendSpec};
 use crate::error::EngineError;
 use crate::handle::{Command, EngineHandle, EngineStats, Limits, Shared};
 use crate::metrics::Recorder;
+use crate::pacing::DecodeFloor;
 use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
 use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
-use crate::scheduler::{Admission, Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
-
-/// Engine configuration.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineConfig {
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Blocks in the pool.
-    pub num_blocks: usize,
-    /// Sequences running at once.
-    pub max_num_seqs: usize,
-    /// Tokens per step.
-    pub max_num_batched_tokens: usize,
-    /// Waiting requests before 429.
-    pub max_queue: usize,
-    /// Prefix caching on.
-    pub prefix_caching: bool,
-    /// KV-cache dtype.
-    pub kv_dtype: KvDtype,
-    /// How a quantized cache is written (rotation, scales).
-    pub kv_quant: KvQuant,
-    /// Per-layer (k_scale, v_scale) from the checkpoint, if any.
-    pub kv_scales: Option<Vec<(f32, f32)>>,
-    /// Calibrate scales from the first prefill.
-    pub calculate_kv_scales: bool,
-    /// Context length served.
-    pub max_model_len: usize,
-    /// Label of every metric series.
-    pub model_name: String,
-    /// The CPU backend's setting [`start`] opens it with: completions (never decisions) compute their
-    /// matmuls from 8-bit activations where the weight format has the integer kernel
-    /// (`kvgate_model::QMatrix::matmul_rows`): opt-in, faster, not f32 accuracy. The engine itself only
-    /// sees the backend's [`Backend::fast_path`]: completions are marked [`Precision::Fast`] and their
-    /// KV blocks cached apart, so no request ever reads blocks computed in the other mode.
-    pub int8_activations: bool,
-    /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
-    pub max_pinned_blocks: Option<usize>,
-    /// Most blocks one tenant's pins may hold (`None`: only the overall cap).
-    pub max_pinned_blocks_per_tenant: Option<usize>,
-    /// Most blocks session retention may hold (`None`: three quarters of the pool).
-    pub max_retained_blocks: Option<usize>,
-    /// Session retention: a decision's state (without an explicit `keep_alive`) is retained this long
-    /// for its session's next turn, and a completion with a session hint asks for it too. `None`: off.
-    pub session_window: Option<Duration>,
-    /// How waiting requests are admitted (cache-aware: warm prefixes first, retained states protected
-    /// from cold prefills up to a starvation bound).
-    pub admission: Admission,
-}
-
-impl Default for EngineConfig {
-    /// `serve`'s defaults where it has them (16-token blocks, 256 sequences, 2,048 tokens a step, 1,024
-    /// waiting, prefix caching on, a float32 cache, f32 activations, the pin caps' own defaults,
-    /// cache-aware admission with a 30 s bound), over a small pool of 512 blocks and a 2,048-token
-    /// context: what tests and benches start from. Session retention is off here (serve's default is
-    /// 60 s): a test that checks the pool empties opts in.
-    fn default() -> EngineConfig {
-        EngineConfig {
-            block_size: 16,
-            num_blocks: 512,
-            max_num_seqs: 256,
-            max_num_batched_tokens: 2048,
-            max_queue: 1024,
-            prefix_caching: true,
-            kv_dtype: KvDtype::F32,
-            kv_quant: KvQuant::PLAIN,
-            kv_scales: None,
-            calculate_kv_scales: false,
-            max_model_len: 2048,
-            model_name: "model".into(),
-            int8_activations: false,
-            max_pinned_blocks: None,
-            max_pinned_blocks_per_tenant: None,
-            max_retained_blocks: None,
-            session_window: None,
-            admission: Admission::cache_aware(30_000),
-        }
-    }
-}
+use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
 
 /// The engine's state, owned by its thread.
 pub(crate) struct Engine {
@@ -120,6 +44,8 @@ pub(crate) struct Engine {
     epoch: Instant,
     /// The calibration that waits for the first batch (it measures it).
     calibration: Option<KvCalibration>,
+    /// The decode floor (decode-only steps owed to running streams).
+    floor: DecodeFloor,
     panic_next: bool,
 }
 
@@ -138,19 +64,6 @@ pub fn start(model: Model, tok: Arc<Tokenizer>, eos: Vec<u32>, cfg: EngineConfig
         int8_activations: cfg.int8_activations,
     };
     start_with_backend(open_backend(model, &spec)?, tok, eos, cfg)
-}
-
-/// The calibration `cfg` asks for: measured scales win over given ones; a `smooth` method measures
-/// its offsets.
-fn calibration_of(cfg: &EngineConfig) -> KvCalibration {
-    KvCalibration {
-        scales: match (&cfg.kv_scales, cfg.calculate_kv_scales) {
-            (_, true) => Scales::Measured,
-            (Some(s), false) => Scales::Given(s.clone()),
-            (None, false) => Scales::Unit,
-        },
-        offsets: cfg.kv_quant.smooth,
-    }
 }
 
 /// Starts the engine thread on a backend; `cfg`'s block size, block count and dtype must be the
@@ -242,6 +155,7 @@ pub fn start_with_backend(
         env: OutputEnv { tok, eos, limits },
         rec: Recorder::new(&cfg.model_name),
         calibration,
+        floor: DecodeFloor::new(cfg.decode_share),
         cfg,
         backend,
         sched,
@@ -463,7 +377,8 @@ impl Engine {
         if std::mem::take(&mut self.panic_next) {
             panic!("injected panic (test hook)");
         }
-        let plan = self.sched.schedule()?;
+        let t0 = Instant::now();
+        let plan = self.plan()?;
         for &(g, needed) in &plan.failed {
             let available = self.backend.capacity().num_blocks;
             if let Some(a) = self.reqs.get_mut(&g) {
@@ -535,7 +450,26 @@ impl Engine {
         for (g, reason) in done {
             self.end_request(g, Some(reason));
         }
+        let decode_rows = plan.chunks.iter().filter(|c| c.len == 1 && c.at_end).count();
+        let rows: usize = plan.chunks.iter().map(|c| c.len).sum();
+        self.floor.record(rows - decode_rows, decode_rows, t0.elapsed());
         Ok(())
+    }
+
+    /// The next step's plan: decode rows only while the decode floor is owed time (a normal step when
+    /// there is nothing to decode).
+    fn plan(&mut self) -> Result<crate::scheduler::Plan, EngineError> {
+        if self.floor.decode_only() {
+            let mut p = self.sched.schedule_step(true)?;
+            if !p.chunks.is_empty() {
+                return Ok(p);
+            }
+            self.floor.clear();
+            let mut full = self.sched.schedule()?;
+            full.failed.append(&mut p.failed);
+            return Ok(full);
+        }
+        Ok(self.sched.schedule()?)
     }
 
     /// What a chunk needs back, as its request kind says.

@@ -13,6 +13,7 @@
 
 mod batch;
 mod block_pool;
+mod config;
 mod constraint;
 mod decision;
 mod device;
@@ -22,6 +23,7 @@ mod handle;
 mod inference;
 mod kv_manager;
 pub mod metrics;
+mod pacing;
 mod registry;
 mod request;
 mod requests;
@@ -33,9 +35,10 @@ mod text;
 mod scheduler_fuzz;
 
 pub use block_pool::{BlockId, PoolCounts};
+pub use config::EngineConfig;
 pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
 pub use device::{device_available, open_backend, BackendSpec};
-pub use engine::{start, start_with_backend, EngineConfig};
+pub use engine::{start, start_with_backend};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
 pub use inference::{DecisionOutcome, Inference, PendingDecision};

@@ -2,7 +2,9 @@
 //! decision read asks for the log-probs of its label ids only (never a full-vocabulary row), a
 //! completion for logits rows, a prefill chunk for nothing — and those log-probs equal the entries of
 //! the log-softmax of the same row; calibration is one typed call; `--device` goes through one factory
-//! that refuses a device with no backend by name; the backend reports its own capacity.
+//! that refuses a device with no backend by name; the backend reports its own capacity. And the decode
+//! floor as the backend sees it: a step that prefilled next to running streams is followed by a
+//! decode-only step.
 
 use std::sync::{Arc, Mutex};
 
@@ -22,6 +24,8 @@ use kvgate_model::{CpuBackend, CpuSettings, LoadedModel};
 struct Recording {
     inner: Box<dyn Backend>,
     seen: Arc<Mutex<Vec<Vec<Output>>>>,
+    /// Per batch, the rows of each sequence.
+    rows: Arc<Mutex<Vec<Vec<usize>>>>,
 }
 
 impl Backend for Recording {
@@ -51,6 +55,9 @@ impl Backend for Recording {
     }
     fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {
         self.seen.lock().unwrap().push(batch.outputs.clone());
+        let mut per = vec![0; batch.tables.len()];
+        batch.seq_of_row.iter().for_each(|&t| per[t as usize] += 1);
+        self.rows.lock().unwrap().push(per);
         self.inner.forward(batch)
     }
     fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {
@@ -80,6 +87,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
     let rec = Recording {
         inner: backend,
         seen: seen.clone(),
+        rows: Arc::new(Mutex::new(vec![])),
     };
     let cfg = EngineConfig {
         block_size: 4,
@@ -290,4 +298,84 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
         }
         panic!("engine did not return to idle");
     });
+}
+
+#[test]
+fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
+    for share in [0.5, 0.0] {
+        let m = tiny();
+        let backend = open_backend(tiny().model, &spec(&m, 128)).unwrap();
+        let tok = Arc::new(m.tokenizer);
+        let rows = Arc::new(Mutex::new(vec![]));
+        let rec = Recording {
+            inner: backend,
+            seen: Arc::new(Mutex::new(vec![])),
+            rows: rows.clone(),
+        };
+        let cfg = EngineConfig {
+            block_size: 4,
+            num_blocks: 128,
+            max_num_batched_tokens: 16,
+            max_model_len: m.max_model_len,
+            decode_share: share,
+            ..Default::default()
+        };
+        let h = start_with_backend(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let submit = |prompt: &str, max_tokens: usize| {
+            h.generate(GenerateRequest {
+                prompt: tok.encode(prompt, false).unwrap(),
+                params: SamplingParams {
+                    max_tokens,
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                cache_salt: None,
+                retain: None,
+            })
+            .unwrap()
+        };
+        let drain = |mut s: kvgate_engine::RequestStream| async move {
+            while let Some(e) = s.next().await {
+                if matches!(e, Event::Done(_) | Event::Error(_)) {
+                    break;
+                }
+            }
+        };
+        rt.block_on(async {
+            let mut stream = submit("A stream that keeps decoding.", 100);
+            // once it decodes, a long prompt arrives
+            while !matches!(stream.next().await, Some(Event::Token { .. })) {}
+            let flood = submit(&"A long prompt arriving while the stream decodes. ".repeat(4), 1);
+            tokio::join!(drain(stream), drain(flood));
+        });
+        let rows = rows.lock().unwrap().clone();
+        // steps with a prefill chunk (a sequence with several rows) next to a decode row
+        let mixed: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].iter().any(|&r| r > 1) && rows[i].contains(&1))
+            .collect();
+        assert!(
+            !mixed.is_empty(),
+            "the prompt was prefilled next to the stream: {rows:?}"
+        );
+        let followed = mixed
+            .iter()
+            .filter(|&&i| rows.get(i + 1).is_some_and(|n| n.iter().all(|&r| r <= 1)))
+            .count();
+        if share > 0.0 {
+            assert_eq!(
+                followed,
+                mixed.len(),
+                "each is followed by a decode-only step: {rows:?}"
+            );
+        } else {
+            assert!(
+                followed < mixed.len(),
+                "without the floor prefill goes on at once: {rows:?}"
+            );
+        }
+    }
 }

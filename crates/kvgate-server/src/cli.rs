@@ -291,6 +291,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
         max_retained_blocks: args.max_retained_blocks,
+        decode_share: args.decode_floor,
         session_window: (args.session_window > 0.0).then(|| Duration::from_secs_f64(args.session_window)),
         admission: match args.admission {
             AdmissionPolicy::CacheAware => Admission::cache_aware((args.admission_max_wait * 1000.0) as u64),

@@ -26,6 +26,7 @@ use std::collections::HashSet;
 use std::collections::VecDeque;
 
 pub use admission::Admission;
+pub(crate) use plan::Plan;
 pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
 pub(crate) use update::StepUpdate;
 

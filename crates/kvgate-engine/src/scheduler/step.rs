@@ -158,6 +158,12 @@ impl Scheduler {
 
     /// Plans the next step.
     pub fn schedule(&mut self) -> Result<Plan> {
+        self.schedule_step(false)
+    }
+
+    /// Plans the next step; with `decode_only`, only the decode tokens of running sequences (no
+    /// prefill chunk, no admission: the decode floor's steps).
+    pub fn schedule_step(&mut self, decode_only: bool) -> Result<Plan> {
         let mut st = StepState {
             chunks: vec![],
             copies: vec![],
@@ -169,14 +175,22 @@ impl Scheduler {
         self.fork_ready_decisions()?;
         // 1 and 2: running groups, decode tokens first, then prefill chunks.
         self.schedule_running(&mut st, true)?;
+        if decode_only {
+            return self.finish_plan(st);
+        }
         self.schedule_running(&mut st, false)?;
-        // 3: admit waiting groups in FIFO order; decisions whose prefix is fully cached fork at once and
-        // their questions join this step.
+        // 3: admit waiting groups (admission's order); decisions whose prefix is fully cached fork at
+        // once and their questions join this step.
         if self.admit_waiting(&mut st)? {
             self.fork_ready_decisions()?;
             self.schedule_running(&mut st, true)?;
             self.schedule_running(&mut st, false)?;
         }
+        self.finish_plan(st)
+    }
+
+    /// The plan of a finished scheduling pass.
+    fn finish_plan(&self, st: StepState) -> Result<Plan> {
         let chunks = st.chunks.iter().map(|&p| self.fill(p)).collect::<Result<Vec<_>>>()?;
         Ok(Plan {
             chunks,

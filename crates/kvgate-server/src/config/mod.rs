@@ -112,6 +112,12 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_PINNED_BLOCKS_PER_KEY")]
     pub max_pinned_blocks_per_key: Option<usize>,
 
+    /// Share of the time running streams keep under a flood of prompts: after a step that prefilled
+    /// while streams were decoding, decode-only steps run for that step's time × share / (1 − share)
+    /// (at most 5 s); 0 turns the floor off
+    #[arg(long, env = "KVGATE_DECODE_FLOOR", default_value_t = 0.5)]
+    pub decode_floor: f64,
+
     /// Seconds a session's state stays retained for its next turn (every /v1/systemone state without a
     /// keep_alive, and completions with a prompt_cache_key or an X-Session-ID header), within the pin cap;
     /// released first to running work, taken over by the next turn; 0 turns retention off
@@ -360,6 +366,12 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     }
     if a.systemone_max_questions == 0 {
         return bad("systemone-max-questions", "must be at least 1".into());
+    }
+    if !(a.decode_floor.is_finite() && (0.0..=0.9).contains(&a.decode_floor)) {
+        return bad(
+            "decode-floor",
+            format!("must be between 0 and 0.9, got {}", a.decode_floor),
+        );
     }
     for (flag, v) in [
         ("session-window", a.session_window),
