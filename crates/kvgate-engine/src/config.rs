@@ -101,3 +101,9 @@ pub(crate) fn calibration_of(cfg: &EngineConfig) -> KvCalibration {
         offsets: cfg.kv_quant.smooth,
     }
 }
+
+/// With the decode floor on, a step that decodes streams holds at most an eighth of the token budget
+/// (at least 64): prefill next to streams comes in short steps, each paid back by decode-only time.
+pub(crate) fn prefill_cap(cfg: &EngineConfig) -> Option<usize> {
+    (cfg.decode_share > 0.0).then(|| (cfg.max_num_batched_tokens / 8).max(64))
+}

@@ -19,7 +19,7 @@ use kvgate_model::{Model, Tokenizer};
 use tracing::{error, info, warn};
 
 use crate::batch::{self, ChunkWant};
-use crate::config::{calibration_of, EngineConfig};
+use crate::config::{calibration_of, prefill_cap, EngineConfig};
 use crate::constraint::GuideState;
 use crate::device::{open_backend, BackendSpec};
 use crate::error::EngineError;
@@ -147,6 +147,7 @@ pub fn start_with_backend(
     }
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     sched.set_admission(cfg.admission);
+    sched.set_prefill_cap(prefill_cap(&cfg));
     if let Some(n) = cfg.max_retained_blocks {
         sched.set_max_retained_blocks(n);
     }
@@ -335,11 +336,13 @@ impl Engine {
         self.sched.clear_pins();
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
+        let prefill = self.sched.prefill_cap();
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
         self.sched.set_max_pinned_blocks(cap);
         self.sched.set_max_pinned_per_tenant(per_tenant);
         self.sched.set_admission(admission);
         self.sched.set_max_retained_blocks(retained);
+        self.sched.set_prefill_cap(prefill);
     }
 
     fn drop_abandoned(&mut self) {

@@ -4,7 +4,8 @@
 //! while streams were decoding) puts its duration, scaled by `share / (1 − share)`, on a debt, and the
 //! engine runs decode-only steps while the debt lasts: at least `share` of the time under contention
 //! goes to decode-only steps. A prefill with no stream waiting runs up no debt; the debt is capped so
-//! prompts are never held back for long.
+//! prompts are never held back for long. Next to streams a step also holds fewer tokens (an eighth of
+//! the budget, `config::prefill_cap`), so streams advance every short step rather than after a long one.
 
 use std::time::Duration;
 

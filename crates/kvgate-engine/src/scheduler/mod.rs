@@ -55,6 +55,8 @@ pub struct Scheduler {
     pins_consumed: u64,
     preemptions: u64,
     admission: Admission,
+    /// Most tokens a step holds when it decodes streams (`None`: the token budget).
+    prefill_cap: Option<usize>,
     /// The caller's clock (milliseconds), as of the last [`Scheduler::expire_pins`].
     now: u64,
 }
@@ -75,6 +77,7 @@ impl Scheduler {
             pins_released_early: 0,
             pins_consumed: 0,
             admission: Admission::default(),
+            prefill_cap: None,
             now: 0,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
@@ -350,6 +353,17 @@ impl Scheduler {
     /// Pins released before their deadline to make room (pressure or the cap).
     pub fn pins_released_early(&self) -> u64 {
         self.pins_released_early
+    }
+
+    /// Caps the tokens of a step that decodes streams (prefill fills it up to `cap`): shorter steps
+    /// next to streams. `None`: the token budget.
+    pub fn set_prefill_cap(&mut self, cap: Option<usize>) {
+        self.prefill_cap = cap;
+    }
+
+    /// The cap of a step that decodes streams.
+    pub fn prefill_cap(&self) -> Option<usize> {
+        self.prefill_cap
     }
 
     /// Session pins taken over by their session's next turn.

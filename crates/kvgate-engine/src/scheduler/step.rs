@@ -178,6 +178,11 @@ impl Scheduler {
         if decode_only {
             return self.finish_plan(st);
         }
+        // Next to decoding streams, prefill comes in shorter steps (the decode floor's granularity).
+        if let (Some(cap), false) = (self.prefill_cap, st.chunks.is_empty()) {
+            let decoded = self.cfg.max_num_batched_tokens - st.budget;
+            st.budget = st.budget.min(cap.saturating_sub(decoded).max(1));
+        }
         self.schedule_running(&mut st, false)?;
         // 3: admit waiting groups (admission's order); decisions whose prefix is fully cached fork at
         // once and their questions join this step.

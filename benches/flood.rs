@@ -1,0 +1,71 @@
+//! The decode floor under a flood of prompts, against the real `serve` on the default model: one
+//! completion decodes 160 tokens (a short prompt, greedy) alone, then again with 24 prompts of ~400
+//! tokens arriving 0.3 s after it started; its decode rate under the flood as a share of the unloaded
+//! one, with the default `--decode-floor 0.5` and with the floor off, side by side in one run.
+//! `cargo bench --bench flood` prints a table (~4 minutes on 2 cores).
+
+use std::time::Instant;
+
+mod common;
+
+use common::post;
+use serde_json::json;
+
+fn stream_secs(port: u16) -> f64 {
+    let t0 = Instant::now();
+    let r = post(
+        port,
+        "/v1/completions",
+        &json!({"prompt": "Write a long story about a lighthouse.", "max_tokens": 160,
+                "temperature": 0, "ignore_eos": true}),
+    );
+    assert_eq!(r["usage"]["completion_tokens"], 160, "{r}");
+    t0.elapsed().as_secs_f64()
+}
+
+fn prompt(i: usize) -> String {
+    let mut s = format!("Report {i}. ");
+    while s.len() < 1600 {
+        s.push_str(&format!(
+            "Line {} of report {i}: the shipment moved on schedule. ",
+            s.len() % 89
+        ));
+    }
+    s
+}
+
+fn run(floor: &str) -> (f64, f64, f64) {
+    let s = common::start(&["--decode-floor", floor, "--kv-cache-memory", "2GiB"]);
+    let port = s.1;
+    post(port, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 4}));
+    let alone = stream_secs(port);
+    let t0 = Instant::now();
+    let loaded = std::thread::scope(|sc| {
+        // the stream starts decoding, then the flood arrives
+        let stream = sc.spawn(move || stream_secs(port));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        for i in 0..24 {
+            sc.spawn(move || post(port, "/v1/completions", &json!({"prompt": prompt(i), "max_tokens": 1})));
+        }
+        stream.join().unwrap()
+    });
+    (alone, loaded, t0.elapsed().as_secs_f64())
+}
+
+fn main() {
+    let mut rows = vec![];
+    for floor in ["0.5", "0"] {
+        let (alone, loaded, flood) = run(floor);
+        rows.push(format!(
+            "| --decode-floor {floor} | {alone:.2} s | {loaded:.2} s | {:.0}% | {flood:.1} s |",
+            100.0 * alone / loaded
+        ));
+    }
+    println!(
+        "\n| setting | 160 tokens alone | 160 tokens, 24 × ~400-token prompts arriving | decode rate kept | flood done |"
+    );
+    println!("|---|---|---|---|---|");
+    for r in rows {
+        println!("{r}");
+    }
+}
