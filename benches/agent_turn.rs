@@ -242,7 +242,7 @@ fn part_two(rows: &mut Vec<String>) {
     }
     // today's policy (arrival order, nothing retained), with and without keep_alive pins, then the
     // defaults: session retention and cache-aware admission
-    let today = ["--session-window", "0", "--admission", "fifo"];
+    let today = ["--session-window", "0", "--admission", "fifo", "--decode-floor", "0"];
     let arms: [(&str, &[&str], Option<f64>, usize); 3] = [
         ("arrival order, no retention", &today, None, 2000),
         ("arrival order, keep_alive 60 s", &today, Some(60.0), 3000),
