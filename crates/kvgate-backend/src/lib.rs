@@ -23,7 +23,7 @@ pub use calibrate::{
 };
 pub use capacity::{Capacity, Device, KvMemory};
 pub use error::{BackendError, BatchError};
-pub use output::{logprobs_of, StepOutput};
+pub use output::{log_sum_exp, logprobs_of, StepOutput};
 
 use kvgate_kv::CacheShape;
 

@@ -46,12 +46,18 @@ impl StepOutput {
     }
 }
 
-/// The log-probabilities of `ids` under the softmax of `row`, without building the log-softmax row:
-/// the same max, the same f64 sum of `exp` in the same order, so each value equals
-/// `log_softmax(row)[id]` bit for bit.
-pub fn logprobs_of(row: &[f32], ids: &[u32]) -> Vec<f32> {
+/// The log of the softmax normaliser of `row`: its max plus the log of the f64 sum of `exp` relative
+/// to it, in row order. The engine's `log_softmax` and [`logprobs_of`] both subtract this one value,
+/// so their results agree bit for bit.
+pub fn log_sum_exp(row: &[f32]) -> f32 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let lse = (row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    (row.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max
+}
+
+/// The log-probabilities of `ids` under the softmax of `row`, without building the log-softmax row
+/// (each equals `log_softmax(row)[id]` bit for bit).
+pub fn logprobs_of(row: &[f32], ids: &[u32]) -> Vec<f32> {
+    let lse = log_sum_exp(row);
     ids.iter().map(|&t| row[t as usize] - lse).collect()
 }
 
@@ -61,8 +67,7 @@ mod tests {
     use crate::batch::Output;
 
     fn log_softmax(x: &[f32]) -> Vec<f32> {
-        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-        let lse = (x.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+        let lse = log_sum_exp(x);
         x.iter().map(|&v| v - lse).collect()
     }
 

@@ -79,11 +79,11 @@ pub enum PinKind {
 /// it; the follow-up shares the state, not the question. Another session that only shares a system
 /// prompt holds a smaller part.)
 fn continues(blocks: &[BlockId], pinned: &[BlockId]) -> bool {
-    let (Some(first), Some(mine)) = (pinned.first(), blocks.first()) else {
+    if pinned.is_empty() || pinned.first() != blocks.first() {
         return false;
-    };
+    }
     let held = pinned.iter().filter(|b| blocks.contains(b)).count();
-    first == mine && 4 * held >= 3 * pinned.len()
+    4 * held >= 3 * pinned.len()
 }
 
 /// One pin.
@@ -190,11 +190,6 @@ impl Pins {
     pub(crate) fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.pins.iter().flat_map(|p| p.blocks.iter().copied())
     }
-
-    /// Blocks pinned by session retention (with multiplicity).
-    pub(crate) fn session_blocks(&self) -> usize {
-        self.count_kind(PinKind::Session)
-    }
 }
 
 #[cfg(test)]
@@ -244,7 +239,7 @@ mod tests {
         p.add(0, 9, None, PinKind::Session, vec![b(0), b(1), b(2)]);
         p.add(0, 9, None, PinKind::Session, vec![b(0), b(3)]);
         p.add(0, 9, None, PinKind::KeepAlive, vec![b(0), b(1), b(2)]);
-        assert_eq!(p.session_blocks(), 5);
+        assert_eq!(p.count_kind(PinKind::Session), 5);
         // a request sharing only the system prompt takes nothing over
         assert!(p.take_sessions_over(&[b(0), b(7)]).is_empty());
         assert!(!p.any_session_over(&[b(0), b(1)]), "two thirds of the first state");
@@ -254,7 +249,7 @@ mod tests {
             p.take_sessions_over(&[b(0), b(1), b(2), b(8)]),
             vec![vec![b(0), b(1), b(2)]]
         );
-        assert_eq!(p.session_blocks(), 2);
+        assert_eq!(p.count_kind(PinKind::Session), 2);
         assert_eq!(p.blocks().count(), 5, "the keep_alive pin stays");
     }
 }

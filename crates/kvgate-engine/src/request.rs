@@ -105,6 +105,15 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+impl Usage {
+    /// Adds another request's (or prompt's) accounting.
+    pub fn add(&mut self, other: &Usage) {
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+        self.cached_tokens += other.cached_tokens;
+    }
+}
+
 /// An event on a completion's channel (a decision gets one result instead: [`crate::PendingDecision`]).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {

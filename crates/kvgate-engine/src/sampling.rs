@@ -100,8 +100,7 @@ pub struct TokenLogprob {
 
 /// Log-softmax of a row (f64 normaliser).
 pub fn log_softmax(x: &[f32]) -> Vec<f32> {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let lse = (x.iter().map(|&v| ((v - max) as f64).exp()).sum::<f64>()).ln() as f32 + max;
+    let lse = kvgate_backend::log_sum_exp(x);
     x.iter().map(|&v| v - lse).collect()
 }
 

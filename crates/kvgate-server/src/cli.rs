@@ -292,7 +292,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         }),
         max_retained_blocks: args.max_retained_blocks,
         decode_share: args.decode_floor,
-        session_window: (args.session_window > 0.0).then(|| Duration::from_secs_f64(args.session_window)),
+        session_window: args.session_window(),
         admission: match args.admission {
             AdmissionPolicy::CacheAware => Admission::cache_aware((args.admission_max_wait * 1000.0) as u64),
             AdmissionPolicy::Fifo => Admission::default(),

@@ -87,9 +87,7 @@ pub async fn collect(
                 }
                 Event::PromptLogprobs(l) => prompt_lps[t.prompt] = Some(l),
                 Event::Done(u) => {
-                    usage.prompt_tokens += u.prompt_tokens;
-                    usage.completion_tokens += u.completion_tokens;
-                    usage.cached_tokens += u.cached_tokens;
+                    usage.add(&u);
                     break;
                 }
                 Event::Error(e) => return Err(e.into()),

@@ -40,7 +40,7 @@ impl Settings {
             model_aliases: args.model_alias.clone(),
             share_prefix_cache_across_keys: args.share_prefix_cache_across_keys,
             systemone_max_questions: args.systemone_max_questions,
-            session_window: (args.session_window > 0.0).then(|| Duration::from_secs_f64(args.session_window)),
+            session_window: args.session_window(),
             cors: Arc::new(CorsPolicy {
                 origins: args.allowed_origins.clone(),
                 methods: args.allowed_methods.clone(),

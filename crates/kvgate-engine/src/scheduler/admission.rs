@@ -72,13 +72,7 @@ impl Scheduler {
         let (Ok(s), Ok(grp)) = (self.reg.seq(sid), self.reg.group(g)) else {
             return vec![];
         };
-        // as `match_seq` would match: the last token of a logits-wanting sequence is recomputed
-        let max = if s.wants_logits {
-            s.tokens.len().saturating_sub(1) / self.cfg.block_size
-        } else {
-            s.tokens.len() / self.cfg.block_size
-        };
-        self.kv.probe_prefix(&s.tokens, max, &grp.salt)
+        self.kv.probe_prefix(&s.tokens, self.matchable_blocks(s), &grp.salt)
     }
 
     /// The index in `waiting` of the group to admit next. In arrival order, the front. Cache-aware,
@@ -118,14 +112,8 @@ impl Scheduler {
             return false;
         }
         let cutoff = self.now.saturating_sub(self.admission.max_wait_ms);
-        match self.pins.take_oldest_since(cutoff) {
-            Some(blocks) => {
-                self.kv.unpin(&blocks);
-                self.pins_released_early += 1;
-                true
-            }
-            None => false,
-        }
+        let old = self.pins.take_oldest_since(cutoff);
+        self.release_early(old)
     }
 
     /// A sequence just matched its prefix at admission: the session pins over the blocks it matched

@@ -30,7 +30,7 @@ pub(crate) use plan::Plan;
 pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
 pub(crate) use update::StepUpdate;
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{BlockId, BlockPool};
 use crate::decision::{PinKind, Pins};
 use crate::kv_manager::{KvManager, PrefixStats};
 #[cfg(test)]
@@ -275,18 +275,13 @@ impl Scheduler {
         if let Some(t) = tenant {
             // a tenant over its share gives up its own oldest pins first
             while self.pins.count_of(t) + n > tenant_cap {
-                let Some(old) = self.pins.take_oldest_of(t) else { break };
-                self.kv.unpin(&old);
-                self.pins_released_early += 1;
+                let old = self.pins.take_oldest_of(t);
+                if !self.release_early(old) {
+                    break;
+                }
             }
         }
-        while self.pins.count_kind(kind) + n > cap {
-            let Some(old) = self.pins.take_oldest_kind(kind) else {
-                break;
-            };
-            self.kv.unpin(&old);
-            self.pins_released_early += 1;
-        }
+        self.trim_pins(kind, cap - n);
         self.kv.pin(&blocks);
         self.pins.add(self.now, until, tenant, kind, blocks);
         Ok(n)
@@ -306,13 +301,25 @@ impl Scheduler {
     /// nothing is pinned. Pins give way to real work: the scheduler calls this before it preempts a
     /// running request or leaves a waiting one waiting for blocks.
     pub fn release_oldest_pin(&mut self) -> bool {
-        match self.pins.take_oldest() {
-            Some(blocks) => {
-                self.kv.unpin(&blocks);
-                self.pins_released_early += 1;
-                true
+        let oldest = self.pins.take_oldest();
+        self.release_early(oldest)
+    }
+
+    /// Drops a pin taken off before its deadline (false when there is none).
+    fn release_early(&mut self, pin: Option<Vec<BlockId>>) -> bool {
+        let Some(blocks) = pin else { return false };
+        self.kv.unpin(&blocks);
+        self.pins_released_early += 1;
+        true
+    }
+
+    /// Releases the oldest pins of `kind` until they hold at most `limit` blocks.
+    fn trim_pins(&mut self, kind: PinKind, limit: usize) {
+        while self.pins.count_kind(kind) > limit {
+            let oldest = self.pins.take_oldest_kind(kind);
+            if !self.release_early(oldest) {
+                break;
             }
-            None => false,
         }
     }
 
@@ -324,13 +331,7 @@ impl Scheduler {
     /// Sets the most blocks `keep_alive` pins may hold.
     pub fn set_max_pinned_blocks(&mut self, n: usize) {
         self.max_pinned = n;
-        while self.pins.count_kind(PinKind::KeepAlive) > self.max_pinned {
-            let Some(old) = self.pins.take_oldest_kind(PinKind::KeepAlive) else {
-                break;
-            };
-            self.kv.unpin(&old);
-            self.pins_released_early += 1;
-        }
+        self.trim_pins(PinKind::KeepAlive, n);
     }
 
     /// The most blocks session retention may hold (three quarters of the pool unless set).
@@ -341,13 +342,7 @@ impl Scheduler {
     /// Sets the most blocks session retention may hold.
     pub fn set_max_retained_blocks(&mut self, n: usize) {
         self.max_retained = n;
-        while self.pins.session_blocks() > self.max_retained {
-            let Some(old) = self.pins.take_oldest_kind(PinKind::Session) else {
-                break;
-            };
-            self.kv.unpin(&old);
-            self.pins_released_early += 1;
-        }
+        self.trim_pins(PinKind::Session, n);
     }
 
     /// Pins released before their deadline to make room (pressure or the cap).
@@ -373,7 +368,7 @@ impl Scheduler {
 
     /// Blocks held by session retention (with multiplicity).
     pub fn retained_blocks(&self) -> usize {
-        self.pins.session_blocks()
+        self.pins.count_kind(PinKind::Session)
     }
 
     /// Releases pins whose time is `≤ now`; returns how many were released.

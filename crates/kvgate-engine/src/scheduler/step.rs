@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::plan::{Chunk, Logits, Plan, Planned, StepState};
 use super::{Result, Scheduler};
-use crate::registry::{GroupId, Registry, SchedError, SeqId};
+use crate::registry::{GroupId, Registry, SchedError, Seq, SeqId};
 use kvgate_backend::BlockCopy;
 
 /// Where a group that arrived at `order` goes in a queue kept in arrival order (before the first newer
@@ -59,15 +59,7 @@ impl Scheduler {
             return Ok(0);
         }
         let salt = self.reg.group(s.group)?.salt.clone();
-        // The last token is recomputed so there are logits to read; a decision prefix has no logits and
-        // may match every full block.
-        let max_blocks = if s.all_logits {
-            0
-        } else if s.wants_logits {
-            (s.tokens.len() - 1) / self.cfg.block_size
-        } else {
-            s.tokens.len() / self.cfg.block_size
-        };
+        let max_blocks = self.matchable_blocks(s);
         let sb = self.kv.match_prefix(&s.tokens, max_blocks, &salt, false);
         let hit = sb.len() * self.cfg.block_size;
         let s = self.reg.seq_mut(sid)?;
@@ -75,6 +67,19 @@ impl Scheduler {
         s.computed = hit;
         s.matched = true;
         Ok(hit)
+    }
+
+    /// How many leading full blocks of a sequence a prefix-cache match may take: the last token is
+    /// recomputed so there are logits to read (none when every row's logits are wanted); a decision
+    /// prefix has no logits and may match every full block.
+    pub(super) fn matchable_blocks(&self, s: &Seq) -> usize {
+        if s.all_logits {
+            0
+        } else if s.wants_logits {
+            s.tokens.len().saturating_sub(1) / self.cfg.block_size
+        } else {
+            s.tokens.len() / self.cfg.block_size
+        }
     }
 
     fn unmatch_seq(&mut self, sid: SeqId) -> Result<()> {

@@ -212,6 +212,13 @@ pub struct Args {
     pub shutdown_timeout: u64,
 }
 
+impl Args {
+    /// `--session-window` as a duration (`None`: retention off).
+    pub fn session_window(&self) -> Option<std::time::Duration> {
+        (self.session_window > 0.0).then(|| std::time::Duration::from_secs_f64(self.session_window))
+    }
+}
+
 impl Default for Args {
     fn default() -> Self {
         Args::parse_from(["serve"])

@@ -104,9 +104,7 @@ pub async fn respond<S: Shape>(
                 vec![]
             }
             Event::Done(d) => {
-                usage.prompt_tokens += d.prompt_tokens;
-                usage.completion_tokens += d.completion_tokens;
-                usage.cached_tokens += d.cached_tokens;
+                usage.add(&d);
                 done += 1;
                 match done == prompts && u.include {
                     true => vec![shape.usage_chunk(UsageOut::of(&usage))],
