@@ -148,3 +148,39 @@ fn a_session_hint_keeps_the_state_for_the_next_turn() {
     assert!(kept >= 40, "the state's blocks: {kept}");
     assert_eq!(next_turn_cached(None, None, 3), 0, "no hint: evicted by the flood");
 }
+
+/// With a second tier (`--kv-offload-memory`), a state evicted by a flood is restored instead of
+/// recomputed, with no session hint at all: the next turn's `cached_tokens` counts the restored tokens
+/// (without the tier the same flood leaves nothing: see the hint test above). The metrics are checked
+/// on the real model in `engine_e2e.rs`.
+#[test]
+fn an_evicted_state_is_restored_from_the_second_tier() {
+    let args = [
+        "--num-kv-blocks",
+        "64",
+        "--block-size",
+        "4",
+        "--session-window",
+        "0",
+        "--kv-offload-memory",
+        "16MiB",
+    ];
+    let s = InProcess::tiny(&args);
+    let state = "Echo reports: the order is late, the customer is upset, a refund is asked for.";
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": state, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    for j in 0..6 {
+        let cold =
+            json!({"prompt": format!("Unrelated prompt {j} about warehouses and shipping lanes."), "max_tokens": 1});
+        let (st, r) = s.post("/v1/completions", &cold);
+        assert_eq!(st, 200, "{r}");
+    }
+    let next = json!({"prompt": format!("{state} And now?"), "max_tokens": 1, "temperature": 0});
+    let (st, r) = s.post("/v1/completions", &next);
+    assert_eq!(st, 200, "{r}");
+    let cached = r["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= 40, "restored from the tier: {cached}");
+}

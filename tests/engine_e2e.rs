@@ -135,3 +135,84 @@ fn prefix_cache_hits_are_reported() {
         "same answer with and without the cache"
     );
 }
+
+/// The second tier on the default model: a ~300-token state pushed out of a 48-block cache by four
+/// other prompts is restored from host memory (its next turn counts the restored tokens as cached; the
+/// metrics count restores, bytes and hits by tier); at a graceful stop the hot cache goes to the spill
+/// file, and the next server over the same directory, without any memory tier, restores the state
+/// from disk on its first request.
+#[test]
+fn evicted_state_is_restored_and_survives_a_restart_through_the_spill_file() {
+    let dir = std::env::temp_dir().join(format!("kvgate-e2e-spill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let base = ["--num-kv-blocks", "48", "--session-window", "0", "--kv-offload-dir", d];
+    let state = |i: usize| {
+        let mut s = format!("Ticket {i}. ");
+        for j in 0..14 {
+            s.push_str(&format!(
+                "Line {j}: the parcel for order {} is late and the customer asks why. ",
+                i * 100 + j
+            ));
+        }
+        s
+    };
+    let ask = |s: &Server, i: usize, tail: &str| -> (u64, u64) {
+        let body = json!({"prompt": format!("{}{tail}", state(i)), "max_tokens": 1, "temperature": 0});
+        let (st, r) = s.post("/v1/completions", &body);
+        assert_eq!(st, 200, "{r}");
+        let u = &r["usage"];
+        (
+            u["prompt_tokens"].as_u64().unwrap(),
+            u["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+        )
+    };
+    let mut args = base.to_vec();
+    args.extend(["--kv-offload-memory", "64MiB"]);
+    let mut s = Server::start(&args);
+    let (prompt, _) = ask(&s, 0, " Summary:");
+    assert!(prompt >= 250, "the state is {prompt} tokens");
+    for i in 1..5 {
+        ask(&s, i, " Summary:");
+    }
+    let (_, cached) = ask(&s, 0, " Reply:");
+    assert!(cached >= prompt - 32, "restored: {cached} of {prompt}");
+    let restored = s.metric("kvgate:kv_tier_restored_blocks_total");
+    assert!(restored >= (prompt / 16 - 2) as f64, "restored blocks: {restored}");
+    assert!(s.metric("kvgate:kv_tier_restore_bytes_total") > 0.0);
+    assert!(
+        s.metric("kvgate:prefix_cache_hits_by_tier_total{model_name=\"smollm2-135m-instruct\",tier=\"memory\"}")
+            >= 200.0
+    );
+    assert!(s.metric("kvgate:kv_cache_evictions_total") > 0.0);
+    assert!(s.metric("kvgate:kv_tier_blocks") > 0.0);
+    // a graceful stop writes the hot cache out
+    let pid = s.child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let t0 = Instant::now();
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(60), "serve did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        s.log_text().contains("hot cache written to the spill file"),
+        "{}",
+        s.log_text()
+    );
+    drop(s);
+    let s = Server::start(&base);
+    let (_, cached) = ask(&s, 0, " Again:");
+    assert!(
+        cached >= prompt - 32,
+        "restored from the spill file after a restart: {cached} of {prompt}"
+    );
+    assert!(
+        s.metric("kvgate:prefix_cache_hits_by_tier_total{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}") >= 200.0
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -56,6 +56,20 @@ pub trait Backend: Send {
     /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;
 
+    /// Appends the bytes of block `block` to `out`: every layer's K then V, in the cache's own encoding
+    /// (exactly [`Capacity::bytes_per_block`] bytes). With [`Backend::write_block`] this is the copy
+    /// interface a second KV tier sits behind: what is written back is bitwise what was read.
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), BackendError>;
+
+    /// Overwrites block `block` with bytes [`Backend::read_block`] gave (of a cache with the same
+    /// [`Backend::kv_fingerprint`]); a wrong length is an error, nothing written.
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError>;
+
+    /// A fingerprint of everything a block's bytes depend on besides its tokens: the model's weights,
+    /// the cache's dtype, method, block size and per-layer scales. Blocks kept outside the cache (a
+    /// spill file) are served back only to a cache with the same fingerprint.
+    fn kv_fingerprint(&self) -> u64;
+
     /// Runs one step: writes every row's K/V into the cache at its slot and returns what each of
     /// `batch.outputs` asked for.
     fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError>;

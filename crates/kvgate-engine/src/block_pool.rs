@@ -13,8 +13,13 @@
 //! through the block id's next life. A 64-bit hash only indexes the candidates: a hit is taken only when
 //! parent, tokens and extra key all compare equal, so hash collisions cost a comparison, never a wrong
 //! hit.
+//!
+//! Every identity also carries its content [`ChainKey`] (and its parent's), which outlives the block id:
+//! an evicted identity is handed back as a [`BlockMeta`], so a second tier can keep the block by content.
 
 use std::collections::HashMap;
+
+use crate::tier::{BlockMeta, ChainKey};
 
 /// A physical block id. Only the pool makes them, so every id in circulation names a block of its
 /// pool (pools never shrink); `u32::from` gives the plain integer that batches and kernels take.
@@ -82,6 +87,8 @@ struct Identity {
     parent: Option<BlockRef>,
     tokens: Vec<u32>,
     extra: String,
+    chain: ChainKey,
+    parent_chain: ChainKey,
 }
 
 /// Counts for metrics and tests.
@@ -173,7 +180,6 @@ impl BlockPool {
             .map(|_| (b, self.generation[b.index()]))
     }
 
-    #[cfg(test)]
     /// Cached blocks evicted so far.
     pub fn evictions(&self) -> u64 {
         self.evictions
@@ -223,33 +229,78 @@ impl BlockPool {
         self.num_free += 1;
     }
 
-    fn drop_identity(&mut self, b: BlockId) {
+    fn drop_identity(&mut self, b: BlockId) -> Option<Identity> {
         self.warmed_by_decision[b.index()] = false;
-        if let Some(id) = self.identity[b.index()].take() {
-            if let Some(list) = self.index.get_mut(&id.hash) {
-                list.retain(|&x| x != b);
-                if list.is_empty() {
-                    self.index.remove(&id.hash);
-                }
+        let id = self.identity[b.index()].take()?;
+        if let Some(list) = self.index.get_mut(&id.hash) {
+            list.retain(|&x| x != b);
+            if list.is_empty() {
+                self.index.remove(&id.hash);
             }
-            self.generation[b.index()] = self.generation[b.index()].wrapping_add(1);
         }
+        self.generation[b.index()] = self.generation[b.index()].wrapping_add(1);
+        Some(id)
     }
 
     /// Takes the least recently freed block (evicting its cached identity, if any). `None` when no block
     /// is free.
+    #[cfg(test)]
     pub fn allocate(&mut self) -> Option<BlockId> {
+        self.allocate_evicting().map(|(b, _)| b)
+    }
+
+    /// Takes the least recently freed block; when that evicts a cached identity, the block's content
+    /// key, parent key and tokens come back with it (its bytes are still in the cache until written).
+    pub fn allocate_evicting(&mut self) -> Option<(BlockId, Option<BlockMeta>)> {
         if self.head == NIL {
             return None;
         }
         let b = BlockId(self.head);
         self.unlink(b);
-        if self.identity[b.index()].is_some() {
+        let evicted = self.drop_identity(b).map(|id| {
             self.evictions += 1;
-            self.drop_identity(b);
-        }
+            BlockMeta {
+                key: id.chain,
+                parent: id.parent_chain,
+                tokens: id.tokens.into(),
+            }
+        });
         self.ref_count[b.index()] = 1;
-        Some(b)
+        Some((b, evicted))
+    }
+
+    /// Every cached block with its content identity: free ones least recently freed first, then the
+    /// ones in use.
+    pub fn cached_blocks(&self) -> Vec<(BlockId, BlockMeta)> {
+        let meta = |b: u32| {
+            self.identity[b as usize].as_ref().map(|id| {
+                (
+                    BlockId(b),
+                    BlockMeta {
+                        key: id.chain,
+                        parent: id.parent_chain,
+                        tokens: id.tokens.clone().into(),
+                    },
+                )
+            })
+        };
+        let mut out = vec![];
+        let mut b = self.head;
+        while b != NIL {
+            out.extend(meta(b));
+            b = self.next[b as usize];
+        }
+        for b in 0..self.total() as u32 {
+            if self.ref_count[b as usize] > 0 {
+                out.extend(meta(b));
+            }
+        }
+        out
+    }
+
+    /// The content key of a cached block.
+    pub fn chain_of(&self, b: BlockId) -> Option<ChainKey> {
+        self.identity[b.index()].as_ref().map(|id| id.chain)
     }
 
     /// Adds a reference (a prefix-cache hit on a free block takes it out of the free list).
@@ -286,9 +337,17 @@ impl BlockPool {
         })
     }
 
-    /// Gives a used, full block its prefix-cache identity. If an equal block is already cached, nothing
-    /// changes and that block is returned instead (the caller keeps using its own copy).
-    pub fn register(&mut self, b: BlockId, parent: Option<BlockRef>, tokens: &[u32], extra: &str) -> BlockId {
+    /// Gives a used, full block its prefix-cache identity (its content key is `parent_chain`'s child).
+    /// If an equal block is already cached, nothing changes and that block is returned instead (the
+    /// caller keeps using its own copy).
+    pub fn register(
+        &mut self,
+        b: BlockId,
+        parent: Option<BlockRef>,
+        parent_chain: ChainKey,
+        tokens: &[u32],
+        extra: &str,
+    ) -> BlockId {
         debug_assert!(self.ref_count[b.index()] > 0);
         if self.identity[b.index()].is_some() {
             return b;
@@ -302,6 +361,8 @@ impl BlockPool {
             parent,
             tokens: tokens.to_vec(),
             extra: extra.to_string(),
+            chain: parent_chain.child(tokens, extra),
+            parent_chain,
         });
         self.index.entry(hash).or_default().push(b);
         b
@@ -384,8 +445,8 @@ mod tests {
         let b = p.allocate().unwrap();
         let c = p.allocate().unwrap();
         assert!(p.allocate().is_none());
-        p.register(a, None, &[1, 2], "");
-        p.register(b, Some((a, 0)), &[3, 4], "");
+        p.register(a, None, ChainKey::ROOT, &[1, 2], "");
+        p.register(b, Some((a, 0)), ChainKey::ROOT, &[3, 4], "");
         p.decref(a); // cached → tail
         p.decref(c); // plain → head
         p.decref(b); // cached → tail
@@ -397,7 +458,7 @@ mod tests {
         // b's parent (a, gen 0) is gone: a's next life has generation 1
         assert_eq!(p.block_ref(a), None);
         assert_eq!(p.lookup(Some((a, 0)), &[3, 4], ""), Some(b));
-        p.register(a, None, &[9, 9], "");
+        p.register(a, None, ChainKey::ROOT, &[9, 9], "");
         assert_eq!(p.block_ref(a), Some((a, 1)));
         assert_eq!(
             p.lookup(Some((a, 1)), &[3, 4], ""),
@@ -411,7 +472,7 @@ mod tests {
     fn hit_on_free_block_takes_it_out_of_the_free_list() {
         let mut p = BlockPool::new(2);
         let a = p.allocate().unwrap();
-        p.register(a, None, &[5], "salt");
+        p.register(a, None, ChainKey::ROOT, &[5], "salt");
         p.decref(a);
         assert_eq!(p.num_free(), 2);
         assert_eq!(p.lookup(None, &[5], ""), None, "extra key must match");
@@ -430,8 +491,8 @@ mod tests {
         let mut p = BlockPool::with_hasher(4, constant);
         let a = p.allocate().unwrap();
         let b = p.allocate().unwrap();
-        p.register(a, None, &[1, 2, 3], "");
-        p.register(b, None, &[1, 2, 4], "");
+        p.register(a, None, ChainKey::ROOT, &[1, 2, 3], "");
+        p.register(b, None, ChainKey::ROOT, &[1, 2, 4], "");
         assert_eq!(p.lookup(None, &[1, 2, 3], ""), Some(a));
         assert_eq!(p.lookup(None, &[1, 2, 4], ""), Some(b));
         assert_eq!(p.lookup(None, &[1, 2, 5], ""), None);
@@ -444,8 +505,8 @@ mod tests {
         let mut p = BlockPool::new(2);
         let a = p.allocate().unwrap();
         let b = p.allocate().unwrap();
-        assert_eq!(p.register(a, None, &[1], ""), a);
-        assert_eq!(p.register(b, None, &[1], ""), a);
+        assert_eq!(p.register(a, None, ChainKey::ROOT, &[1], ""), a);
+        assert_eq!(p.register(b, None, ChainKey::ROOT, &[1], ""), a);
         assert_eq!(p.block_ref(b), None);
     }
 }

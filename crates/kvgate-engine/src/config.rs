@@ -8,6 +8,7 @@ use kvgate_backend::{KvCalibration, Scales};
 use kvgate_kv::{KvDtype, KvQuant};
 
 use crate::scheduler::Admission;
+use crate::tier::TierConfig;
 
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +57,8 @@ pub struct EngineConfig {
     pub admission: Admission,
     /// The decode floor: the share of time running streams keep under a flood of prompts (0: off).
     pub decode_share: f64,
+    /// The second KV tier (`--kv-offload-memory`, `--kv-offload-dir`); off by default.
+    pub tier: TierConfig,
 }
 
 impl Default for EngineConfig {
@@ -85,6 +88,7 @@ impl Default for EngineConfig {
             session_window: None,
             admission: Admission::cache_aware(30_000),
             decode_share: 0.5,
+            tier: TierConfig::default(),
         }
     }
 }

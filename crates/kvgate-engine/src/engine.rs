@@ -30,6 +30,7 @@ use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
 use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
 use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
+use crate::tier::{SecondTier, TierConfig};
 
 /// The engine's state, owned by its thread.
 pub(crate) struct Engine {
@@ -46,6 +47,9 @@ pub(crate) struct Engine {
     calibration: Option<KvCalibration>,
     /// The decode floor (decode-only steps owed to running streams).
     floor: DecodeFloor,
+    /// A second tier that opens once the calibration on the first batch has fixed the cache's
+    /// fingerprint.
+    tier_pending: Option<TierConfig>,
     panic_next: bool,
 }
 
@@ -151,11 +155,20 @@ pub fn start_with_backend(
     if let Some(n) = cfg.max_retained_blocks {
         sched.set_max_retained_blocks(n);
     }
+    let mut tier_pending = None;
+    if cfg.tier.enabled() {
+        if calibration.is_some() {
+            tier_pending = Some(cfg.tier.clone());
+        } else {
+            sched.set_tier(Some(open_tier(&cfg.tier, backend.as_ref())?));
+        }
+    }
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
         env: OutputEnv { tok, eos, limits },
-        rec: Recorder::new(&cfg.model_name),
+        rec: Recorder::new(&cfg.model_name, cfg.block_size),
         calibration,
+        tier_pending,
         floor: DecodeFloor::new(cfg.decode_share),
         cfg,
         backend,
@@ -171,6 +184,26 @@ pub fn start_with_backend(
         .spawn(move || engine.run(rx))
         .map_err(|e| EngineError::Spawn(e.to_string()))?;
     Ok(EngineHandle::new(tx, shared))
+}
+
+/// Opens the second tier for `backend`'s blocks, under its current fingerprint.
+fn open_tier(cfg: &TierConfig, backend: &dyn Backend) -> Result<SecondTier, EngineError> {
+    let shape = backend.cache_shape();
+    let tier = SecondTier::open(
+        cfg,
+        shape.block_size(),
+        shape.bytes_per_block(),
+        backend.kv_fingerprint(),
+    )
+    .map_err(|e| EngineError::Config(format!("--kv-offload-dir: {e}")))?;
+    info!(
+        memory_bytes = cfg.memory_bytes,
+        disk_bytes = cfg.disk_bytes,
+        spill_file = ?tier.spill_path(),
+        reloaded = tier.stats().spill.reloaded,
+        "second KV tier"
+    );
+    Ok(tier)
 }
 
 struct AliveGuard(Arc<Shared>);
@@ -291,12 +324,20 @@ impl Engine {
                     active_requests: self.reqs.len(),
                     pins: self.sched.pinned_blocks(),
                     pins_released_early: self.sched.pins_released_early(),
+                    tier: self.sched.tier_mut().map(|t| {
+                        t.flush();
+                        t.stats()
+                    }),
                 });
             }
             Command::InjectPanic => self.panic_next = true,
             Command::Shutdown => {
                 info!("engine shutting down");
                 self.fail_all(EngineError::EngineDead);
+                self.spill_hot_pool();
+                // the spill file's writer finishes and the file is let go before the engine says it
+                // stopped
+                drop(self.sched.set_tier(None));
                 return false;
             }
         }
@@ -337,7 +378,9 @@ impl Engine {
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
         let prefill = self.sched.prefill_cap();
+        let tier = self.sched.set_tier(None);
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
+        self.sched.set_tier(tier);
         self.sched.set_max_pinned_blocks(cap);
         self.sched.set_max_pinned_per_tenant(per_tenant);
         self.sched.set_admission(admission);
@@ -371,6 +414,9 @@ impl Engine {
                     0
                 };
                 self.rec.admitted(a.arrival, now, warmed);
+                if let Some(prompt) = a.kind.session_prompt() {
+                    self.rec.session_turn(prompt, u.cached_tokens);
+                }
                 self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             }
         }
@@ -390,10 +436,11 @@ impl Engine {
             self.end_request(g, Some("error"));
         }
         self.record_admissions();
+        // before anything writes a block: evicted blocks out to the tier, restored blocks in
+        self.flush_tier()?;
         if plan.chunks.is_empty() {
             return Ok(());
         }
-        self.backend.copy_blocks(&plan.copies)?;
         let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| self.want_of(c)).collect();
         let fast = self.backend.fast_path().is_some();
         let precision: Vec<Precision> = plan
@@ -408,6 +455,7 @@ impl Engine {
         if let Some(how) = self.calibration.take() {
             self.calibrate(&how, &batch)?;
         }
+        self.backend.copy_blocks(&plan.copies)?;
         let out = self.forward_with_masks(&plan.chunks, &batch)?;
         self.sched.advance_step(&plan.chunks)?;
         for c in &plan.chunks {
@@ -509,11 +557,67 @@ impl Engine {
         Ok(logits?)
     }
 
+    /// Carries out the plan's tier operations: reads every spilled block (before anything overwrites
+    /// it), writes every restored one, then stores the spilled bytes in the tier.
+    fn flush_tier(&mut self) -> Result<(), EngineError> {
+        let ops = self.sched.take_tier_ops();
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let bpb = self.backend.capacity().bytes_per_block;
+        let mut spilled = Vec::with_capacity(ops.spills.len());
+        for (b, meta) in ops.spills {
+            let mut bytes = Vec::with_capacity(bpb);
+            self.backend.read_block(b.into(), &mut bytes)?;
+            spilled.push((meta, bytes));
+        }
+        let t1 = Instant::now();
+        let mut restored = 0u64;
+        for r in &ops.restores {
+            self.backend.write_block(r.block.into(), &r.bytes)?;
+            restored += r.bytes.len() as u64;
+        }
+        let restore_secs = t1.elapsed().as_secs_f64();
+        if let Some(tier) = self.sched.tier_mut() {
+            for (meta, bytes) in spilled {
+                tier.store(meta, bytes);
+            }
+        }
+        self.rec.tier_io(restored, restore_secs, (t1 - t0).as_secs_f64());
+        Ok(())
+    }
+
+    /// At shutdown, with a spill file: what the memory tier holds and every cached block of the hot
+    /// pool (least recently used first) go to the file, so the next run over it finds whole prefixes,
+    /// not only what was evicted (a shared system prompt is never evicted).
+    fn spill_hot_pool(&mut self) {
+        if self.sched.tier().is_none_or(|t| t.spill_path().is_none()) {
+            return;
+        }
+        let (blocks, metas): (Vec<_>, Vec<_>) = self.sched.pool().cached_blocks().into_iter().unzip();
+        let backend = &self.backend;
+        let Some(t) = self.sched.tier_mut() else { return };
+        let n = t.persist(metas, |i| {
+            let mut bytes = vec![];
+            backend.read_block(blocks[i].into(), &mut bytes).ok().map(|_| bytes)
+        });
+        info!(blocks = n, spill_file = ?t.spill_path(), "hot cache written to the spill file");
+    }
+
     /// Calibration on the first batch, before anything is written: `--calculate-kv-scales` sets the
     /// scales so that the per-layer amax of K and V maps inside the format's range; a `smooth` method
     /// takes the batch's per-channel means of K and V as its offsets.
     fn calibrate(&mut self, how: &KvCalibration, batch: &Batch) -> Result<(), EngineError> {
         let report = self.backend.calibrate(how, Some(batch))?;
+        if let Some(cfg) = self.tier_pending.take() {
+            match open_tier(&cfg, self.backend.as_ref()) {
+                Ok(t) => {
+                    self.sched.set_tier(Some(t));
+                }
+                Err(e) => warn!(error = %e, "the second KV tier could not be opened; running without it"),
+            }
+        }
         if how.scales == Scales::Measured {
             info!(dtype = %self.cfg.kv_dtype, layers = report.scales.len(), "calibrated KV scales from the first prefill");
         }

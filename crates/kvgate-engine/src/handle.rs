@@ -83,6 +83,8 @@ pub struct EngineStats {
     pub pins: usize,
     /// Pins released before their deadline (the cap, or blocks needed for real work).
     pub pins_released_early: u64,
+    /// The second tier's counters (`None`: no tier). Asking waits for the spill file's writer.
+    pub tier: Option<crate::tier::TierStats>,
 }
 
 /// What the handle sends the engine thread; one variant per request kind registers it.

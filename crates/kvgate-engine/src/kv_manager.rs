@@ -2,10 +2,21 @@
 //! next chunk (all or nothing), copy-on-write of a shared partial block, registering full blocks in the
 //! prefix cache, forking, releasing the blocks that slid out of a windowed model's reach, and release.
 //! Pure bookkeeping over integer ids.
+//!
+//! With a [`SecondTier`], every cached block the pool evicts becomes a pending spill (its bytes must be
+//! read before anything writes the block), and a prefix match continues past the hot pool into the
+//! tier: a verified hit takes a fresh block, gives it the identity, and becomes a pending restore. The
+//! engine carries both out ([`KvManager::take_tier_ops`]) before the step's copies and forward pass:
+//! spills are read first, then restores written, so a block evicted and reused within one plan is
+//! read before it is overwritten; a restore whose block is evicted again before that is dropped (the
+//! tier still holds the record).
+
+use std::sync::Arc;
 
 use kvgate_backend::BlockCopy;
 
 use crate::block_pool::{BlockId, BlockPool, BlockRef};
+use crate::tier::{BlockMeta, ChainKey, SecondTier};
 
 /// A sequence's block table and how much of it is registered in the prefix cache.
 ///
@@ -22,6 +33,8 @@ pub struct SeqBlocks {
     registered: usize,
     /// Identity of the last registered block (the parent of the next one).
     last_ref: Option<BlockRef>,
+    /// Content key of the last registered block.
+    last_chain: ChainKey,
 }
 
 impl SeqBlocks {
@@ -87,13 +100,40 @@ pub struct PrefixStats {
     pub hits: u64,
 }
 
+/// A block whose tier record must be written into it before the next forward pass.
+#[derive(Debug)]
+pub(crate) struct Restore {
+    /// The hot block.
+    pub block: BlockId,
+    /// The record's bytes.
+    pub bytes: Arc<[u8]>,
+}
+
+/// What the engine must do between planning a step and running it.
+#[derive(Debug, Default)]
+pub(crate) struct TierOps {
+    /// Evicted cached blocks to read (before anything writes them) and keep in the tier.
+    pub spills: Vec<(BlockId, BlockMeta)>,
+    /// Tier records to write into hot blocks.
+    pub restores: Vec<Restore>,
+}
+
+impl TierOps {
+    /// Nothing to do.
+    pub fn is_empty(&self) -> bool {
+        self.spills.is_empty() && self.restores.is_empty()
+    }
+}
+
 /// Tables over one pool.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct KvManager {
     pool: BlockPool,
     block_size: usize,
     prefix_caching: bool,
     stats: PrefixStats,
+    tier: Option<SecondTier>,
+    ops: TierOps,
 }
 
 impl KvManager {
@@ -104,6 +144,67 @@ impl KvManager {
             block_size,
             prefix_caching,
             stats: PrefixStats::default(),
+            tier: None,
+            ops: TierOps::default(),
+        }
+    }
+
+    /// Puts a second tier behind the pool (returning the one there was).
+    pub fn set_tier(&mut self, tier: Option<SecondTier>) -> Option<SecondTier> {
+        std::mem::replace(&mut self.tier, tier)
+    }
+
+    /// The second tier.
+    pub fn tier(&self) -> Option<&SecondTier> {
+        self.tier.as_ref()
+    }
+
+    /// The second tier, to store what spilled.
+    pub fn tier_mut(&mut self) -> Option<&mut SecondTier> {
+        self.tier.as_mut()
+    }
+
+    /// Takes the spills and restores planned so far (see the module doc).
+    pub(crate) fn take_tier_ops(&mut self) -> TierOps {
+        std::mem::take(&mut self.ops)
+    }
+
+    /// Takes a free block; a cached identity it evicts becomes a pending spill (unless the tier has it
+    /// already), and a restore still pending into that block is dropped.
+    fn allocate(&mut self) -> Option<BlockId> {
+        let (b, evicted) = self.pool.allocate_evicting()?;
+        if let Some(meta) = evicted {
+            if let Some(i) = self.ops.restores.iter().position(|r| r.block == b) {
+                self.ops.restores.swap_remove(i);
+            } else if let Some(t) = &self.tier {
+                if !t.holds(meta.key, meta.parent, &meta.tokens) {
+                    self.ops.spills.push((b, meta));
+                }
+            }
+        }
+        Some(b)
+    }
+
+    /// Continues a match past the hot pool: while the tier holds the next block and a block is free,
+    /// takes one, gives it the identity and plans its restore.
+    fn match_tier(&mut self, sb: &mut SeqBlocks, tokens: &[u32], max_blocks: usize, extra: &str) {
+        let bs = self.block_size;
+        while sb.live.len() < max_blocks.min(tokens.len() / bs) && self.pool.num_free() > 0 {
+            let i = sb.live.len();
+            let toks = &tokens[i * bs..(i + 1) * bs];
+            let key = sb.last_chain.child(toks, extra);
+            let Some(tier) = self.tier.as_mut() else { return };
+            let Some((bytes, _)) = tier.fetch(key, sb.last_chain, toks) else {
+                return;
+            };
+            let Some(b) = self.allocate() else { return };
+            let holder = self.pool.register(b, sb.last_ref, sb.last_chain, toks, extra);
+            debug_assert_eq!(holder, b, "the hot pool missed this block");
+            self.ops.restores.push(Restore { block: b, bytes });
+            sb.live.push(b);
+            sb.last_ref = self.pool.block_ref(b);
+            sb.last_chain = key;
+            sb.registered += 1;
         }
     }
 
@@ -140,10 +241,14 @@ impl KvManager {
                     self.pool.incref(b);
                     sb.live.push(b);
                     sb.last_ref = self.pool.block_ref(b);
+                    sb.last_chain = self.pool.chain_of(b).unwrap_or_default();
                     sb.registered += 1;
                 }
                 None => break,
             }
+        }
+        if self.tier.is_some() {
+            self.match_tier(&mut sb, tokens, max_blocks, extra);
         }
         if count {
             self.stats.hits += (sb.live.len() * bs) as u64;
@@ -152,25 +257,41 @@ impl KvManager {
     }
 
     /// The leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds, without
-    /// taking them: what admission ranks waiting requests by.
-    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> Vec<BlockId> {
+    /// taking them: what admission ranks waiting requests by. The second number counts the blocks past
+    /// them that the second tier holds (restorable instead of recomputed).
+    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> (Vec<BlockId>, usize) {
         let mut found = vec![];
         if !self.prefix_caching {
-            return found;
+            return (found, 0);
         }
         let bs = self.block_size;
-        let mut parent = None;
-        while found.len() < max_blocks.min(tokens.len() / bs) {
+        let max = max_blocks.min(tokens.len() / bs);
+        let (mut parent, mut chain) = (None, ChainKey::ROOT);
+        while found.len() < max {
             let n = found.len();
             match self.pool.lookup(parent, &tokens[n * bs..(n + 1) * bs], extra) {
                 Some(b) => {
                     parent = self.pool.block_ref(b);
+                    chain = self.pool.chain_of(b).unwrap_or_default();
                     found.push(b);
                 }
                 None => break,
             }
         }
-        found
+        let mut in_tier = 0;
+        if let Some(t) = &self.tier {
+            while found.len() + in_tier < max {
+                let i = found.len() + in_tier;
+                let toks = &tokens[i * bs..(i + 1) * bs];
+                let key = chain.child(toks, extra);
+                if !t.holds(key, chain, toks) {
+                    break;
+                }
+                chain = key;
+                in_tier += 1;
+            }
+        }
+        (found, in_tier)
     }
 
     /// New blocks needed so that `computed..upto` can be written (including one for copy-on-write).
@@ -199,7 +320,7 @@ impl KvManager {
             // needs_cow found the block live, so it is past `released`
             let i = computed / bs - sb.released;
             let src = sb.live[i];
-            let dst = self.pool.allocate().expect("checked free count");
+            let dst = self.allocate().expect("checked free count");
             copies.push(BlockCopy {
                 src: src.into(),
                 dst: dst.into(),
@@ -208,7 +329,7 @@ impl KvManager {
             sb.live[i] = dst;
         }
         while sb.len() < upto.div_ceil(bs) {
-            let b = self.pool.allocate().expect("checked free count");
+            let b = self.allocate().expect("checked free count");
             sb.live.push(b);
         }
         true
@@ -228,11 +349,14 @@ impl KvManager {
             let Some(b) = sb.get(i) else {
                 return;
             };
-            let holder = self.pool.register(b, sb.last_ref, &tokens[i * bs..(i + 1) * bs], extra);
+            let holder = self
+                .pool
+                .register(b, sb.last_ref, sb.last_chain, &tokens[i * bs..(i + 1) * bs], extra);
             if decision && holder == b {
                 self.pool.mark_decision_warmed(b);
             }
             sb.last_ref = self.pool.block_ref(holder);
+            sb.last_chain = self.pool.chain_of(holder).unwrap_or_default();
             sb.registered += 1;
         }
     }

@@ -30,6 +30,7 @@ mod requests;
 mod sampling;
 mod scheduler;
 mod text;
+pub mod tier;
 
 #[cfg(test)]
 mod scheduler_fuzz;
@@ -50,3 +51,4 @@ pub use request::{
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;
+pub use tier::{TierConfig, TierStats};

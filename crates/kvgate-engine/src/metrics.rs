@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use crate::scheduler::Scheduler;
+use crate::tier::TierStats;
 
 /// Gauge: running requests.
 pub const RUNNING: &str = "kvgate:num_requests_running";
@@ -52,13 +53,43 @@ pub const GRAMMAR_MASKS: &str = "kvgate:grammar_masks_total";
 pub const GRAMMAR_MASK_SECONDS: &str = "kvgate:grammar_mask_seconds_total";
 /// Output tokens a grammar forced (appended without sampling).
 pub const GRAMMAR_FORCED_TOKENS: &str = "kvgate:grammar_forced_tokens_total";
-/// Every histogram name (the exporter gives them buckets).
 /// Blocks held by session retention (decisions' states, completions with a session hint).
 pub const RETAINED_BLOCKS: &str = "kvgate:kv_cache_retained_blocks";
 /// Retained states taken over by their session's next turn.
 pub const SESSION_TURNS_KEPT: &str = "kvgate:session_turns_kept_total";
 /// Pins (retention or keep_alive) released before their deadline to make room.
 pub const PINS_RELEASED_EARLY: &str = "kvgate:pins_released_early_total";
+/// Counter: cached blocks that left the hot pool, by `reason` (`lru`: an unretained cached block was
+/// reused; `retention_released`: a retention or keep_alive pin gave way before its deadline, counted per
+/// pin).
+pub const EVICTIONS: &str = "kvgate:kv_cache_evictions_total";
+/// Counter: prompt tokens found in the cache, by `tier` (`hot`, `memory`, `disk`).
+pub const HITS_BY_TIER: &str = "kvgate:prefix_cache_hits_by_tier_total";
+/// Counter: blocks found in the cache, by `tier`.
+pub const HIT_BLOCKS_BY_TIER: &str = "kvgate:prefix_cache_hit_blocks_by_tier_total";
+/// Gauge: records in the second tier, by `tier` (`memory`, `disk`).
+pub const TIER_BLOCKS: &str = "kvgate:kv_tier_blocks";
+/// Gauge: bytes the second tier holds, by `tier`.
+pub const TIER_BYTES: &str = "kvgate:kv_tier_bytes";
+/// Counter: blocks evicted from the hot pool and stored in the second tier.
+pub const TIER_STORED: &str = "kvgate:kv_tier_stored_blocks_total";
+/// Counter: records pushed out of the second tier, by `tier`.
+pub const TIER_EVICTIONS: &str = "kvgate:kv_tier_evictions_total";
+/// Counter: records that failed a check when read from the spill file (dropped, never served).
+pub const TIER_REJECTED: &str = "kvgate:kv_tier_rejected_records_total";
+/// Counter: blocks restored from the second tier into the hot pool.
+pub const TIER_RESTORED: &str = "kvgate:kv_tier_restored_blocks_total";
+/// Counter: bytes restored (÷ restore seconds = the restore rate).
+pub const TIER_RESTORE_BYTES: &str = "kvgate:kv_tier_restore_bytes_total";
+/// Counter (float, a gauge that only grows): seconds the engine spent writing restored blocks.
+pub const TIER_RESTORE_SECONDS: &str = "kvgate:kv_tier_restore_seconds_total";
+/// Counter (float): seconds the engine spent reading evicted blocks out for the tier.
+pub const TIER_SPILL_SECONDS: &str = "kvgate:kv_tier_spill_seconds_total";
+/// Counter: prompt tokens of completions with a session hint (`prompt_cache_key`, `X-Session-ID`).
+pub const SESSION_PROMPT_TOKENS: &str = "kvgate:session_prompt_tokens_total";
+/// Counter: of those, tokens found in the cache (÷ the above = the sessions' follow-up hit rate).
+pub const SESSION_CACHED_TOKENS: &str = "kvgate:session_cached_tokens_total";
+/// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 
 /// Records the engine's series under one `model_name` label.
@@ -68,15 +99,26 @@ pub(crate) struct Recorder {
     last_preemptions: u64,
     /// (session turns kept, pins released early) as last reported.
     last_pins: (u64, u64),
+    last_evictions: u64,
+    last_tier: TierStats,
+    block_size: u64,
+    /// Seconds spent restoring and spilling (reported as totals).
+    restore_seconds: f64,
+    spill_seconds: f64,
 }
 
 impl Recorder {
-    pub(crate) fn new(model_name: &str) -> Recorder {
+    pub(crate) fn new(model_name: &str, block_size: usize) -> Recorder {
         Recorder {
             label: [("model_name", model_name.to_string())],
             last_prefix: (0, 0),
             last_preemptions: 0,
             last_pins: (0, 0),
+            last_evictions: 0,
+            last_tier: TierStats::default(),
+            block_size: block_size as u64,
+            restore_seconds: 0.0,
+            spill_seconds: 0.0,
         }
     }
 
@@ -89,6 +131,7 @@ impl Recorder {
         metrics::gauge!(KV_USAGE, l).set(c.used as f64 / c.total.max(1) as f64);
         metrics::gauge!(KV_CACHED_FREE, l).set(c.cached_free as f64);
         let p = sched.prefix_stats();
+        let prev_prefix = self.last_prefix;
         metrics::counter!(PREFIX_QUERIES, l).increment(p.queries - self.last_prefix.0.min(p.queries));
         metrics::counter!(PREFIX_HITS, l).increment(p.hits - self.last_prefix.1.min(p.hits));
         self.last_prefix = (p.queries, p.hits);
@@ -100,7 +143,48 @@ impl Recorder {
         metrics::counter!(SESSION_TURNS_KEPT, l).increment(kept - self.last_pins.0.min(kept));
         let early = sched.pins_released_early();
         metrics::counter!(PINS_RELEASED_EARLY, l).increment(early - self.last_pins.1.min(early));
+        let reason = |r: &'static str| [l[0].clone(), ("reason", r.to_string())];
+        metrics::counter!(EVICTIONS, &reason("retention_released")).increment(early - self.last_pins.1.min(early));
         self.last_pins = (kept, early);
+        let ev = sched.pool().evictions();
+        metrics::counter!(EVICTIONS, &reason("lru")).increment(ev - self.last_evictions.min(ev));
+        self.last_evictions = ev;
+        let t = sched.tier().map(|t| t.stats()).unwrap_or_default();
+        let last = std::mem::replace(&mut self.last_tier, t);
+        let d = |now: u64, then: u64| now - then.min(now);
+        let tier = |name: &'static str| [l[0].clone(), ("tier", name.to_string())];
+        let (hm, hd) = (d(t.hits_memory, last.hits_memory), d(t.hits_disk, last.hits_disk));
+        let hot_tokens = d(p.hits, prev_prefix.1).saturating_sub((hm + hd) * self.block_size);
+        metrics::counter!(HITS_BY_TIER, &tier("hot")).increment(hot_tokens);
+        metrics::counter!(HIT_BLOCKS_BY_TIER, &tier("hot")).increment(hot_tokens / self.block_size.max(1));
+        for (name, blocks) in [("memory", hm), ("disk", hd)] {
+            metrics::counter!(HITS_BY_TIER, &tier(name)).increment(blocks * self.block_size);
+            metrics::counter!(HIT_BLOCKS_BY_TIER, &tier(name)).increment(blocks);
+        }
+        metrics::counter!(TIER_RESTORED, l).increment(hm + hd);
+        metrics::counter!(TIER_STORED, l).increment(d(t.stored, last.stored));
+        metrics::counter!(TIER_EVICTIONS, &tier("memory")).increment(d(t.dropped_memory, last.dropped_memory));
+        metrics::counter!(TIER_EVICTIONS, &tier("disk")).increment(d(t.dropped_disk, last.dropped_disk));
+        metrics::counter!(TIER_REJECTED, l).increment(d(t.spill.rejected, last.spill.rejected));
+        metrics::gauge!(TIER_BLOCKS, &tier("memory")).set(t.memory_blocks as f64);
+        metrics::gauge!(TIER_BLOCKS, &tier("disk")).set(t.disk_blocks as f64);
+        metrics::gauge!(TIER_BYTES, &tier("memory")).set(t.memory_bytes as f64);
+        metrics::gauge!(TIER_BYTES, &tier("disk")).set(t.disk_bytes as f64);
+        metrics::gauge!(TIER_RESTORE_SECONDS, l).set(self.restore_seconds);
+        metrics::gauge!(TIER_SPILL_SECONDS, l).set(self.spill_seconds);
+    }
+
+    /// The engine wrote `bytes` of restored blocks in `secs`, and read spilled ones out in `spill_secs`.
+    pub(crate) fn tier_io(&mut self, bytes: u64, secs: f64, spill_secs: f64) {
+        metrics::counter!(TIER_RESTORE_BYTES, &self.label).increment(bytes);
+        self.restore_seconds += secs;
+        self.spill_seconds += spill_secs;
+    }
+
+    /// A completion with a session hint was admitted with `cached` of its `prompt` tokens found.
+    pub(crate) fn session_turn(&self, prompt: usize, cached: usize) {
+        metrics::counter!(SESSION_PROMPT_TOKENS, &self.label).increment(prompt as u64);
+        metrics::counter!(SESSION_CACHED_TOKENS, &self.label).increment(cached as u64);
     }
 
     /// A request was admitted (queue time; prompt tokens of a completion found in decision-warmed blocks).

@@ -6,6 +6,11 @@
 //! and preemption can never make a sequence read someone else's K/V. After every operation the pool's
 //! reference counts must equal the number of tables holding each block; when everything ends, every
 //! block is free or cached.
+//!
+//! Half the runs put a second tier (host memory, sometimes a spill file) behind the pool: the
+//! simulation carries out each plan's spills (reading the simulated block) and restores (writing it)
+//! before its copies, as the engine does, so the same read-back check proves that a restored block
+//! holds exactly the prefix it is matched for.
 
 use std::collections::HashMap;
 
@@ -16,6 +21,7 @@ use crate::block_pool::{BlockPool, BlockRef};
 use crate::decision::PinKind;
 use crate::registry::{GroupId, SeqId};
 use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig};
+use crate::tier::{SecondTier, TierConfig};
 
 fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
     let mut h: u64 = 1469598103934665603;
@@ -38,10 +44,19 @@ struct Sim {
     forked: HashMap<GroupId, bool>,
     clock: u64,
     finished_groups: usize,
+    restored: u64,
 }
 
 fn constant_hash(_: Option<BlockRef>, _: &[u32], _: &str) -> u64 {
     1
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if let Some(dir) = self.s.tier().and_then(|t| t.spill_path()).and_then(|p| p.parent()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 impl Sim {
@@ -66,6 +81,16 @@ impl Sim {
             // cache-aware admission, sometimes with a bound the simulation's clock reaches
             s.set_admission(Admission::cache_aware(rng.random_range(1..200)));
         }
+        if rng.random_bool(0.5) {
+            let disk = rng.random_bool(0.3);
+            let dir = std::env::temp_dir().join(format!("kvgate-fuzz-{}-{seed}-{collide}", std::process::id()));
+            let cfg = TierConfig {
+                memory_bytes: rng.random_range(0..40) * bs as u64 * 8,
+                dir: disk.then_some(dir),
+                disk_bytes: rng.random_range(0..400) * bs as u64 * 8,
+            };
+            s.set_tier(Some(SecondTier::open(&cfg, bs, bs * 8, seed).unwrap()));
+        }
         Sim {
             rng,
             s,
@@ -76,6 +101,7 @@ impl Sim {
             forked: HashMap::new(),
             clock: 0,
             finished_groups: 0,
+            restored: 0,
         }
     }
 
@@ -139,6 +165,25 @@ impl Sim {
         }
         for (g, _) in &plan.failed {
             self.kind.remove(g);
+        }
+        // the tier first (spilled blocks read, then restored ones written), as the engine does
+        let ops = self.s.take_tier_ops();
+        let bs = self.bs;
+        let mut spilled = vec![];
+        for (b, meta) in ops.spills {
+            let slots = &self.cache[b.index() * bs..(b.index() + 1) * bs];
+            spilled.push((meta, slots.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()));
+        }
+        for r in ops.restores {
+            for (o, x) in r.bytes.chunks_exact(8).enumerate() {
+                self.cache[r.block.index() * bs + o] = u64::from_le_bytes(x.try_into().unwrap());
+            }
+            self.restored += 1;
+        }
+        if let Some(t) = self.s.tier_mut() {
+            for (meta, bytes) in spilled {
+                t.store(meta, bytes);
+            }
         }
         // copies first, then every chunk checks its past and writes its tokens
         let snapshot = self.cache.clone();
@@ -288,7 +333,7 @@ impl Sim {
 
 #[test]
 fn randomized_invariants() {
-    let (mut total, mut preemptions, mut hits, mut evictions) = (0, 0, 0, 0);
+    let (mut total, mut preemptions, mut hits, mut evictions, mut restored) = (0, 0, 0, 0, 0);
     for seed in 0..60 {
         let mut sim = Sim::new(seed, false);
         sim.run(5_000);
@@ -296,7 +341,13 @@ fn randomized_invariants() {
         preemptions += sim.s.preemptions();
         hits += sim.s.prefix_stats().hits;
         evictions += sim.s.pool().evictions();
+        restored += sim.restored;
+        if let Some(t) = sim.s.tier_mut() {
+            t.flush();
+            t.check_invariants();
+        }
     }
+    assert!(restored > 1000, "blocks restored from the tier: {restored}");
     // The simulation must exercise what it claims to.
     assert!(total > 1000, "finished requests: {total}");
     assert!(preemptions > 100, "preemptions: {preemptions}");

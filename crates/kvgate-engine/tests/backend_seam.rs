@@ -53,6 +53,15 @@ impl Backend for Recording {
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
         self.inner.copy_blocks(copies)
     }
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), BackendError> {
+        self.inner.read_block(block, out)
+    }
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
+        self.inner.write_block(block, bytes)
+    }
+    fn kv_fingerprint(&self) -> u64 {
+        self.inner.kv_fingerprint()
+    }
     fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {
         self.seen.lock().unwrap().push(batch.outputs.clone());
         let mut per = vec![0; batch.tables.len()];

@@ -34,6 +34,18 @@ pub enum KvError {
         /// The layer whose scales were to change.
         layer: usize,
     },
+    /// Bytes given for a block do not have the block's size, or name a block beyond the cache.
+    #[error("block {block}: {got} bytes given, a block of this cache is {expected} bytes (of {num_blocks} blocks)")]
+    BlockBytes {
+        /// The block.
+        block: usize,
+        /// Blocks in the cache.
+        num_blocks: usize,
+        /// Bytes one block takes.
+        expected: usize,
+        /// Bytes given.
+        got: usize,
+    },
     /// A layer index beyond the cache's layers.
     #[error("the KV cache has no layer {0}")]
     NoLayer(usize),

@@ -29,6 +29,22 @@ pub struct CpuBackend {
     cache: KvCache,
     settings: CpuSettings,
     budget_bytes: u64,
+    /// xxh3 of the model's configuration and embedding (see [`model_fingerprint`]).
+    model_fingerprint: u64,
+}
+
+/// A fingerprint of the model: its configuration, token embedding and final norm, hashed once.
+fn model_fingerprint(model: &Model) -> u64 {
+    use xxhash_rust::xxh3::Xxh3;
+    let mut h = Xxh3::new();
+    h.update(format!("{:?}", model.config()).as_bytes());
+    let w = model.weights();
+    for xs in [&w.embed.rows, &w.final_norm] {
+        for x in xs.iter() {
+            h.update(&x.to_le_bytes());
+        }
+    }
+    h.digest()
 }
 
 /// The name of the CPU's fast path.
@@ -38,10 +54,11 @@ impl CpuBackend {
     /// A backend running `model` over a zeroed cache of `num_blocks` blocks of `shape`.
     pub fn new(model: Model, shape: CacheShape, num_blocks: usize) -> CpuBackend {
         CpuBackend {
-            model,
             cache: KvCache::new(shape, num_blocks),
             settings: CpuSettings::default(),
             budget_bytes: num_blocks as u64 * shape.bytes_per_block() as u64,
+            model_fingerprint: model_fingerprint(&model),
+            model,
         }
     }
 
@@ -55,10 +72,11 @@ impl CpuBackend {
     ) -> Result<CpuBackend, BackendError> {
         let (num_blocks, budget_bytes) = memory.resolve(&shape, Self::default_kv_memory)?;
         Ok(CpuBackend {
-            model,
             cache: KvCache::new(shape, num_blocks),
             settings,
             budget_bytes,
+            model_fingerprint: model_fingerprint(&model),
+            model,
         })
     }
 
@@ -185,6 +203,21 @@ impl Backend for CpuBackend {
             self.cache.copy_block(c.src as usize, c.dst as usize);
         }
         Ok(())
+    }
+
+    fn read_block(&self, block: u32, out: &mut Vec<u8>) -> Result<(), BackendError> {
+        Ok(self.cache.read_block(block as usize, out)?)
+    }
+
+    fn write_block(&mut self, block: u32, bytes: &[u8]) -> Result<(), BackendError> {
+        Ok(self.cache.write_block(block as usize, bytes)?)
+    }
+
+    fn kv_fingerprint(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&self.model_fingerprint.to_le_bytes());
+        h.update(&self.cache.params_bytes());
+        h.digest()
     }
 
     fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {

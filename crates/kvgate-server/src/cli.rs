@@ -10,13 +10,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use kvgate_engine::{metrics as m, Admission, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory};
+use kvgate_engine::{
+    metrics as m, Admission, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory, TierConfig,
+};
 use kvgate_kv::{CacheShape, KvError};
 use kvgate_model::{load, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
-use crate::config::{self, Activations, AdmissionPolicy, Args, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat};
+use crate::config::{
+    self, Activations, AdmissionPolicy, Args, ByteSize, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat,
+};
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::{AppState, ServedModel};
 use crate::{app, default_model};
@@ -297,6 +301,11 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
             AdmissionPolicy::CacheAware => Admission::cache_aware((args.admission_max_wait * 1000.0) as u64),
             AdmissionPolicy::Fifo => Admission::default(),
         },
+        tier: TierConfig {
+            memory_bytes: args.kv_offload_memory.map_or(0, ByteSize::bytes),
+            dir: args.kv_offload_dir.clone(),
+            disk_bytes: args.kv_offload_disk.bytes(),
+        },
     };
     let eos_token_ids = loaded.eos_token_ids.clone();
     let engine = kvgate_engine::start_with_backend(backend, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
@@ -453,6 +462,7 @@ async fn run(args: Args) -> Result<(), StartError> {
     );
     info!("kvgate {} listening on http://{local}", env!("CARGO_PKG_VERSION"));
     let timeout = Duration::from_secs(shutdown_timeout);
+    let engine = built.state.engine.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = crate::listen::serve(listener, built.router, conn_limits, async move {
         shutdown_signal().await;
@@ -472,6 +482,12 @@ async fn run(args: Args) -> Result<(), StartError> {
     tokio::select! {
         _ = server => {}
         _ = deadline => warn!("shutdown timeout reached with requests still in flight; exiting"),
+    }
+    // the engine writes its hot cache to the spill file (with --kv-offload-dir) before it stops
+    engine.shutdown();
+    let t0 = std::time::Instant::now();
+    while engine.is_alive() && t0.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     info!("kvgate stopped");
     Ok(())

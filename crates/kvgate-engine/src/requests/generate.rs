@@ -338,6 +338,10 @@ impl RequestKind for GenState {
         true
     }
 
+    fn session_prompt(&self) -> Option<usize> {
+        self.retain.is_some().then_some(self.prompt.len())
+    }
+
     fn guides<'a>(&'a mut self, seqs: &[SeqId], out: &mut Vec<&'a mut GuideState>) {
         for (s, c) in self.choices.iter_mut() {
             if let (true, Some(gd)) = (seqs.contains(s), c.guide.as_mut()) {

@@ -43,6 +43,12 @@ pub(crate) trait RequestKind: Send {
         false
     }
 
+    /// Its prompt's length when it carries a session hint (a turn of a session whose next turn is
+    /// expected).
+    fn session_prompt(&self) -> Option<usize> {
+        None
+    }
+
     /// The grammar states of its sequences among `seqs` (those that sample after this step's forward
     /// pass), for computing their masks alongside it.
     fn guides<'a>(&'a mut self, _seqs: &[SeqId], _out: &mut Vec<&'a mut GuideState>) {}

@@ -64,13 +64,14 @@ impl Scheduler {
             .is_ok_and(|grp| self.now.saturating_sub(grp.arrived) >= self.admission.max_wait_ms)
     }
 
-    /// The full blocks of `g`'s first sequence the prefix cache holds now.
-    fn warm_blocks(&self, g: GroupId) -> Vec<crate::block_pool::BlockId> {
+    /// The full blocks of `g`'s first sequence the prefix cache holds now, and how many more past them
+    /// the second tier holds.
+    fn warm_blocks(&self, g: GroupId) -> (Vec<crate::block_pool::BlockId>, usize) {
         let Some(&sid) = self.group_seqs(g).first() else {
-            return vec![];
+            return (vec![], 0);
         };
         let (Ok(s), Ok(grp)) = (self.reg.seq(sid), self.reg.group(g)) else {
-            return vec![];
+            return (vec![], 0);
         };
         self.kv.probe_prefix(&s.tokens, self.matchable_blocks(s), &grp.salt)
     }
@@ -78,7 +79,7 @@ impl Scheduler {
     /// The index in `waiting` of the group to admit next. In arrival order, the front. Cache-aware,
     /// among the first `scan`: a session's next turn first (it would take a retained state over:
     /// cheap, and the state may not be there later), then the oldest starving group, then the warmest
-    /// (earliest among equals).
+    /// (blocks in the hot pool or the second tier; earliest among equals).
     pub(super) fn pick_waiting(&self) -> Option<usize> {
         self.waiting.front()?;
         if !self.admission.cache_aware {
@@ -87,15 +88,15 @@ impl Scheduler {
         let mut warmest = (0, 0);
         let mut starving = None;
         for (i, &g) in self.waiting.iter().take(self.admission.scan).enumerate() {
-            let warm = self.warm_blocks(g);
+            let (warm, in_tier) = self.warm_blocks(g);
             if !warm.is_empty() && self.pins.any_session_over(&warm) {
                 return Some(i);
             }
             if starving.is_none() && self.starving(g) {
                 starving = Some(i);
             }
-            if warm.len() > warmest.1 {
-                warmest = (i, warm.len());
+            if warm.len() + in_tier > warmest.1 {
+                warmest = (i, warm.len() + in_tier);
             }
         }
         Some(starving.unwrap_or(warmest.0))

@@ -32,15 +32,16 @@ pub(crate) use update::StepUpdate;
 
 use crate::block_pool::{BlockId, BlockPool};
 use crate::decision::{PinKind, Pins};
-use crate::kv_manager::{KvManager, PrefixStats};
+use crate::kv_manager::{KvManager, PrefixStats, TierOps};
 #[cfg(test)]
 use crate::registry::Seq;
 use crate::registry::{GroupId, GroupKind, Registry, SchedError, SeqId};
+use crate::tier::SecondTier;
 
 type Result<T> = std::result::Result<T, SchedError>;
 
 /// The scheduler and everything it owns: the sequences, the block tables, the pool, the queues, the pins.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Scheduler {
     cfg: SchedulerConfig,
     kv: KvManager,
@@ -102,6 +103,26 @@ impl Scheduler {
     /// Prefix-cache counters.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.kv.stats()
+    }
+
+    /// Puts a second tier behind the pool (returning the one there was).
+    pub fn set_tier(&mut self, tier: Option<SecondTier>) -> Option<SecondTier> {
+        self.kv.set_tier(tier)
+    }
+
+    /// The second tier.
+    pub fn tier(&self) -> Option<&SecondTier> {
+        self.kv.tier()
+    }
+
+    /// The second tier, to store what spilled.
+    pub fn tier_mut(&mut self) -> Option<&mut SecondTier> {
+        self.kv.tier_mut()
+    }
+
+    /// The spills and restores the plans so far need before their forward pass.
+    pub(crate) fn take_tier_ops(&mut self) -> TierOps {
+        self.kv.take_tier_ops()
     }
 
     /// Preemptions so far.

@@ -38,6 +38,20 @@ impl Buf {
         }
     }
 
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        fn cast<T>(v: &mut [T]) -> &mut [u8] {
+            // SAFETY: f32/f16/bf16 are plain old data without padding and every bit pattern is a valid
+            // value; the length is the exact byte size of the slice.
+            unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+        }
+        match self {
+            Buf::F32(v) => cast(v),
+            Buf::F16(v) => cast(v),
+            Buf::BF16(v) => cast(v),
+            Buf::Bytes(v) => v,
+        }
+    }
+
     /// The raw bytes of the buffer (for byte-level comparisons with other implementations).
     pub fn as_bytes(&self) -> &[u8] {
         fn cast<T>(v: &[T]) -> &[u8] {
@@ -438,6 +452,64 @@ impl KvCache {
                 lc.write_vector(Which::V, block, h, tok, &rv);
             }
         }
+    }
+
+    /// Appends block `b`'s bytes to `out`: every layer's K block then V block, as stored (bitwise; what
+    /// [`KvCache::write_block`] takes back). `b` must be below [`KvCache::num_blocks`].
+    pub fn read_block(&self, b: usize, out: &mut Vec<u8>) -> Result<(), KvError> {
+        self.check_block(b, self.shape.bytes_per_block())?;
+        let n = self.shape.layer_block_bytes();
+        for l in &self.layers {
+            for buf in [&l.k, &l.v] {
+                out.extend_from_slice(&buf.as_bytes()[b * n..(b + 1) * n]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites block `b` with bytes [`KvCache::read_block`] gave (exactly
+    /// [`CacheShape::bytes_per_block`] of them; anything else is refused with nothing written). The
+    /// scales count as used from then on.
+    pub fn write_block(&mut self, b: usize, bytes: &[u8]) -> Result<(), KvError> {
+        self.check_block(b, bytes.len())?;
+        self.written = true;
+        let n = self.shape.layer_block_bytes();
+        let mut src = bytes.chunks_exact(n);
+        for l in &mut self.layers {
+            for buf in [&mut l.k, &mut l.v] {
+                let part = src.next().expect("length checked");
+                buf.as_bytes_mut()[b * n..(b + 1) * n].copy_from_slice(part);
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block(&self, b: usize, got: usize) -> Result<(), KvError> {
+        let expected = self.shape.bytes_per_block();
+        if b >= self.num_blocks || got != expected {
+            return Err(KvError::BlockBytes {
+                block: b,
+                num_blocks: self.num_blocks,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// Everything a block's bytes depend on besides the tokens and the model, as bytes to hash: the
+    /// shape (dtype, method, block and head sizes), every layer's scales and offsets, the rotation.
+    pub fn params_bytes(&self) -> Vec<u8> {
+        let mut out = format!("{:?}", self.shape).into_bytes();
+        for l in &self.layers {
+            for x in [l.k_scale, l.v_scale].iter().chain(&l.k_offset).chain(&l.v_offset) {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        for s in &self.signs {
+            out.extend_from_slice(&s.to_le_bytes());
+        }
+        out
     }
 
     /// Copies block `src` over block `dst` in every layer (copy-on-write of a shared partial block).

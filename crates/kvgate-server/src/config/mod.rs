@@ -129,6 +129,23 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_RETAINED_BLOCKS")]
     pub max_retained_blocks: Option<usize>,
 
+    /// Host memory for a second KV tier: cached blocks evicted from the KV cache are kept there (the
+    /// same bytes) and restored instead of recomputed when a prompt needs them again ("4GiB", or a
+    /// number; 0: none) [default: 0]
+    #[arg(long, env = "KVGATE_KV_OFFLOAD_MEMORY")]
+    pub kv_offload_memory: Option<ByteSize>,
+
+    /// Directory for the second tier's spill file (kvgate-kv-spill.bin): what host memory pushes out
+    /// (or every evicted block, without --kv-offload-memory) is written there by a background thread;
+    /// records are checksummed and fingerprinted, so a later run over the same model and cache restores
+    /// from it and never serves a torn or foreign record
+    #[arg(long, env = "KVGATE_KV_OFFLOAD_DIR")]
+    pub kv_offload_dir: Option<std::path::PathBuf>,
+
+    /// Most bytes the spill file in --kv-offload-dir may take
+    #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
+    pub kv_offload_disk: ByteSize,
+
     /// Waiting-queue policy: cache-aware (warm prefixes first; cold prefills do not evict retained
     /// states until --admission-max-wait) or fifo
     #[arg(long, env = "KVGATE_ADMISSION", default_value = "cache-aware", value_parser = values::parse_setting::<AdmissionPolicy>)]
