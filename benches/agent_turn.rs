@@ -12,8 +12,16 @@
 //!    60 s; systemone on the defaults (session retention, cache-aware admission) — the follow-ups'
 //!    cached-token share, failed requests (with their status) and the wall time.
 //!
-//! `cargo bench --bench agent_turn` prints the tables (~20 minutes on 2 cores; `AGENT_TURN_PARTS=two`
-//! runs only the second, `AGENT_TURN_ARMS=defaults` only the arms whose name holds the word).
+//! 3. Staggered, multi-turn sessions: 8/16/32/64 conversations (~500-token states) arriving 250 ms
+//!    apart over a cache that holds 4 of them, each running two turns (decision, then follow-up; the
+//!    second turn's state is the first's plus the reply and a new user message). Per arm — today's
+//!    policy, the defaults, the defaults with a second tier in host memory (`--kv-offload-memory 4GiB`)
+//!    — the follow-ups' cached share, the per-session hit rate (lowest and median), p50/p99 decision
+//!    and follow-up latency, failed requests and the wall time.
+//!
+//! `cargo bench --bench agent_turn` prints the tables (~40 minutes on 2 cores; `AGENT_TURN_PARTS=two`
+//! runs only the second, `AGENT_TURN_ARMS=defaults` only the arms whose name holds the word,
+//! `AGENT_TURN_SIZES=8,32` only those session counts of part three).
 
 use std::time::Instant;
 
@@ -266,9 +274,150 @@ fn part_two(rows: &mut Vec<String>) {
     }
 }
 
+/// One session's record: per turn (decision s, follow-up s, cached, prompt, statuses ok).
+type Turns = Vec<(f64, f64, u64, u64, bool)>;
+
+/// A session of `turns` turns starting after `delay`: decision over the state, follow-up over the same
+/// state, then the reply and a new user message extend the state.
+fn session(port: u16, id: usize, chars: usize, turns: usize, delay: std::time::Duration) -> Turns {
+    std::thread::sleep(delay);
+    let mut msgs = conversation(id, chars);
+    let mut out = vec![];
+    for t in 0..turns {
+        let t0 = Instant::now();
+        let (st, _) = post_status(
+            port,
+            "/v1/systemone",
+            &json!({"state": msgs, "questions": decision_questions(1)}),
+        );
+        let decided = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let (st2, r) = follow_up(port, &msgs);
+        let (c, p) = cached(&r);
+        out.push((decided, t1.elapsed().as_secs_f64(), c, p, st == 200 && st2 == 200));
+        let reply = r["choices"][0]["message"]["content"].as_str().unwrap_or("").to_string();
+        let m = msgs.as_array_mut().unwrap();
+        m.push(json!({"role": "assistant", "content": reply}));
+        m.push(json!({"role": "user", "content": format!("Thanks. Next question {t}: what about entry {}?", t + 3)}));
+    }
+    out
+}
+
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn part_three(rows: &mut Vec<String>) {
+    // ~500-token states, two turns: ~40 blocks of 16 a session at its second turn; room for 4
+    let (chars, turns, states) = (1800, 2, 4);
+    let blocks = (states * 40).to_string();
+    let only = std::env::var("AGENT_TURN_ARMS").ok();
+    let wanted = |name: &str| only.as_deref().is_none_or(|w| name.contains(w));
+    let sizes: Vec<usize> = std::env::var("AGENT_TURN_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![8, 16, 32, 64]);
+    let today = ["--session-window", "0", "--admission", "fifo", "--decode-floor", "0"];
+    let tier = ["--kv-offload-memory", "4GiB"];
+    let arms: [(&str, &[&str]); 3] = [
+        ("today: arrival order, no retention", &today),
+        ("defaults: retention + cache-aware admission", &[]),
+        ("defaults + second tier (4 GiB host memory)", &tier),
+    ];
+    let mut id = 10_000;
+    for &n in &sizes {
+        for (name, extra) in arms {
+            if !wanted(name) {
+                continue;
+            }
+            let mut a = vec!["--num-kv-blocks", blocks.as_str()];
+            a.extend_from_slice(extra);
+            let main = common::start(&a);
+            post(main.1, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 2}));
+            id += 1000;
+            let t0 = Instant::now();
+            let all: Vec<Turns> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..n)
+                    .map(|i| {
+                        let port = main.1;
+                        sc.spawn(move || {
+                            session(port, id + i, chars, turns, std::time::Duration::from_millis(250 * i as u64))
+                        })
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let wall = t0.elapsed().as_secs_f64();
+            let flat: Vec<_> = all.iter().flatten().collect();
+            let (c, p) = flat.iter().fold((0, 0), |a, x| (a.0 + x.2, a.1 + x.3));
+            let failed = flat.iter().filter(|x| !x.4).count();
+            let mut per: Vec<f64> = all
+                .iter()
+                .map(|s| {
+                    let (c, p) = s.iter().fold((0, 0), |a, x| (a.0 + x.2, a.1 + x.3));
+                    c as f64 / p.max(1) as f64
+                })
+                .collect();
+            let (lo, med) = (percentile(&mut per, 0.0), percentile(&mut per, 0.5));
+            let mut dec: Vec<f64> = flat.iter().map(|x| x.0).collect();
+            let mut fol: Vec<f64> = flat.iter().map(|x| x.1).collect();
+            let restored = common::metric(main.1, "kvgate:kv_tier_restored_blocks_total");
+            let secs = common::metric(main.1, "kvgate:kv_tier_restore_seconds_total");
+            let rate = common::metric(main.1, "kvgate:kv_tier_restore_bytes_total") / secs.max(1e-9);
+            if restored > 0.0 {
+                // restore against re-prefill, per 1,000 tokens: a cold ~1,000-token prompt's time to
+                // its one token on the same server, now
+                let t = Instant::now();
+                let r = post(
+                    main.1,
+                    "/v1/completions",
+                    &json!({"prompt": state_text(id + 999, 3550), "max_tokens": 1}),
+                );
+                let prefill = t.elapsed().as_secs_f64() / r["usage"]["prompt_tokens"].as_f64().unwrap_or(1.0) * 1000.0;
+                let restore = secs / (restored * 16.0) * 1000.0;
+                println!(
+                    "restore {:.2} ms per 1,000 tokens against re-prefill {:.0} ms ({:.3}%)",
+                    restore * 1e3,
+                    prefill * 1e3,
+                    100.0 * restore / prefill
+                );
+            }
+            rows.push(format!(
+                "| {n} ({:.0}x) | {name} | {:.1}% | {:.0}% / {:.0}% | {:.1} / {:.1} s | {:.1} / {:.1} s | {failed} of {} | {wall:.0} s | {} |",
+                n as f64 / states as f64,
+                100.0 * c as f64 / p.max(1) as f64,
+                100.0 * lo,
+                100.0 * med,
+                percentile(&mut dec, 0.5),
+                percentile(&mut dec, 0.99),
+                percentile(&mut fol, 0.5),
+                percentile(&mut fol, 0.99),
+                2 * n * turns,
+                if restored > 0.0 {
+                    format!("{restored:.0} blocks at {:.1} GB/s", rate / 1e9)
+                } else {
+                    "-".into()
+                }
+            ));
+            println!("{}", rows.last().unwrap());
+        }
+    }
+}
+
 fn main() {
     // AGENT_TURN_PARTS=two runs only the 32-conversation table
-    let parts = std::env::var("AGENT_TURN_PARTS").unwrap_or_else(|_| "one,two".into());
+    let parts = std::env::var("AGENT_TURN_PARTS").unwrap_or_else(|_| "one,two,three".into());
+    if parts.contains("three") {
+        let mut three = vec![];
+        println!("\nstaggered sessions (250 ms apart), 2 turns each, ~500-token states, cache of 4 states (160 blocks)\n");
+        println!("| sessions (x cache) | arm | follow-ups' cached share | per-session hit rate (lowest / median) | decision p50 / p99 | follow-up p50 / p99 | requests failed | wall | restored |\n|---|---|---|---|---|---|---|---|---|");
+        part_three(&mut three);
+        println!("\n(table above, rows as they finished)");
+    }
     if parts.contains("one") {
         let mut one = vec![];
         part_one(&mut one);
@@ -282,6 +431,7 @@ fn main() {
     if !parts.contains("two") {
         return;
     }
+    // (part three, when asked, ran first: its rows are printed as they finish)
     let mut two = vec![];
     part_two(&mut two);
     println!(

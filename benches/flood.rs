@@ -54,7 +54,9 @@ fn run(floor: &str) -> (f64, f64, f64) {
 
 fn main() {
     let mut rows = vec![];
-    for floor in ["0.5", "0"] {
+    // FLOOD_FLOORS=0.5,0.6,0 compares other shares
+    let floors = std::env::var("FLOOD_FLOORS").unwrap_or_else(|_| "0.5,0".into());
+    for floor in floors.split(',') {
         let (alone, loaded, flood) = run(floor);
         rows.push(format!(
             "| --decode-floor {floor} | {alone:.2} s | {loaded:.2} s | {:.0}% | {flood:.1} s |",

@@ -1,11 +1,13 @@
-//! A bounded soak of `serve` on the default model over a small cache (`--num-kv-blocks 96`): mixed
-//! clients for `SOAK_SECS` seconds (default 60) — streamed completions dropped part-way, chat
+//! A bounded soak of `serve` on the default model over a small cache (`--num-kv-blocks 96`) with a
+//! second tier (256 MiB of host memory, a 1 GiB spill file) and session retention (5 s windows): mixed
+//! clients for `SOAK_SECS` seconds (default 600) — streamed completions dropped part-way, chat
 //! completions (some constrained to a JSON schema), System One decisions (half with `keep_alive` 5 s),
-//! tokenize calls and oversized prompts — then the report: status counts per kind, latency
-//! percentiles, RSS over time, and the KV blocks still in use once the clients stopped and the pins
-//! expired (every block must come back: 0%).
+//! two-turn sessions with a `prompt_cache_key`, a flood of unique prompts, tokenize calls and oversized
+//! prompts — then the report: status counts per kind, latency percentiles, RSS over time (flat within
+//! ±10% after the first tenth), the KV blocks still in use once the clients stopped and the windows
+//! expired (every block must come back: 0%), and the second tier within its bounds.
 //!
-//! `cargo bench --bench soak` (`SOAK_SECS`, `SOAK_CLIENTS`, default 8).
+//! `cargo bench --bench soak` (`SOAK_SECS`, `SOAK_CLIENTS`, default 64).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -78,12 +80,27 @@ fn main() {
     let secs: u64 = std::env::var("SOAK_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(600);
     let clients: usize = std::env::var("SOAK_CLIENTS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(8);
-    let s = common::start(&["--num-kv-blocks", "96", "--max-num-seqs", "16"]);
+        .unwrap_or(64);
+    let dir = std::env::temp_dir().join(format!("kvgate-soak-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let s = common::start(&[
+        "--num-kv-blocks",
+        "96",
+        "--max-num-seqs",
+        "16",
+        "--session-window",
+        "5",
+        "--kv-offload-memory",
+        "256MiB",
+        "--kv-offload-dir",
+        dir.to_str().unwrap(),
+        "--kv-offload-disk",
+        "1GiB",
+    ]);
     let port = s.1;
     let pid = s.pid();
     let tally = Arc::new(Mutex::new(Tally::default()));
@@ -98,7 +115,24 @@ fn main() {
                 while Instant::now() < stop {
                     i += 1;
                     let state = format!("Ticket {c}-{}: the customer's payouts fail since Monday. ", i % 5).repeat(12);
-                    let (kind, path, body, drop) = match (c + i) % 6 {
+                    if (c + i) % 8 == 6 {
+                        // a two-turn session: the second turn extends the first
+                        let key = format!("session-{c}-{i}");
+                        let first = format!("{state} Session {c}-{i}: what happened?");
+                        for (turn, prompt) in [first.clone(), format!("{first} It shipped late. And now?")].iter().enumerate() {
+                            let body = json!({"prompt": prompt, "max_tokens": 8, "prompt_cache_key": key});
+                            let (st, t) = request(port, "/v1/completions", &body, None);
+                            let mut g = tally.lock().unwrap();
+                            let kind = format!("session turn {}", turn + 1);
+                            *g.statuses.entry((kind.clone(), st)).or_insert(0) += 1;
+                            g.latencies.entry(kind).or_default().push(t);
+                        }
+                        continue;
+                    }
+                    let (kind, path, body, drop) = match (c + i) % 8 {
+                        7 => ("flood", "/v1/completions",
+                              json!({"prompt": format!("Unique prompt {c}-{i}: {}", "the warehouse ships parcels north and south. ".repeat(30)), "max_tokens": 1}),
+                              None),
                         0 => ("stream-dropped", "/v1/completions",
                               json!({"prompt": format!("{state} Summary:"), "max_tokens": 64, "stream": true, "ignore_eos": true}),
                               Some(600)),
@@ -133,17 +167,27 @@ fn main() {
     let t0 = Instant::now();
     while Instant::now() < stop {
         rss.push((t0.elapsed().as_secs(), rss_mb(pid)));
-        std::thread::sleep(Duration::from_secs((secs / 10).max(1)));
+        std::thread::sleep(Duration::from_secs((secs / 20).max(1)));
     }
     for h in handles {
         h.join().unwrap();
     }
-    // keep_alive pins last 5 s: after 7 s every block must be free or cached-evictable
+    // keep_alive pins and session windows last 5 s: after 7 s every block must be free or cached
     std::thread::sleep(Duration::from_secs(7));
     let usage = metric(port, "kvgate:kv_cache_usage_perc");
+    let retained = metric(port, "kvgate:kv_cache_retained_blocks");
+    let tier_memory = metric(port, "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"memory\"}");
+    let tier_disk = metric(port, "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}");
+    let stored = metric(port, "kvgate:kv_tier_stored_blocks_total");
+    let restored = metric(port, "kvgate:kv_tier_restored_blocks_total");
+    let rejected = metric(port, "kvgate:kv_tier_rejected_records_total");
+    let (sc, sp) = (
+        metric(port, "kvgate:session_cached_tokens_total"),
+        metric(port, "kvgate:session_prompt_tokens_total"),
+    );
     rss.push((t0.elapsed().as_secs(), rss_mb(pid)));
     let g = tally.lock().unwrap();
-    println!("## Soak: {secs} s, {clients} clients, 96 KV blocks\n");
+    println!("## Soak: {secs} s, {clients} clients, 96 KV blocks, tier 256 MiB memory + 1 GiB disk\n");
     println!("| kind | status | count |\n|---|---|---|");
     for ((k, st), n) in &g.statuses {
         println!("| {k} | {st} | {n} |");
@@ -166,9 +210,29 @@ fn main() {
             .join(", ")
     );
     println!(
-        "KV cache blocks in use 7 s after the clients stopped (pins expired): {:.1}%",
+        "KV cache blocks in use 7 s after the clients stopped (pins and windows expired): {:.1}%, retained blocks {retained}",
         usage * 100.0
     );
+    println!(
+        "second tier: memory {:.0} MiB (bound 256), spill file {:.0} MiB (bound 1024); {stored} blocks stored, {restored} restored, {rejected} rejected; sessions' cached share {:.1}%",
+        tier_memory / (1 << 20) as f64,
+        tier_disk / (1 << 20) as f64,
+        100.0 * sc / sp.max(1.0)
+    );
+    // RSS after the first tenth (warm-up: the tier fills) against its end
+    let after: Vec<f64> = rss.iter().filter(|(t, _)| *t >= secs / 10).map(|x| x.1).collect();
+    if let (Some(first), Some(max), Some(min)) = (
+        after.first(),
+        after.iter().copied().reduce(f64::max),
+        after.iter().copied().reduce(f64::min),
+    ) {
+        println!(
+            "RSS after warm-up: {min:.0}–{max:.0} MiB, {:+.1}% / {:+.1}% of {first:.0} MiB",
+            100.0 * (min / first - 1.0),
+            100.0 * (max / first - 1.0)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     let fives: usize = g
         .statuses
         .iter()
