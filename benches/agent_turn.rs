@@ -337,7 +337,11 @@ fn part_three(rows: &mut Vec<String>) {
             let mut a = vec!["--num-kv-blocks", blocks.as_str()];
             a.extend_from_slice(extra);
             let main = common::start(&a);
-            post(main.1, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 2}));
+            post(
+                main.1,
+                "/v1/completions",
+                &json!({"prompt": "warm up", "max_tokens": 2}),
+            );
             id += 1000;
             let t0 = Instant::now();
             let all: Vec<Turns> = std::thread::scope(|sc| {
@@ -345,7 +349,13 @@ fn part_three(rows: &mut Vec<String>) {
                     .map(|i| {
                         let port = main.1;
                         sc.spawn(move || {
-                            session(port, id + i, chars, turns, std::time::Duration::from_millis(250 * i as u64))
+                            session(
+                                port,
+                                id + i,
+                                chars,
+                                turns,
+                                std::time::Duration::from_millis(250 * i as u64),
+                            )
                         })
                     })
                     .collect();
@@ -413,7 +423,9 @@ fn main() {
     let parts = std::env::var("AGENT_TURN_PARTS").unwrap_or_else(|_| "one,two,three".into());
     if parts.contains("three") {
         let mut three = vec![];
-        println!("\nstaggered sessions (250 ms apart), 2 turns each, ~500-token states, cache of 4 states (160 blocks)\n");
+        println!(
+            "\nstaggered sessions (250 ms apart), 2 turns each, ~500-token states, cache of 4 states (160 blocks)\n"
+        );
         println!("| sessions (x cache) | arm | follow-ups' cached share | per-session hit rate (lowest / median) | decision p50 / p99 | follow-up p50 / p99 | requests failed | wall | restored |\n|---|---|---|---|---|---|---|---|---|");
         part_three(&mut three);
         println!("\n(table above, rows as they finished)");

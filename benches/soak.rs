@@ -176,8 +176,14 @@ fn main() {
     std::thread::sleep(Duration::from_secs(7));
     let usage = metric(port, "kvgate:kv_cache_usage_perc");
     let retained = metric(port, "kvgate:kv_cache_retained_blocks");
-    let tier_memory = metric(port, "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"memory\"}");
-    let tier_disk = metric(port, "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}");
+    let tier_memory = metric(
+        port,
+        "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"memory\"}",
+    );
+    let tier_disk = metric(
+        port,
+        "kvgate:kv_tier_bytes{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}",
+    );
     let stored = metric(port, "kvgate:kv_tier_stored_blocks_total");
     let restored = metric(port, "kvgate:kv_tier_restored_blocks_total");
     let rejected = metric(port, "kvgate:kv_tier_rejected_records_total");

@@ -41,3 +41,58 @@ print("max_tokens=0 echo:", lps)
 r = client.completions.create(model=name, prompt="", max_tokens=3, temperature=0)
 assert r.usage.prompt_tokens == 1 and r.choices[0].text, r
 print("empty prompt:", repr(r.choices[0].text))
+
+# /v1/responses: create, the stream helper's accumulator against the same request unstreamed (greedy),
+# a tool call both ways, previous_response_id over a warm state, retrieve and delete.
+r = client.responses.create(model=name, input="Say hello in one word.", max_output_tokens=200, temperature=0)
+assert r.object == "response" and r.id.startswith("resp_") and r.status == "completed", r
+with client.responses.stream(model=name, input="Say hello in one word.", max_output_tokens=200, temperature=0) as s:
+    types = [e.type for e in s]
+    f = s.get_final_response()
+assert f.output_text == r.output_text and f.status == r.status, (f, r)
+assert types[:2] == ["response.created", "response.in_progress"] and types[-1] == "response.completed", types
+print("responses.create / stream:", repr(r.output_text), r.status)
+# the output limit: status incomplete, and the raw stream ends with response.incomplete
+r = client.responses.create(model=name, input="Tell me a long story.", max_output_tokens=5, temperature=0)
+assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens", r
+events = list(client.responses.create(model=name, input="Tell me a long story.", max_output_tokens=5,
+                                      temperature=0, stream=True))
+assert events[-1].type == "response.incomplete", events[-1]
+assert [e.sequence_number for e in events] == list(range(len(events))), events
+print("max_output_tokens: incomplete")
+
+tools = [{"type": "function", "name": "get_weather", "description": "Weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+r = client.responses.create(model=name, input="Weather in Paris?", tools=tools, tool_choice="required",
+                            max_output_tokens=60, temperature=0)
+calls = [(o.name, o.arguments) for o in r.output if o.type == "function_call"]
+with client.responses.stream(model=name, input="Weather in Paris?", tools=tools, tool_choice="required",
+                             max_output_tokens=60, temperature=0) as s:
+    for _ in s:
+        pass
+    f = s.get_final_response()
+assert calls and calls == [(o.name, o.arguments) for o in f.output if o.type == "function_call"], (r, f)
+print("responses tool call:", calls)
+r = client.responses.create(model=name, input="Fix the typo in README.", max_output_tokens=120, temperature=0,
+                            tools=[{"type": "custom", "name": "apply_patch", "description": "Apply a patch"}],
+                            tool_choice={"type": "custom", "name": "apply_patch"})
+assert r.output[0].type == "custom_tool_call" and r.output[0].name == "apply_patch", r
+assert isinstance(r.output[0].input, str), r
+print("responses custom tool call:", repr(r.output[0].input[:40]))
+
+state = " ".join(f"Entry {i}: parcel {i * 37 % 101} left the north warehouse." for i in range(40))
+first = client.responses.create(model=name, input=state + " Summarize.", max_output_tokens=16, temperature=0)
+second = client.responses.create(model=name, previous_response_id=first.id, input="Shorter.",
+                                 max_output_tokens=4, temperature=0)
+turn = first.usage.input_tokens + first.usage.output_tokens
+cached = second.usage.input_tokens_details.cached_tokens
+assert cached >= 0.9 * turn, (cached, turn)
+print("previous_response_id:", cached, "of the first turn's", turn, "tokens cached")
+assert client.responses.retrieve(first.id).output_text == first.output_text
+client.responses.delete(first.id)
+try:
+    client.responses.retrieve(first.id)
+    raise SystemExit("a deleted response is still there")
+except Exception as e:  # openai.NotFoundError
+    assert "404" in str(e) or "not" in str(e).lower(), e
+print("retrieve / delete: ok")

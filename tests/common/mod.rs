@@ -316,7 +316,7 @@ pub fn stream_at(port: u16, path: &str, body: &Value) -> Vec<String> {
     String::from_utf8(b)
         .unwrap()
         .split("\n\n")
-        .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_string))
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_string))
         .collect()
 }
 

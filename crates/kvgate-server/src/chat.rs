@@ -232,7 +232,8 @@ fn message(text: &str, tools: Option<&ToolSpec>) -> (AssistantMessage, bool) {
     let m = AssistantMessage {
         role: "assistant",
         content,
-        tool_calls: Some(calls.iter().map(|c| call_out(c, None)).collect()),
+        // omitted when the model made none, as OpenAI does
+        tool_calls: called.then(|| calls.iter().map(|c| call_out(c, None)).collect()),
     };
     (m, called)
 }

@@ -115,22 +115,28 @@ pub fn merged(tagged: Vec<Tagged>) -> BoxStream<'static, (usize, Event)> {
     stream::select_all(streams).boxed()
 }
 
-/// An SSE response: one `data: {json}` event per serialized chunk, then `data: [DONE]`.
-pub fn sse<S>(chunks: S) -> axum::response::Response
+/// Frames chunks (each with its SSE event name, if any) as Server-Sent Events, ending with `data:
+/// [DONE]` when `done_marker`.
+pub fn sse_named<S>(chunks: S, done_marker: bool) -> axum::response::Response
 where
-    S: futures::Stream<Item = Vec<String>> + Send + 'static,
+    S: futures::Stream<Item = Vec<(Option<&'static str>, String)>> + Send + 'static,
 {
     use axum::response::sse::{Event as SseEvent, Sse};
     use axum::response::IntoResponse;
     let events = chunks
         .flat_map(|values| {
-            stream::iter(
-                values
-                    .into_iter()
-                    .map(|v| Ok::<_, std::convert::Infallible>(SseEvent::default().data(v))),
-            )
+            stream::iter(values.into_iter().map(|(name, v)| {
+                // `event:` first, as OpenAI writes it
+                let e = match name {
+                    Some(n) => SseEvent::default().event(n),
+                    None => SseEvent::default(),
+                };
+                Ok::<_, std::convert::Infallible>(e.data(v))
+            }))
         })
-        .chain(stream::once(async { Ok(SseEvent::default().data("[DONE]")) }));
+        .chain(stream::iter(
+            done_marker.then(|| Ok(SseEvent::default().data("[DONE]"))),
+        ));
     Sse::new(events).into_response()
 }
 

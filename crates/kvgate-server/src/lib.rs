@@ -17,6 +17,7 @@ pub mod listen;
 mod middleware;
 mod openai;
 mod params;
+mod responses;
 mod routes;
 mod sampling;
 pub mod settings;

@@ -42,6 +42,8 @@ pub struct AppState {
     pub tokenize: TokenizeSlots,
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
     pub grammars: Option<Arc<Grammars>>,
+    /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
+    pub responses: crate::responses::store::ResponseStore,
 }
 
 /// What the handlers need of the loaded model besides the engine.
@@ -139,6 +141,10 @@ impl AppState {
             served_names,
             defaults,
             metrics,
+            responses: crate::responses::store::ResponseStore::new(
+                args.responses_store_entries,
+                args.responses_store_memory.bytes() as usize,
+            ),
             settings: Settings::from_args(&args),
             created: crate::events::now_secs(),
         }

@@ -146,6 +146,15 @@ pub struct Args {
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
     pub kv_offload_disk: ByteSize,
 
+    /// Most responses /v1/responses keeps for GET, DELETE and previous_response_id (store: true, the
+    /// default), least recently used out first; 0 turns storing off
+    #[arg(long, env = "KVGATE_RESPONSES_STORE_ENTRIES", default_value_t = 4096)]
+    pub responses_store_entries: usize,
+
+    /// Most bytes the stored responses and their conversations may take
+    #[arg(long, env = "KVGATE_RESPONSES_STORE_MEMORY", default_value = "256MiB")]
+    pub responses_store_memory: ByteSize,
+
     /// Waiting-queue policy: cache-aware (warm prefixes first; cold prefills do not evict retained
     /// states until --admission-max-wait) or fifo
     #[arg(long, env = "KVGATE_ADMISSION", default_value = "cache-aware", value_parser = values::parse_setting::<AdmissionPolicy>)]

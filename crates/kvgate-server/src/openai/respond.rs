@@ -8,11 +8,11 @@
 
 use axum::response::{IntoResponse, Response};
 use futures::stream::StreamExt;
-use kvgate_engine::{Event, FinishReason, StopMatch, TokenLogprob, Usage};
+use kvgate_engine::{EngineError, Event, FinishReason, StopMatch, TokenLogprob, Usage};
 use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::events::{collect, merged, sse, ChoiceOut, Tagged};
+use crate::events::{collect, merged, sse_named, ChoiceOut, Tagged};
 use crate::openai::response::{to_json, UsageOut};
 
 /// Per prompt, the logprobs of its tokens (when asked).
@@ -56,6 +56,32 @@ pub trait Shape: Send + 'static {
 
     /// The whole answer: every choice (prompt-major), every prompt's logprobs, the summed usage.
     fn body(self, choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, usage: Usage) -> Self::Body;
+
+    /// The chunks a stream opens with.
+    fn start(&mut self) -> Vec<Self::Chunk> {
+        vec![]
+    }
+
+    /// The chunks after the last prompt is done: by default the usage chunk when it was asked for.
+    fn end(&mut self, usage: &Usage, include_usage: bool) -> Vec<Self::Chunk> {
+        match include_usage {
+            true => vec![self.usage_chunk(UsageOut::of(usage))],
+            false => vec![],
+        }
+    }
+
+    /// The chunks a stream ends with when the engine fails it (`None`: the generic error event).
+    fn failed(&mut self, _e: &EngineError) -> Option<Vec<Self::Chunk>> {
+        None
+    }
+
+    /// The SSE event name of a chunk (`None`: a plain `data:` line).
+    fn event_name(_chunk: &Self::Chunk) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether the stream ends with `data: [DONE]`.
+    const DONE_MARKER: bool = true;
 }
 
 /// What a stream reports of usage.
@@ -82,6 +108,8 @@ pub async fn respond<S: Shape>(
     };
     let prompts = tagged.len();
     let (mut done, mut emitted, mut usage) = (0usize, 0usize, Usage::default());
+    let opening: Vec<(Option<&'static str>, String)> =
+        shape.start().iter().map(|c| (S::event_name(c), to_json(c))).collect();
     let events = merged(tagged).map(move |(pi, ev)| {
         let mut out = match ev {
             Event::Token {
@@ -106,19 +134,23 @@ pub async fn respond<S: Shape>(
             Event::Done(d) => {
                 usage.add(&d);
                 done += 1;
-                match done == prompts && u.include {
-                    true => vec![shape.usage_chunk(UsageOut::of(&usage))],
+                match done == prompts {
+                    true => shape.end(&usage, u.include),
                     false => vec![],
                 }
             }
-            Event::Error(e) => return vec![ApiError::from(e).body().to_string()],
+            Event::Error(e) => match shape.failed(&e) {
+                Some(out) => out,
+                None => return vec![(None, ApiError::from(e).body().to_string())],
+            },
         };
         if u.continuous {
             for c in out.iter_mut() {
                 S::set_running_usage(c, UsageOut::running(u.prompt_tokens, emitted));
             }
         }
-        out.iter().map(to_json).collect()
+        out.iter().map(|c| (S::event_name(c), to_json(c))).collect()
     });
-    Ok(sse(events))
+    let events = futures::stream::once(async move { opening }).chain(events);
+    Ok(sse_named(events, S::DONE_MARKER))
 }

@@ -79,8 +79,9 @@ pub struct ToolSpec {
     pub tools: Vec<Tool>,
     /// `tool_choice`.
     pub choice: ToolChoice,
-    /// `parallel_tool_calls` (default true).
-    pub parallel: bool,
+    /// `parallel_tool_calls: true` was given: only then may a forced choice make more than one call
+    /// (vLLM and OpenAI stop after the first complete call otherwise).
+    pub parallel_explicit: bool,
 }
 
 /// A call parsed from the output.
@@ -165,7 +166,7 @@ pub fn read(
             ToolChoice::Named(n.function.name)
         }
     };
-    let parallel = parallel.unwrap_or(true);
+    let parallel_explicit = parallel == Some(true);
     match (&choice, tools.is_empty()) {
         (ToolChoice::Required | ToolChoice::Named(_), true) => {
             return Err(ApiError::param(
@@ -185,7 +186,7 @@ pub fn read(
     Ok(Some(ToolSpec {
         tools,
         choice,
-        parallel,
+        parallel_explicit,
     }))
 }
 
@@ -241,7 +242,7 @@ impl ToolSpec {
         let schema = json!({"anyOf": calls, "x-guidance": json_options(strict)});
         let open = lark_literal("<tool_call>\n");
         let close = lark_literal("\n</tool_call>");
-        let more = if self.parallel && self.choice == ToolChoice::Required {
+        let more = if self.parallel_explicit && self.choice == ToolChoice::Required {
             format!("({} call)*", lark_literal("\n"))
         } else {
             String::new()
@@ -272,10 +273,9 @@ impl ToolSpec {
                     content.push_str(&rest[..start]);
                     calls.push(c);
                 }
-                None => {
-                    let upto = if closed { rest.len() - next.len() } else { rest.len() };
-                    content.push_str(&rest[..upto]);
-                }
+                // a call cut off by the limit is dropped, never left in the content
+                None if !closed => content.push_str(&rest[..start]),
+                None => content.push_str(&rest[..rest.len() - next.len()]),
             }
             rest = next;
         }
@@ -285,11 +285,11 @@ impl ToolSpec {
                 return (None, c);
             }
         }
-        let content = content.trim();
         let content = if calls.is_empty() {
-            Some(text.to_string())
+            Some(content)
         } else {
-            (!content.is_empty()).then(|| content.to_string())
+            let c = content.trim();
+            (!c.is_empty()).then(|| c.to_string())
         };
         (content, calls)
     }
@@ -314,7 +314,7 @@ impl ToolSpec {
         calls.filter(|c| !c.is_empty())
     }
 
-    fn call_of(&self, body: &str) -> Option<ParsedCall> {
+    pub(crate) fn call_of(&self, body: &str) -> Option<ParsedCall> {
         self.call_value(&serde_json::from_str(body).ok()?)
     }
 

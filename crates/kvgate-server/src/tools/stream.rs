@@ -112,8 +112,12 @@ impl CallStream {
                 None => self.content(&buf, &mut out),
             }
         } else if self.in_call {
+            // an unclosed call: taken when it parses, dropped when it was cut off
             self.in_call = false;
-            self.call(spec, &buf, &mut out);
+            if let Some(c) = spec.call_of(buf.trim()) {
+                self.calls += 1;
+                out.push(Piece::Call(c));
+            }
         } else {
             self.content(&buf, &mut out);
         }

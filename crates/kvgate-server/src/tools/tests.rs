@@ -17,7 +17,7 @@ fn spec(choice: ToolChoice) -> ToolSpec {
     ToolSpec {
         tools,
         choice,
-        parallel: true,
+        parallel_explicit: false,
     }
 }
 
@@ -111,8 +111,8 @@ fn required_and_named_choices_compile_to_a_grammar() {
         panic!()
     };
     assert!(g.contains("\"const\":\"add\"") && !g.contains("get_weather"), "{g}");
-    let mut one = spec(ToolChoice::Required);
-    one.parallel = false;
+    // required without an explicit parallel_tool_calls: true: one call, then the grammar ends
+    let one = spec(ToolChoice::Required);
     let GrammarSpec::Lark(g) = one.grammar().unwrap() else {
         panic!()
     };
@@ -120,10 +120,42 @@ fn required_and_named_choices_compile_to_a_grammar() {
         g.starts_with("start: call\n") && g.contains("get_weather") && g.contains("add"),
         "{g}"
     );
+    let mut many = spec(ToolChoice::Required);
+    many.parallel_explicit = true;
+    let GrammarSpec::Lark(g) = many.grammar().unwrap() else {
+        panic!()
+    };
+    assert!(g.starts_with("start: call(") && g.contains(" call)*"), "{g}");
     let tiny = std::sync::Arc::new(kvgate_model::tiny::tiny_tokenizer());
     let grammars = kvgate_grammar::Grammars::new(tiny.clone(), &[0], tiny.vocab_size()).unwrap();
     for c in [ToolChoice::Required, ToolChoice::Named("get_weather".into())] {
         grammars.compile(&spec(c).grammar().unwrap()).unwrap();
+    }
+}
+
+/// A call cut off by the output limit is dropped (complete calls stay calls), streamed or not; it never
+/// becomes content.
+#[test]
+fn a_call_cut_off_by_the_limit_never_becomes_content() {
+    let s = spec(ToolChoice::Auto);
+    let text = "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_wea";
+    let (content, calls) = s.parse(text);
+    assert_eq!((content, calls.len()), (None, 1));
+    let (content, calls) = s.parse("Let me check. <tool_call>\n{\"name\": \"get_weather\", \"argum");
+    assert_eq!((content.as_deref(), calls.len()), (Some("Let me check. "), 0));
+    for step in [1, 3, 7] {
+        let mut cs = CallStream::default();
+        let mut pieces = vec![];
+        let chars: Vec<char> = text.chars().collect();
+        for chunk in chars.chunks(step) {
+            pieces.extend(cs.push(&s, &chunk.iter().collect::<String>()));
+        }
+        pieces.extend(cs.finish(&s));
+        assert!(
+            pieces.iter().all(|p| matches!(p, Piece::Call(_))),
+            "{pieces:?} by {step}"
+        );
+        assert_eq!(pieces.len(), 1);
     }
 }
 

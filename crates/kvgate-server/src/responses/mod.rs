@@ -1,0 +1,370 @@
+//! `POST /v1/responses` and the stored responses' routes (`GET` / `DELETE /v1/responses/{id}`,
+//! `POST /v1/responses/{id}/cancel`), on the shared request pipeline: the input items become a
+//! conversation ([`input`]), rendered through the chat template with the tools, sampled as chat is,
+//! and written by [`shape::ResponsesShape`] as the `response` object or its typed events.
+//!
+//! Tools: flat `function` tools as chat's; `custom` (freeform) tools offered as functions of one
+//! string `input` and answered as `custom_tool_call` items; hosted tools kvgate cannot run
+//! (`web_search`, `namespace`, `file_search`, …, which Codex sends by default) are left out of the
+//! prompt, so the model never calls them. `text.format` (`json_schema`, `json_object`) goes through
+//! llguidance. `previous_response_id` continues a stored conversation — whose tokens are usually still
+//! warm: a stored response's state is retained as a session's for the next turn.
+
+mod input;
+mod shape;
+pub mod store;
+mod wire;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use kvgate_engine::GenerateRequest;
+use kvgate_grammar::GrammarSpec;
+use serde_json::{json, Map, Value};
+
+use crate::chat::render_with_tools;
+use crate::error::ApiError;
+use crate::events::{now_secs, request_id, submit_all};
+use crate::openai::request::{strict_body, SamplingFields};
+use crate::openai::respond::{respond, StreamUsage};
+use crate::sampling::{self, int_in};
+use crate::state::{AppState, RequestTenant};
+use crate::structured;
+use crate::tools::{self, FunctionDef, Tool, ToolSpec};
+
+use shape::ResponsesShape;
+use store::Cancel;
+use wire::{ResponseObject, ResponsesBody, TextFormat, TextOptions};
+
+/// Hosted tools kvgate cannot run: left out of the prompt.
+const HOSTED: [&str; 10] = [
+    "web_search",
+    "web_search_preview",
+    "namespace",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "local_shell",
+    "computer_use_preview",
+    "mcp",
+    "tool_search",
+];
+
+/// The request's function tools (chat's shape), the custom tools' names, and the tools as the
+/// response reports them.
+fn read_tools(tools: &[Value]) -> Result<(Vec<Tool>, Vec<String>), ApiError> {
+    let (mut out, mut custom) = (vec![], vec![]);
+    for (i, t) in tools.iter().enumerate() {
+        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
+        let text = |k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
+        match kind {
+            "function" => {
+                let name =
+                    text("name").ok_or_else(|| ApiError::param("tools", format!("tools[{i}].name is required")))?;
+                out.push(Tool {
+                    kind: "function".into(),
+                    function: FunctionDef {
+                        name,
+                        description: text("description"),
+                        parameters: t.get("parameters").filter(|p| !p.is_null()).cloned(),
+                        strict: t.get("strict").and_then(Value::as_bool),
+                    },
+                });
+            }
+            "custom" => {
+                let name =
+                    text("name").ok_or_else(|| ApiError::param("tools", format!("tools[{i}].name is required")))?;
+                custom.push(name.clone());
+                out.push(Tool {
+                    kind: "function".into(),
+                    function: FunctionDef {
+                        name,
+                        description: text("description"),
+                        parameters: Some(json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})),
+                        strict: None,
+                    },
+                });
+            }
+            k if HOSTED.contains(&k) => {}
+            other => {
+                return Err(ApiError::param(
+                    "tools",
+                    format!("tools[{i}].type {other:?} is not supported by kvgate (function and custom tools are)"),
+                ))
+            }
+        }
+    }
+    Ok((out, custom))
+}
+
+/// `tool_choice` in chat's shape (the Responses API names a function flat).
+fn chat_tool_choice(v: Option<&Value>) -> Option<Value> {
+    match v {
+        Some(Value::Object(o)) => match (o.get("type").and_then(Value::as_str), o.get("name")) {
+            (Some("function" | "custom"), Some(name)) => Some(json!({"type": "function", "function": {"name": name}})),
+            (Some(k), _) if HOSTED.contains(&k) => Some(json!("auto")),
+            _ => Some(Value::Object(o.clone())),
+        },
+        other => other.cloned(),
+    }
+}
+
+/// The sampling fields a Responses body sets, in chat's terms.
+fn sampling_fields(b: &ResponsesBody) -> SamplingFields {
+    SamplingFields {
+        model: b.model.clone(),
+        max_tokens: b.max_output_tokens,
+        temperature: b.temperature,
+        top_p: b.top_p,
+        stream: b.stream,
+        cache_salt: b.cache_salt.clone(),
+        prompt_cache_key: b.prompt_cache_key.clone(),
+        ..Default::default()
+    }
+}
+
+fn refuse(b: &ResponsesBody) -> Result<(), ApiError> {
+    if b.background == Some(true) {
+        return Err(ApiError::param(
+            "background",
+            "'background' responses are not supported by kvgate",
+        ));
+    }
+    if b.conversation.is_some() {
+        return Err(ApiError::param(
+            "conversation",
+            "'conversation' is not supported by kvgate; use previous_response_id",
+        ));
+    }
+    if b.prompt.is_some() {
+        return Err(ApiError::param(
+            "prompt",
+            "stored prompt templates ('prompt') are not supported by kvgate",
+        ));
+    }
+    if let Some(t) = b.truncation.as_deref().filter(|t| !matches!(*t, "disabled" | "auto")) {
+        return Err(ApiError::param(
+            "truncation",
+            format!("'truncation' must be \"disabled\" or \"auto\", got {t:?}"),
+        ));
+    }
+    if let Some(s) = b
+        .service_tier
+        .as_deref()
+        .filter(|s| !matches!(*s, "auto" | "default" | "flex" | "priority"))
+    {
+        return Err(ApiError::param(
+            "service_tier",
+            format!("'service_tier' must be auto, default, flex or priority, got {s:?}"),
+        ));
+    }
+    int_in("top_logprobs", b.top_logprobs, 0, 0).map_err(|_| {
+        ApiError::param(
+            "top_logprobs",
+            "'top_logprobs' on /v1/responses is not supported by kvgate (0 or absent)",
+        )
+    })?;
+    int_in("max_tool_calls", b.max_tool_calls, 1, i64::MAX)?;
+    Ok(())
+}
+
+/// `POST /v1/responses`.
+pub async fn create(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    if st.settings.log_requests {
+        let logged = Value::Object(map.clone());
+        tracing::info!(body = %logged, "responses request");
+    }
+    let b: ResponsesBody = strict_body(map)?;
+    refuse(&b)?;
+    let model = st.check_model(b.model.as_deref())?;
+    let store = b.store.unwrap_or(true) && st.responses.enabled();
+    let history = match b.previous_response_id.as_deref() {
+        None => vec![],
+        Some(id) => st.responses.get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
+            ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
+        })?,
+    };
+    let input = b
+        .input
+        .as_ref()
+        .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
+    let items = input::items(input)?;
+    let conversation = input::conversation(b.instructions.as_deref(), history, &items)?;
+    let (tool_list, custom) = read_tools(b.tools.as_deref().unwrap_or_default())?;
+    let choice = chat_tool_choice(b.tool_choice.as_ref());
+    let offered = (!tool_list.is_empty()).then_some(&tool_list);
+    let tool_spec = tools::read(offered, choice.as_ref(), b.parallel_tool_calls)?;
+    let mut constraint = match b.text.as_ref().and_then(|t| t.format.clone()) {
+        None | Some(TextFormat::Text) => None,
+        Some(TextFormat::JsonObject) => Some(("text", GrammarSpec::JsonObject)),
+        Some(TextFormat::JsonSchema { schema, strict, .. }) => Some((
+            "text",
+            GrammarSpec::JsonSchema {
+                schema,
+                strict: strict.unwrap_or(false),
+            },
+        )),
+    };
+    if let Some(g) = tool_spec.as_ref().and_then(ToolSpec::grammar) {
+        if constraint.is_some() {
+            return Err(ApiError::param(
+                "text",
+                "'text.format' cannot be combined with a 'tool_choice' that forces a call",
+            ));
+        }
+        constraint = Some(("tool_choice", g));
+    }
+    let text = render_with_tools(&st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
+    let ids = st.encode("input", text, false).await?;
+    let sf = sampling_fields(&b);
+    let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
+    let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, mt)?;
+    let room = st.engine.limits().room_after(ids.len())?;
+    if !c.max_tokens_given {
+        c.params.max_tokens = room;
+    }
+    if let Some((field, spec)) = constraint {
+        c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
+    }
+    let id = request_id("resp").replacen('-', "_", 1);
+    c.cache_salt = st.salted(tenant, c.cache_salt.take());
+    // a stored response may be continued: its state is a session's (retained for the next turn)
+    let hint = b.prompt_cache_key.clone().or_else(|| store.then(|| id.clone()));
+    let retain = st.retain_for(&headers, hint.as_deref(), tenant);
+    let prompt_len = ids.len();
+    let response = ResponseObject {
+        id: id.clone(),
+        object: "response",
+        created_at: now_secs(),
+        status: "in_progress",
+        model,
+        output: vec![],
+        usage: None,
+        incomplete_details: None,
+        error: None,
+        instructions: b.instructions.clone(),
+        max_output_tokens: mt,
+        parallel_tool_calls: b.parallel_tool_calls.unwrap_or(true),
+        previous_response_id: b.previous_response_id.clone(),
+        temperature: b.temperature,
+        top_p: b.top_p,
+        tool_choice: b.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        tools: b.tools.clone().unwrap_or_default(),
+        text: b.text.clone().unwrap_or(TextOptions {
+            format: Some(TextFormat::Text),
+            verbosity: None,
+        }),
+        truncation: b.truncation.clone().unwrap_or_else(|| "disabled".into()),
+        metadata: b.metadata.clone().unwrap_or_default(),
+        store,
+        reasoning: b
+            .reasoning
+            .clone()
+            .unwrap_or_else(|| json!({"effort": null, "summary": null})),
+        service_tier: b.service_tier.clone().unwrap_or_else(|| "default".into()),
+        background: false,
+        user: b.user.clone(),
+    };
+    let tagged = submit_all(
+        &st,
+        vec![GenerateRequest {
+            prompt: ids,
+            params: c.params.clone(),
+            cache_salt: c.cache_salt.clone(),
+            retain,
+        }],
+    )?;
+    let shape = ResponsesShape::new(
+        st.clone(),
+        response.clone(),
+        tool_spec,
+        custom,
+        conversation,
+        tenant,
+        store,
+    );
+    if c.stream {
+        let stream = StreamUsage {
+            include: false,
+            continuous: false,
+            prompt_tokens: prompt_len,
+        };
+        return respond(tagged, 1, Some(stream), shape).await;
+    }
+    // not streamed: `POST /v1/responses/{id}/cancel` may stop it
+    let cancelled = st.responses.running(tenant, &id);
+    let out = tokio::select! {
+        r = respond(tagged, 1, None, shape) => r,
+        _ = cancelled.notified() => {
+            let mut r = response;
+            r.status = "cancelled";
+            st.responses.put(tenant, r.clone(), vec![]);
+            Ok(axum::Json(r).into_response())
+        }
+    };
+    st.responses.ended(&id);
+    out
+}
+
+/// `GET /v1/responses/{id}`.
+pub async fn get(
+    State(st): State<Arc<AppState>>,
+    RequestTenant(tenant): RequestTenant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    match st.responses.get(tenant, &id) {
+        Some((r, _)) => Ok(axum::Json(r).into_response()),
+        None => Err(not_found(&id)),
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::NotFound(format!("no stored response with id {id:?}"))
+}
+
+/// `DELETE /v1/responses/{id}`.
+pub async fn delete(
+    State(st): State<Arc<AppState>>,
+    RequestTenant(tenant): RequestTenant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    match st.responses.delete(tenant, &id) {
+        true => Ok(axum::Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()),
+        false => Err(not_found(&id)),
+    }
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a response still being generated (not streamed) and
+/// returns it with status `cancelled`; a finished one is a 400 naming its status.
+pub async fn cancel(
+    State(st): State<Arc<AppState>>,
+    RequestTenant(tenant): RequestTenant,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    match st.responses.cancel(tenant, &id) {
+        Cancel::Missing => Err(not_found(&id)),
+        Cancel::Ended(status) => Err(ApiError::param(
+            "response_id",
+            format!("response {id:?} cannot be cancelled: its status is {status:?}"),
+        )),
+        Cancel::Stopped => {
+            for _ in 0..200 {
+                if let Some((r, _)) = st.responses.get(tenant, &id) {
+                    return Ok(axum::Json(r).into_response());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            Ok(axum::Json(json!({"id": id, "object": "response", "status": "cancelled"})).into_response())
+        }
+    }
+}

@@ -1,0 +1,451 @@
+//! How a Responses request writes engine events: the `response` object (non-streaming), or its typed
+//! SSE events in OpenAI's order, each with a `sequence_number` — `response.created`,
+//! `response.in_progress`, per output item `response.output_item.added`, for text
+//! `response.content_part.added`, `response.output_text.delta`… `.done`, `response.content_part.done`,
+//! for a call `response.function_call_arguments.delta` / `.done` (or `response.custom_tool_call_input.*`),
+//! `response.output_item.done`; and always one of `response.completed`, `response.incomplete` (the
+//! output limit) or `response.failed` last. Tool calls are parsed out of the text as chat does (a
+//! fragment cut off by the limit never becomes text). A finished response is stored (with its
+//! conversation) when the request asked for it.
+
+use std::sync::Arc;
+
+use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
+use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
+use serde_json::{json, Map, Value};
+
+use super::wire::{Incomplete, OutputItem, OutputText, ResponseError, ResponseObject, ResponseUsage, StreamEvent};
+use super::wire::{InputDetails, OutputDetails};
+use crate::error::ApiError;
+use crate::events::{request_id, ChoiceOut};
+use crate::openai::respond::{PromptLogprobs, Shape};
+use crate::openai::response::UsageOut;
+use crate::state::AppState;
+use crate::tools::stream::{CallStream, Piece};
+use crate::tools::{call_id, ParsedCall, ToolSpec};
+
+/// The text item being streamed.
+struct OpenText {
+    index: usize,
+    id: String,
+    text: String,
+}
+
+/// The shape of one response.
+pub struct ResponsesShape {
+    pub st: Arc<AppState>,
+    /// The response as it will be reported (status, output and usage filled in as it goes).
+    pub response: ResponseObject,
+    pub tools: Option<ToolSpec>,
+    /// Tools that are custom (freeform input), offered to the model as functions of `{input}`.
+    pub custom: Vec<String>,
+    /// The conversation the request answered (stored with the response).
+    pub conversation: Vec<Message>,
+    /// The API key's tenant (stored responses are per key).
+    pub tenant: Option<u32>,
+    /// Whether to store the response.
+    pub store: bool,
+    seq: usize,
+    calls: CallStream,
+    open: Option<OpenText>,
+    finish: Option<FinishReason>,
+}
+
+fn ev(kind: &'static str, fields: Value) -> StreamEvent {
+    let fields = match fields {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    };
+    StreamEvent {
+        kind,
+        sequence_number: 0,
+        fields,
+    }
+}
+
+fn to_value<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap_or(Value::Null)
+}
+
+/// `usage` from the engine's accounting.
+pub fn usage_of(u: &Usage) -> ResponseUsage {
+    ResponseUsage {
+        input_tokens: u.prompt_tokens,
+        input_tokens_details: InputDetails {
+            cached_tokens: u.cached_tokens,
+        },
+        output_tokens: u.completion_tokens,
+        output_tokens_details: OutputDetails { reasoning_tokens: 0 },
+        total_tokens: u.prompt_tokens + u.completion_tokens,
+    }
+}
+
+impl ResponsesShape {
+    /// A shape for `response` (status `in_progress`, no output yet).
+    pub fn new(
+        st: Arc<AppState>,
+        response: ResponseObject,
+        tools: Option<ToolSpec>,
+        custom: Vec<String>,
+        conversation: Vec<Message>,
+        tenant: Option<u32>,
+        store: bool,
+    ) -> ResponsesShape {
+        ResponsesShape {
+            st,
+            response,
+            tools,
+            custom,
+            conversation,
+            tenant,
+            store,
+            seq: 0,
+            calls: CallStream::default(),
+            open: None,
+            finish: None,
+        }
+    }
+
+    fn push(&mut self, out: &mut Vec<StreamEvent>, mut e: StreamEvent) {
+        e.sequence_number = self.seq;
+        self.seq += 1;
+        out.push(e);
+    }
+
+    fn call_item(&self, c: &ParsedCall) -> OutputItem {
+        let (id, call_id) = (request_id("fc").replacen('-', "_", 1), call_id());
+        if self.custom.contains(&c.name) {
+            let input = serde_json::from_str::<Value>(&c.arguments)
+                .ok()
+                .and_then(|v| v.get("input").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_else(|| c.arguments.clone());
+            return OutputItem::CustomToolCall {
+                id,
+                call_id,
+                name: c.name.clone(),
+                input,
+                status: "completed",
+            };
+        }
+        OutputItem::FunctionCall {
+            id,
+            call_id,
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+            status: "completed",
+        }
+    }
+
+    /// Text: opens the message item when none is open, then a delta.
+    fn text(&mut self, t: String, out: &mut Vec<StreamEvent>) {
+        if t.is_empty() {
+            return;
+        }
+        if self.open.is_none() {
+            let index = self.response.output.len();
+            let id = request_id("msg").replacen('-', "_", 1);
+            let item =
+                json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
+            self.push(
+                out,
+                ev(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                ),
+            );
+            let part = to_value(&OutputText::of(String::new()));
+            let f = json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
+            self.push(out, ev("response.content_part.added", f));
+            // the item's place in the output is taken now; its content is filled when it closes
+            self.response.output.push(OutputItem::Message {
+                id: id.clone(),
+                status: "in_progress",
+                role: "assistant",
+                content: vec![],
+            });
+            self.open = Some(OpenText {
+                index,
+                id,
+                text: String::new(),
+            });
+        }
+        let Some(o) = self.open.as_mut() else { return };
+        o.text.push_str(&t);
+        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "delta": t, "logprobs": []});
+        self.push(out, ev("response.output_text.delta", f));
+    }
+
+    /// Closes the open message item.
+    fn close_text(&mut self, status: &'static str, out: &mut Vec<StreamEvent>) {
+        let Some(o) = self.open.take() else { return };
+        let part = OutputText::of(o.text.clone());
+        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "text": o.text, "logprobs": []});
+        self.push(out, ev("response.output_text.done", f));
+        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "part": to_value(&part)});
+        self.push(out, ev("response.content_part.done", f));
+        let item = OutputItem::Message {
+            id: o.id,
+            status,
+            role: "assistant",
+            content: vec![part],
+        };
+        let f = json!({"output_index": o.index, "item": to_value(&item)});
+        self.push(out, ev("response.output_item.done", f));
+        self.response.output[o.index] = item;
+    }
+
+    /// A complete call: its own item, opened and closed at once.
+    fn call(&mut self, c: ParsedCall, out: &mut Vec<StreamEvent>) {
+        self.close_text("completed", out);
+        let index = self.response.output.len();
+        let item = self.call_item(&c);
+        let mut added = to_value(&item);
+        let (id, delta_kind, done_kind, delta, done_field) = match &item {
+            OutputItem::CustomToolCall { id, input, .. } => {
+                added["input"] = json!("");
+                (
+                    id.clone(),
+                    "response.custom_tool_call_input.delta",
+                    "response.custom_tool_call_input.done",
+                    input.clone(),
+                    "input",
+                )
+            }
+            OutputItem::FunctionCall { id, arguments, .. } => {
+                added["arguments"] = json!("");
+                (
+                    id.clone(),
+                    "response.function_call_arguments.delta",
+                    "response.function_call_arguments.done",
+                    arguments.clone(),
+                    "arguments",
+                )
+            }
+            OutputItem::Message { .. } => return,
+        };
+        added["status"] = json!("in_progress");
+        self.push(
+            out,
+            ev(
+                "response.output_item.added",
+                json!({"output_index": index, "item": added}),
+            ),
+        );
+        let f = json!({"item_id": id, "output_index": index, "delta": delta});
+        self.push(out, ev(delta_kind, f));
+        let mut f = json!({"item_id": id, "output_index": index, "name": c.name});
+        f[done_field] = json!(delta);
+        self.push(out, ev(done_kind, f));
+        let f = json!({"output_index": index, "item": to_value(&item)});
+        self.push(out, ev("response.output_item.done", f));
+        self.response.output.push(item);
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<StreamEvent>) {
+        for p in pieces {
+            match p {
+                Piece::Content(t) => self.text(t, out),
+                Piece::Call(c) => self.call(c, out),
+            }
+        }
+    }
+
+    /// Status and incomplete details from how generation ended.
+    fn conclude(&mut self, usage: &Usage) {
+        self.response.usage = Some(usage_of(usage));
+        if self.finish == Some(FinishReason::Length) {
+            self.response.status = "incomplete";
+            self.response.incomplete_details = Some(Incomplete {
+                reason: "max_output_tokens".into(),
+            });
+        } else {
+            self.response.status = "completed";
+        }
+    }
+
+    /// Stores the finished response with its conversation (the output as the assistant's turn).
+    fn store(&self) {
+        if !self.store || !self.st.responses.enabled() {
+            return;
+        }
+        let mut conv = self.conversation.clone();
+        let mut turn = Message {
+            role: Role::Assistant,
+            content: String::new(),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        };
+        for item in &self.response.output {
+            match item {
+                OutputItem::Message { content, .. } => {
+                    content.iter().for_each(|c| turn.content.push_str(&c.text));
+                }
+                OutputItem::FunctionCall {
+                    call_id,
+                    name,
+                    arguments,
+                    ..
+                } => {
+                    let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.clone()));
+                    turn.tool_calls
+                        .get_or_insert_with(Vec::new)
+                        .push(tool_call(call_id, name, args));
+                }
+                OutputItem::CustomToolCall {
+                    call_id, name, input, ..
+                } => {
+                    let args = json!({ "input": input });
+                    turn.tool_calls
+                        .get_or_insert_with(Vec::new)
+                        .push(tool_call(call_id, name, args));
+                }
+            }
+        }
+        conv.push(turn);
+        self.st.responses.put(self.tenant, self.response.clone(), conv);
+    }
+
+    /// The response as a stream event's `response` field.
+    fn snapshot(&self) -> Value {
+        to_value(&self.response)
+    }
+}
+
+fn tool_call(call_id: &str, name: &str, arguments: Value) -> ToolCall {
+    ToolCall {
+        id: Value::String(call_id.to_string()),
+        kind: ToolCallKind::Function,
+        function: FunctionCall {
+            name: name.to_string(),
+            arguments,
+        },
+    }
+}
+
+/// The `error.code` of an engine failure.
+fn code_of(e: &EngineError) -> &'static str {
+    match e {
+        EngineError::PromptTooLong { .. } | EngineError::TooManyTokens { .. } => "context_length_exceeded",
+        EngineError::QueueFull { .. } => "rate_limit_exceeded",
+        _ => "server_error",
+    }
+}
+
+impl Shape for ResponsesShape {
+    type Chunk = StreamEvent;
+    type Body = ResponseObject;
+    const DONE_MARKER: bool = false;
+
+    fn event_name(c: &StreamEvent) -> Option<&'static str> {
+        Some(c.kind)
+    }
+
+    fn start(&mut self) -> Vec<StreamEvent> {
+        let mut out = vec![];
+        let snap = self.snapshot();
+        self.push(&mut out, ev("response.created", json!({ "response": snap })));
+        let snap = self.snapshot();
+        self.push(&mut out, ev("response.in_progress", json!({ "response": snap })));
+        out
+    }
+
+    fn token(&mut self, _: usize, _: usize, _: u32, text: String, _: Option<TokenLogprob>) -> Vec<StreamEvent> {
+        let mut out = vec![];
+        match self.tools.clone() {
+            Some(spec) => {
+                let pieces = self.calls.push(&spec, &text);
+                self.pieces(pieces, &mut out);
+            }
+            None => self.text(text, &mut out),
+        }
+        out
+    }
+
+    fn finished(
+        &mut self,
+        _: usize,
+        _: usize,
+        reason: FinishReason,
+        text: String,
+        _: Option<StopMatch>,
+    ) -> Vec<StreamEvent> {
+        let mut out = vec![];
+        self.finish = Some(reason);
+        match self.tools.clone() {
+            Some(spec) => {
+                let mut pieces = self.calls.push(&spec, &text);
+                pieces.extend(self.calls.finish(&spec));
+                self.pieces(pieces, &mut out);
+            }
+            None => self.text(text, &mut out),
+        }
+        let status = match reason {
+            FinishReason::Length => "incomplete",
+            FinishReason::Stop => "completed",
+        };
+        self.close_text(status, &mut out);
+        out
+    }
+
+    fn usage_chunk(&self, _: UsageOut) -> StreamEvent {
+        ev("response.in_progress", json!({}))
+    }
+
+    fn set_running_usage(_: &mut StreamEvent, _: UsageOut) {}
+
+    fn end(&mut self, usage: &Usage, _: bool) -> Vec<StreamEvent> {
+        self.conclude(usage);
+        self.store();
+        let mut out = vec![];
+        let kind = match self.response.status {
+            "incomplete" => "response.incomplete",
+            _ => "response.completed",
+        };
+        let snap = self.snapshot();
+        self.push(&mut out, ev(kind, json!({ "response": snap })));
+        out
+    }
+
+    fn failed(&mut self, e: &EngineError) -> Option<Vec<StreamEvent>> {
+        let mut out = vec![];
+        self.close_text("incomplete", &mut out);
+        self.response.status = "failed";
+        self.response.error = Some(ResponseError {
+            code: code_of(e).into(),
+            message: ApiError::from(e.clone()).to_string(),
+        });
+        self.st.responses.ended(&self.response.id);
+        let snap = self.snapshot();
+        self.push(&mut out, ev("response.failed", json!({ "response": snap })));
+        Some(out)
+    }
+
+    fn body(mut self, choices: Vec<ChoiceOut>, _: PromptLogprobs, usage: Usage) -> ResponseObject {
+        if let Some(ch) = choices.into_iter().next() {
+            self.finish = ch.finish;
+            let mut sink = vec![];
+            match self.tools.clone() {
+                Some(spec) => {
+                    let (content, calls) = spec.parse(&ch.text);
+                    if let Some(c) = content.filter(|c| !c.trim().is_empty()) {
+                        self.text(c, &mut sink);
+                    }
+                    self.close_text("completed", &mut sink);
+                    for c in calls {
+                        self.call(c, &mut sink);
+                    }
+                }
+                None => self.text(ch.text, &mut sink),
+            }
+            let status = match ch.finish {
+                Some(FinishReason::Length) => "incomplete",
+                _ => "completed",
+            };
+            self.close_text(status, &mut sink);
+        }
+        self.conclude(&usage);
+        self.store();
+        self.response
+    }
+}
