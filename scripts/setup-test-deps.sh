@@ -6,7 +6,7 @@
 #   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
 #     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs, and langchain-openai for
-#     tests/structured_clients.rs.
+#     tests/structured_clients.rs, and the OpenAI Agents SDK for tests/agents_sdk.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -43,4 +43,10 @@ if ! .ci/venv/bin/python -c "import langchain_openai" 2>/dev/null; then
   echo "setup: installing langchain-openai==1.7.4 (langchain-core==1.8.3) into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check langchain-openai==1.7.4 langchain-core==1.8.3 openai==3.57.0
+fi
+# The OpenAI Agents SDK (tests/agents_sdk.rs: its default model API is /v1/responses).
+if ! .ci/venv/bin/python -c "import agents" 2>/dev/null; then
+  echo "setup: installing openai-agents==0.24.0 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check openai-agents==0.24.0 openai==3.57.0
 fi

@@ -245,6 +245,15 @@ fn tool_choice_required_named_auto_and_none() {
         assert!(["tool_calls", "length"].contains(&want), "{r}");
         assert_eq!(c["finish_reason"], want, "{r}");
     }
+    // required without parallel_tool_calls: one complete call, then the output ends (as vLLM and OpenAI)
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"tools": tools(), "tool_choice": "required", "max_tokens": 200})),
+    );
+    assert_eq!(st, 200, "{r}");
+    let c = &r["choices"][0];
+    assert_eq!(c["message"]["tool_calls"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(c["finish_reason"], "tool_calls", "{r}");
     let named = json!({"type": "function", "function": {"name": "add"}});
     let (st, r) = s.post(
         "/v1/chat/completions",
@@ -263,7 +272,11 @@ fn tool_choice_required_named_auto_and_none() {
         &chat(json!({"tools": tools(), "max_tokens": 8})),
     );
     assert_eq!(st, 200, "{r}");
-    assert!(r["choices"][0]["message"]["tool_calls"].is_array());
+    let calls = &r["choices"][0]["message"]["tool_calls"];
+    assert!(
+        calls.is_null() || calls.as_array().is_some_and(|c| !c.is_empty()),
+        "tool_calls is omitted when the model made none: {r}"
+    );
     // none: no tools in the prompt, no parsing
     let (st, r) = s.post(
         "/v1/chat/completions",

@@ -17,6 +17,7 @@ pub mod listen;
 mod middleware;
 mod openai;
 mod params;
+mod reasoning;
 mod responses;
 mod routes;
 mod sampling;

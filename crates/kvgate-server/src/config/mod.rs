@@ -115,7 +115,7 @@ pub struct Args {
     /// Share of the time running streams keep under a flood of prompts: after a step that prefilled
     /// while streams were decoding, decode-only steps run for that step's time × share / (1 − share)
     /// (at most 5 s); 0 turns the floor off
-    #[arg(long, env = "KVGATE_DECODE_FLOOR", default_value_t = 0.5)]
+    #[arg(long, env = "KVGATE_DECODE_FLOOR", default_value_t = 0.6)]
     pub decode_floor: f64,
 
     /// Seconds a session's state stays retained for its next turn (every /v1/systemone state without a

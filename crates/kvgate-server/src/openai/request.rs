@@ -233,6 +233,12 @@ pub struct ChatFields {
     pub tools: Option<Vec<Tool>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// vLLM's: whether the reasoning is returned (default true).
+    pub include_reasoning: Option<bool>,
+    /// SGLang's: whether the reasoning is split from the answer (default true).
+    pub separate_reasoning: Option<bool>,
+    /// SGLang's: reasoning streamed as it comes (only `true`, the default, is supported).
+    pub stream_reasoning: Option<bool>,
     pub echo: Refused,
 }
 

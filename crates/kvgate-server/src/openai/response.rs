@@ -134,6 +134,12 @@ pub struct AssistantMessage {
     pub role: &'static str,
     /// Its text (null when it only calls tools).
     pub content: Option<String>,
+    /// What the model thought before answering (vLLM's and DeepSeek's name), when it thinks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same (OpenRouter's and newer vLLM's name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Its tool calls (present when tools were offered).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
@@ -180,6 +186,12 @@ pub struct Delta {
     /// A text delta.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// A reasoning delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The same, under its other name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Tool calls that completed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,

@@ -36,7 +36,7 @@ use crate::state::{AppState, RequestTenant};
 use crate::structured;
 use crate::tools::{self, FunctionDef, Tool, ToolSpec};
 
-use shape::ResponsesShape;
+use shape::{ResponsesShape, Turn};
 use store::Cancel;
 use wire::{ResponseObject, ResponsesBody, TextFormat, TextOptions};
 
@@ -225,6 +225,7 @@ pub async fn create(
         constraint = Some(("tool_choice", g));
     }
     let text = render_with_tools(&st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
+    let prompt_tail = text[text.floor_char_boundary(text.len().saturating_sub(32))..].to_string();
     let ids = st.encode("input", text, false).await?;
     let sf = sampling_fields(&b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
@@ -284,15 +285,15 @@ pub async fn create(
             retain,
         }],
     )?;
-    let shape = ResponsesShape::new(
-        st.clone(),
-        response.clone(),
-        tool_spec,
+    let turn = Turn {
+        tools: tool_spec,
         custom,
         conversation,
         tenant,
         store,
-    );
+        prompt_tail,
+    };
+    let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
     if c.stream {
         let stream = StreamUsage {
             include: false,

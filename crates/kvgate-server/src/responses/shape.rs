@@ -14,15 +14,34 @@ use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
 use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
 use serde_json::{json, Map, Value};
 
-use super::wire::{Incomplete, OutputItem, OutputText, ResponseError, ResponseObject, ResponseUsage, StreamEvent};
+use super::wire::{
+    Incomplete, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, ResponseUsage, StreamEvent,
+};
 use super::wire::{InputDetails, OutputDetails};
 use crate::error::ApiError;
 use crate::events::{request_id, ChoiceOut};
 use crate::openai::respond::{PromptLogprobs, Shape};
 use crate::openai::response::UsageOut;
+use crate::reasoning::{ReasoningSplit, Split};
 use crate::state::AppState;
 use crate::tools::stream::{CallStream, Piece};
 use crate::tools::{call_id, ParsedCall, ToolSpec};
+
+/// What a request brings to its shape besides the response object.
+pub struct Turn {
+    /// The offered tools.
+    pub tools: Option<ToolSpec>,
+    /// Tools that are custom (freeform input), offered to the model as functions of `{input}`.
+    pub custom: Vec<String>,
+    /// The conversation the request answers (stored with the response).
+    pub conversation: Vec<Message>,
+    /// The API key's tenant.
+    pub tenant: Option<u32>,
+    /// Whether to store the response.
+    pub store: bool,
+    /// The rendered prompt's end (a template may open the thinking there).
+    pub prompt_tail: String,
+}
 
 /// The text item being streamed.
 struct OpenText {
@@ -49,6 +68,12 @@ pub struct ResponsesShape {
     calls: CallStream,
     open: Option<OpenText>,
     finish: Option<FinishReason>,
+    /// The reasoning splitter (models that think), the reasoning item being streamed, and the
+    /// tokens that went to it.
+    split: ReasoningSplit,
+    prompt_tail: String,
+    thinking: Option<OpenText>,
+    reasoning_tokens: usize,
 }
 
 fn ev(kind: &'static str, fields: Value) -> StreamEvent {
@@ -81,17 +106,21 @@ pub fn usage_of(u: &Usage) -> ResponseUsage {
 }
 
 impl ResponsesShape {
-    /// A shape for `response` (status `in_progress`, no output yet).
-    pub fn new(
-        st: Arc<AppState>,
-        response: ResponseObject,
-        tools: Option<ToolSpec>,
-        custom: Vec<String>,
-        conversation: Vec<Message>,
-        tenant: Option<u32>,
-        store: bool,
-    ) -> ResponsesShape {
+    /// A shape for `response` (status `in_progress`, no output yet) answering `turn`.
+    pub fn new(st: Arc<AppState>, response: ResponseObject, turn: Turn) -> ResponsesShape {
+        let Turn {
+            tools,
+            custom,
+            conversation,
+            tenant,
+            store,
+            prompt_tail,
+        } = turn;
         ResponsesShape {
+            split: ReasoningSplit::new(&prompt_tail),
+            prompt_tail,
+            thinking: None,
+            reasoning_tokens: 0,
             st,
             response,
             tools,
@@ -136,11 +165,81 @@ impl ResponsesShape {
         }
     }
 
+    /// Reasoning text: opens the reasoning item when none is open, then a delta.
+    fn reason(&mut self, t: String, out: &mut Vec<StreamEvent>) {
+        if t.is_empty() {
+            return;
+        }
+        if self.thinking.is_none() {
+            let index = self.response.output.len();
+            let id = request_id("rs").replacen('-', "_", 1);
+            let item = json!({"type": "reasoning", "id": id, "summary": [], "content": [], "status": "in_progress"});
+            self.push(
+                out,
+                ev(
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": item}),
+                ),
+            );
+            self.response.output.push(OutputItem::Reasoning {
+                id: id.clone(),
+                summary: vec![],
+                content: vec![],
+                status: "in_progress",
+            });
+            self.thinking = Some(OpenText {
+                index,
+                id,
+                text: String::new(),
+            });
+        }
+        let Some(o) = self.thinking.as_mut() else { return };
+        o.text.push_str(&t);
+        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "delta": t});
+        self.push(out, ev("response.reasoning_text.delta", f));
+    }
+
+    /// Closes the reasoning item.
+    fn close_reasoning(&mut self, out: &mut Vec<StreamEvent>) {
+        let Some(o) = self.thinking.take() else { return };
+        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "text": o.text});
+        self.push(out, ev("response.reasoning_text.done", f));
+        let item = OutputItem::Reasoning {
+            id: o.id,
+            summary: vec![],
+            content: vec![ReasoningText {
+                kind: "reasoning_text",
+                text: o.text,
+            }],
+            status: "completed",
+        };
+        let f = json!({"output_index": o.index, "item": to_value(&item)});
+        self.push(out, ev("response.output_item.done", f));
+        self.response.output[o.index] = item;
+    }
+
+    /// A text delta through the reasoning splitter: reasoning goes to its item, the answer is returned.
+    fn route(&mut self, text: &str, end: bool, out: &mut Vec<StreamEvent>) -> String {
+        let mut parts = self.split.push(text);
+        if end {
+            parts.extend(self.split.finish());
+        }
+        let mut answer = String::new();
+        for p in parts {
+            match p {
+                Split::Reasoning(r) => self.reason(r, out),
+                Split::Content(c) => answer.push_str(&c),
+            }
+        }
+        answer
+    }
+
     /// Text: opens the message item when none is open, then a delta.
     fn text(&mut self, t: String, out: &mut Vec<StreamEvent>) {
         if t.is_empty() {
             return;
         }
+        self.close_reasoning(out);
         if self.open.is_none() {
             let index = self.response.output.len();
             let id = request_id("msg").replacen('-', "_", 1);
@@ -196,6 +295,7 @@ impl ResponsesShape {
 
     /// A complete call: its own item, opened and closed at once.
     fn call(&mut self, c: ParsedCall, out: &mut Vec<StreamEvent>) {
+        self.close_reasoning(out);
         self.close_text("completed", out);
         let index = self.response.output.len();
         let item = self.call_item(&c);
@@ -221,7 +321,7 @@ impl ResponsesShape {
                     "arguments",
                 )
             }
-            OutputItem::Message { .. } => return,
+            OutputItem::Message { .. } | OutputItem::Reasoning { .. } => return,
         };
         added["status"] = json!("in_progress");
         self.push(
@@ -252,7 +352,9 @@ impl ResponsesShape {
 
     /// Status and incomplete details from how generation ended.
     fn conclude(&mut self, usage: &Usage) {
-        self.response.usage = Some(usage_of(usage));
+        let mut u = usage_of(usage);
+        u.output_tokens_details.reasoning_tokens = self.reasoning_tokens;
+        self.response.usage = Some(u);
         if self.finish == Some(FinishReason::Length) {
             self.response.status = "incomplete";
             self.response.incomplete_details = Some(Incomplete {
@@ -300,6 +402,8 @@ impl ResponsesShape {
                         .get_or_insert_with(Vec::new)
                         .push(tool_call(call_id, name, args));
                 }
+                // the next turn re-reads the conversation, not the thinking
+                OutputItem::Reasoning { .. } => {}
             }
         }
         conv.push(turn);
@@ -352,6 +456,11 @@ impl Shape for ResponsesShape {
 
     fn token(&mut self, _: usize, _: usize, _: u32, text: String, _: Option<TokenLogprob>) -> Vec<StreamEvent> {
         let mut out = vec![];
+        let before = self.seq;
+        let text = self.route(&text, false, &mut out);
+        if text.is_empty() && (self.seq > before || self.thinking.is_some()) {
+            self.reasoning_tokens += 1;
+        }
         match self.tools.clone() {
             Some(spec) => {
                 let pieces = self.calls.push(&spec, &text);
@@ -372,6 +481,8 @@ impl Shape for ResponsesShape {
     ) -> Vec<StreamEvent> {
         let mut out = vec![];
         self.finish = Some(reason);
+        let text = self.route(&text, true, &mut out);
+        self.close_reasoning(&mut out);
         match self.tools.clone() {
             Some(spec) => {
                 let mut pieces = self.calls.push(&spec, &text);
@@ -409,6 +520,7 @@ impl Shape for ResponsesShape {
 
     fn failed(&mut self, e: &EngineError) -> Option<Vec<StreamEvent>> {
         let mut out = vec![];
+        self.close_reasoning(&mut out);
         self.close_text("incomplete", &mut out);
         self.response.status = "failed";
         self.response.error = Some(ResponseError {
@@ -425,6 +537,15 @@ impl Shape for ResponsesShape {
         if let Some(ch) = choices.into_iter().next() {
             self.finish = ch.finish;
             let mut sink = vec![];
+            let (reasoning, answer) = ReasoningSplit::whole(&self.prompt_tail, &ch.text);
+            if let Some(r) = reasoning {
+                // (a whole answer: the reasoning's share of the tokens is estimated by its share of the text)
+                let share = r.len() as f64 / ch.text.len().max(1) as f64;
+                self.reasoning_tokens = (share * ch.tokens.len() as f64).round() as usize;
+                self.reason(r, &mut sink);
+                self.close_reasoning(&mut sink);
+            }
+            let ch = ChoiceOut { text: answer, ..ch };
             match self.tools.clone() {
                 Some(spec) => {
                     let (content, calls) = spec.parse(&ch.text);

@@ -230,6 +230,21 @@ pub enum OutputItem {
         input: String,
         status: &'static str,
     },
+    /// What the model thought before answering (models that think).
+    Reasoning {
+        id: String,
+        summary: Vec<Value>,
+        content: Vec<ReasoningText>,
+        status: &'static str,
+    },
+}
+
+/// A `reasoning_text` part.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReasoningText {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub text: String,
 }
 
 /// An `output_text` part.

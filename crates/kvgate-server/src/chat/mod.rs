@@ -2,6 +2,10 @@
 //! `chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`), then generated like a
 //! completion; non-streaming or SSE (`chat.completion.chunk`), with `logprobs` / `top_logprobs`.
 
+mod shape;
+
+use shape::{ChatShape, ReasoningWanted};
+
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -9,24 +13,21 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kvgate_engine::{FinishReason, GenerateRequest, StopMatch, TokenLogprob, Usage};
+use kvgate_engine::GenerateRequest;
 use kvgate_model::prompt::{render_conversation, Message, PromptTools, Role};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
+use crate::events::{now_secs, request_id, submit_all};
 use crate::openai::request::{endpoint_body, ChatFields};
-use crate::openai::respond::{respond, PromptLogprobs, Shape, StreamUsage};
-use crate::openai::response::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
-    StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
-};
+use crate::openai::respond::{respond, StreamUsage};
 use crate::params::kind;
+use crate::reasoning::ReasoningSplit;
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
 use crate::structured;
-use crate::tools::stream::{CallStream, Piece};
-use crate::tools::{self, call_id, ParsedCall, ToolSpec};
+use crate::tools::stream::CallStream;
+use crate::tools::{self, ToolSpec};
 
 /// Checks and normalises OpenAI chat messages: content parts of type `text` are joined with newlines
 /// (as vLLM does for string-content templates); anything else is refused with its location.
@@ -176,76 +177,6 @@ pub fn render_with_tools(
         .map_err(|e| ApiError::param("messages", e.to_string()))
 }
 
-fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> ChatLogprobs {
-    let text = |id: u32| st.tokenizer.decode(&[id], false).unwrap_or_default();
-    let content = lps
-        .iter()
-        .map(|l| {
-            let s = text(l.token);
-            TokenLogprobOut {
-                bytes: s.as_bytes().to_vec(),
-                token: s,
-                logprob: l.logprob,
-                top_logprobs: l
-                    .top
-                    .iter()
-                    .map(|&(id, lp)| {
-                        let s = text(id);
-                        TopLogprob {
-                            bytes: s.as_bytes().to_vec(),
-                            token: s,
-                            logprob: lp,
-                        }
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
-    ChatLogprobs { content }
-}
-
-/// A parsed call as it goes out (`index` only in stream deltas).
-fn call_out(c: &ParsedCall, index: Option<usize>) -> ToolCallOut {
-    ToolCallOut {
-        index,
-        id: call_id(),
-        kind: "function",
-        function: FunctionCallOut {
-            name: c.name.clone(),
-            arguments: c.arguments.clone(),
-        },
-    }
-}
-
-/// The assistant message of a finished choice: tool calls parsed out when tools were offered.
-fn message(text: &str, tools: Option<&ToolSpec>) -> (AssistantMessage, bool) {
-    let Some(spec) = tools else {
-        let m = AssistantMessage {
-            role: "assistant",
-            content: Some(text.to_string()),
-            tool_calls: None,
-        };
-        return (m, false);
-    };
-    let (content, calls) = spec.parse(text);
-    let called = !calls.is_empty();
-    let m = AssistantMessage {
-        role: "assistant",
-        content,
-        // omitted when the model made none, as OpenAI does
-        tool_calls: called.then(|| calls.iter().map(|c| call_out(c, None)).collect()),
-    };
-    (m, called)
-}
-
-/// `finish_reason`: `tool_calls` when a choice that stopped by itself made calls.
-fn finish_reason(reason: Option<FinishReason>, called: bool) -> Option<&'static str> {
-    match reason {
-        Some(FinishReason::Stop) if called => Some("tool_calls"),
-        r => r.map(FinishReason::as_str),
-    }
-}
-
 /// The handler.
 pub async fn chat_completions(
     State(st): State<Arc<AppState>>,
@@ -280,6 +211,12 @@ pub async fn chat_completions(
             ));
         }
     }
+    if cf.stream_reasoning == Some(false) {
+        return Err(ApiError::param(
+            "stream_reasoning",
+            "'stream_reasoning: false' is not supported by kvgate (reasoning is streamed as it comes)",
+        ));
+    }
     let tool_spec = tools::read(cf.tools.as_ref(), cf.tool_choice.as_ref(), cf.parallel_tool_calls)?;
     let mut constraint = structured::read(&so)?;
     if let Some(g) = tool_spec.as_ref().and_then(ToolSpec::grammar) {
@@ -293,6 +230,11 @@ pub async fn chat_completions(
     }
     st.check_prompt_bytes("messages", message_bytes(&messages))?;
     let text = render_with_tools(&st, &messages, add_gen && !cont, cont, &kwargs, tool_spec.as_ref())?;
+    let reasoning = ReasoningWanted {
+        separate: cf.separate_reasoning.unwrap_or(true),
+        include: cf.include_reasoning.unwrap_or(true),
+        prompt_tail: text[text.floor_char_boundary(text.len().saturating_sub(32))..].to_string(),
+    };
     let ids = st.encode("messages", text, false).await?;
     let mt = match (
         int_in("max_completion_tokens", cf.max_completion_tokens, 1, i64::MAX)?,
@@ -344,6 +286,8 @@ pub async fn chat_completions(
         want_lp,
         started: vec![false; n],
         calls: (0..n).map(|_| CallStream::default()).collect(),
+        splits: (0..n).map(|_| ReasoningSplit::new(&reasoning.prompt_tail)).collect(),
+        reasoning,
         tools: tool_spec,
     };
     let stream = c.stream.then_some(StreamUsage {
@@ -352,198 +296,4 @@ pub async fn chat_completions(
         prompt_tokens: prompt_len,
     });
     respond(tagged, n, stream, shape).await
-}
-
-/// How a chat completion writes engine events: `chat.completion` and `chat.completion.chunk`, the
-/// assistant role opening each choice, tool calls parsed out of the text when tools were offered.
-struct ChatShape {
-    st: Arc<AppState>,
-    id: String,
-    created: u64,
-    model: String,
-    want_lp: bool,
-    /// Per choice: whether its role chunk went out.
-    started: Vec<bool>,
-    /// Per choice: its tool-call parser (when tools were offered).
-    calls: Vec<CallStream>,
-    tools: Option<ToolSpec>,
-}
-
-impl ChatShape {
-    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<UsageOut>) -> ChatChunk {
-        ChatChunk {
-            id: self.id.clone(),
-            object: "chat.completion.chunk",
-            created: self.created,
-            model: self.model.clone(),
-            choices,
-            usage,
-        }
-    }
-
-    fn delta(&self, index: usize, delta: Delta) -> ChatChunk {
-        self.chunk(
-            vec![ChunkChoice {
-                index,
-                delta,
-                logprobs: None,
-                finish_reason: None,
-                stop_reason: None,
-            }],
-            None,
-        )
-    }
-
-    /// The role chunk, before a choice's first delta.
-    fn open(&mut self, index: usize, out: &mut Vec<ChatChunk>) {
-        if let Some(false) = self.started.get(index) {
-            self.started[index] = true;
-            let d = Delta {
-                role: Some("assistant"),
-                content: Some(String::new()),
-                tool_calls: None,
-            };
-            out.push(self.delta(index, d));
-        }
-    }
-
-    /// Text pieces of a choice as deltas, calls numbered after the calls it already made.
-    fn pieces(&self, index: usize, pieces: Vec<Piece>) -> Vec<ChatChunk> {
-        let made = self.calls.get(index).map_or(0, CallStream::calls);
-        let mut k = made - pieces.iter().filter(|p| matches!(p, Piece::Call(_))).count();
-        pieces
-            .into_iter()
-            .map(|p| match p {
-                Piece::Content(t) => Delta {
-                    content: Some(t),
-                    ..Default::default()
-                },
-                Piece::Call(c) => {
-                    k += 1;
-                    Delta {
-                        tool_calls: Some(vec![call_out(&c, Some(k - 1))]),
-                        ..Default::default()
-                    }
-                }
-            })
-            .map(|d| self.delta(index, d))
-            .collect()
-    }
-}
-
-impl Shape for ChatShape {
-    type Chunk = ChatChunk;
-    type Body = ChatCompletion;
-
-    fn token(
-        &mut self,
-        _prompt: usize,
-        index: usize,
-        _token: u32,
-        text: String,
-        logprob: Option<TokenLogprob>,
-    ) -> Vec<ChatChunk> {
-        let mut out = vec![];
-        self.open(index, &mut out);
-        let lp = match (self.want_lp, logprob) {
-            (true, Some(l)) => Some(chat_logprobs(&self.st, &[l])),
-            _ => None,
-        };
-        let pieces = match (&self.tools, self.calls.get_mut(index)) {
-            (Some(spec), Some(cs)) => Some(cs.push(spec, &text)),
-            _ => None,
-        };
-        match pieces {
-            Some(pieces) => {
-                out.extend(self.pieces(index, pieces));
-                if lp.is_some() {
-                    let mut c = self.delta(index, Delta::default());
-                    c.choices[0].logprobs = lp;
-                    out.push(c);
-                }
-            }
-            None => {
-                if !text.is_empty() || lp.is_some() {
-                    let d = Delta {
-                        content: Some(text),
-                        ..Default::default()
-                    };
-                    let mut c = self.delta(index, d);
-                    c.choices[0].logprobs = lp;
-                    out.push(c);
-                }
-            }
-        }
-        out
-    }
-
-    fn finished(
-        &mut self,
-        _prompt: usize,
-        index: usize,
-        reason: FinishReason,
-        text: String,
-        stop: Option<StopMatch>,
-    ) -> Vec<ChatChunk> {
-        let mut out = vec![];
-        self.open(index, &mut out);
-        let pieces = match (&self.tools, self.calls.get_mut(index)) {
-            (Some(spec), Some(cs)) => {
-                let mut pieces = cs.push(spec, &text);
-                pieces.extend(cs.finish(spec));
-                Some(pieces)
-            }
-            _ => None,
-        };
-        let delta = match pieces {
-            Some(pieces) => {
-                out.extend(self.pieces(index, pieces));
-                Delta::default()
-            }
-            None if text.is_empty() => Delta::default(),
-            None => Delta {
-                content: Some(text),
-                ..Default::default()
-            },
-        };
-        let called = self.calls.get(index).is_some_and(|c| c.calls() > 0);
-        let mut c = self.delta(index, delta);
-        c.choices[0].finish_reason = finish_reason(Some(reason), called);
-        c.choices[0].stop_reason = StopReason::of(&stop);
-        out.push(c);
-        out
-    }
-
-    fn usage_chunk(&self, usage: UsageOut) -> ChatChunk {
-        self.chunk(vec![], Some(usage))
-    }
-
-    fn set_running_usage(chunk: &mut ChatChunk, usage: UsageOut) {
-        chunk.usage.get_or_insert(usage);
-    }
-
-    fn body(self, choices: Vec<ChoiceOut>, _: PromptLogprobs, usage: Usage) -> ChatCompletion {
-        let choices = choices
-            .iter()
-            .enumerate()
-            .map(|(i, ch)| {
-                let (message, called) = message(&ch.text, self.tools.as_ref());
-                ChatChoice {
-                    index: i,
-                    message,
-                    logprobs: self.want_lp.then(|| chat_logprobs(&self.st, &ch.logprobs)),
-                    finish_reason: finish_reason(ch.finish, called),
-                    stop_reason: StopReason::of(&ch.stop),
-                }
-            })
-            .collect();
-        ChatCompletion {
-            id: self.id,
-            object: "chat.completion",
-            created: self.created,
-            model: self.model,
-            choices,
-            usage: UsageOut::of(&usage),
-        }
-    }
 }

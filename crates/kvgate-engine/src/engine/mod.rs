@@ -8,6 +8,10 @@
 //! stopped, cancelled (stream dropped or abort), failed, or the engine resetting after a failed or
 //! panicking step (the requests in flight fail with an error and the engine keeps serving).
 
+mod tier_io;
+
+use tier_io::open_tier;
+
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -30,7 +34,7 @@ use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
 use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
 use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
-use crate::tier::{SecondTier, TierConfig};
+use crate::tier::TierConfig;
 
 /// The engine's state, owned by its thread.
 pub(crate) struct Engine {
@@ -184,26 +188,6 @@ pub fn start_with_backend(
         .spawn(move || engine.run(rx))
         .map_err(|e| EngineError::Spawn(e.to_string()))?;
     Ok(EngineHandle::new(tx, shared))
-}
-
-/// Opens the second tier for `backend`'s blocks, under its current fingerprint.
-fn open_tier(cfg: &TierConfig, backend: &dyn Backend) -> Result<SecondTier, EngineError> {
-    let shape = backend.cache_shape();
-    let tier = SecondTier::open(
-        cfg,
-        shape.block_size(),
-        shape.bytes_per_block(),
-        backend.kv_fingerprint(),
-    )
-    .map_err(|e| EngineError::Config(format!("--kv-offload-dir: {e}")))?;
-    info!(
-        memory_bytes = cfg.memory_bytes,
-        disk_bytes = cfg.disk_bytes,
-        spill_file = ?tier.spill_path(),
-        reloaded = tier.stats().spill.reloaded,
-        "second KV tier"
-    );
-    Ok(tier)
 }
 
 struct AliveGuard(Arc<Shared>);
@@ -555,54 +539,6 @@ impl Engine {
             self.rec.grammar_mask_done(t);
         }
         Ok(logits?)
-    }
-
-    /// Carries out the plan's tier operations: reads every spilled block (before anything overwrites
-    /// it), writes every restored one, then stores the spilled bytes in the tier.
-    fn flush_tier(&mut self) -> Result<(), EngineError> {
-        let ops = self.sched.take_tier_ops();
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let t0 = Instant::now();
-        let bpb = self.backend.capacity().bytes_per_block;
-        let mut spilled = Vec::with_capacity(ops.spills.len());
-        for (b, meta) in ops.spills {
-            let mut bytes = Vec::with_capacity(bpb);
-            self.backend.read_block(b.into(), &mut bytes)?;
-            spilled.push((meta, bytes));
-        }
-        let t1 = Instant::now();
-        let mut restored = 0u64;
-        for r in &ops.restores {
-            self.backend.write_block(r.block.into(), &r.bytes)?;
-            restored += r.bytes.len() as u64;
-        }
-        let restore_secs = t1.elapsed().as_secs_f64();
-        if let Some(tier) = self.sched.tier_mut() {
-            for (meta, bytes) in spilled {
-                tier.store(meta, bytes);
-            }
-        }
-        self.rec.tier_io(restored, restore_secs, (t1 - t0).as_secs_f64());
-        Ok(())
-    }
-
-    /// At shutdown, with a spill file: what the memory tier holds and every cached block of the hot
-    /// pool (least recently used first) go to the file, so the next run over it finds whole prefixes,
-    /// not only what was evicted (a shared system prompt is never evicted).
-    fn spill_hot_pool(&mut self) {
-        if self.sched.tier().is_none_or(|t| t.spill_path().is_none()) {
-            return;
-        }
-        let (blocks, metas): (Vec<_>, Vec<_>) = self.sched.pool().cached_blocks().into_iter().unzip();
-        let backend = &self.backend;
-        let Some(t) = self.sched.tier_mut() else { return };
-        let n = t.persist(metas, |i| {
-            let mut bytes = vec![];
-            backend.read_block(blocks[i].into(), &mut bytes).ok().map(|_| bytes)
-        });
-        info!(blocks = n, spill_file = ?t.spill_path(), "hot cache written to the spill file");
     }
 
     /// Calibration on the first batch, before anything is written: `--calculate-kv-scales` sets the
