@@ -1,7 +1,7 @@
 //! The decode floor under a flood of prompts, against the real `serve` on the default model: one
 //! completion decodes 160 tokens (a short prompt, greedy) alone, then again with 24 prompts of ~400
 //! tokens arriving 0.3 s after it started; its decode rate under the flood as a share of the unloaded
-//! one, with the default `--decode-floor 0.6` and with the floor off, side by side in one run.
+//! one, with the default `--decode-floor 0.7` and with the floor off, side by side in one run.
 //! `cargo bench --bench flood` prints a table (~4 minutes on 2 cores).
 
 use std::time::Instant;
@@ -61,7 +61,7 @@ fn run(floor: &str, prompts: usize, chars: usize) -> (f64, f64, f64) {
 fn main() {
     let mut rows = vec![];
     // FLOOD_FLOORS=0.5,0.6,0 compares other shares
-    let floors = std::env::var("FLOOD_FLOORS").unwrap_or_else(|_| "0.6,0".into());
+    let floors = std::env::var("FLOOD_FLOORS").unwrap_or_else(|_| "0.7,0".into());
     // FLOOD_PROMPTS=512 FLOOD_CHARS=400: guidellm's flood, shorter prompts
     let prompts: usize = std::env::var("FLOOD_PROMPTS")
         .ok()

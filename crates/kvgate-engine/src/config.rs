@@ -87,7 +87,7 @@ impl Default for EngineConfig {
             max_retained_blocks: None,
             session_window: None,
             admission: Admission::cache_aware(30_000),
-            decode_share: 0.6,
+            decode_share: 0.7,
             tier: TierConfig::default(),
         }
     }

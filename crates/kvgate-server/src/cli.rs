@@ -410,6 +410,14 @@ async fn run(args: Args) -> Result<(), StartError> {
         header_read: Duration::from_secs(args.header_read_timeout.max(1)),
         max_connections: args.max_connections.max(1),
     };
+    match crate::listen::raise_open_files(conn_limits.max_connections) {
+        Some(n) if (n as usize) < conn_limits.max_connections + 64 => warn!(
+            open_files = n,
+            max_connections = conn_limits.max_connections,
+            "the open-file limit is below --max-connections; connections past it fail at accept (raise ulimit -n)"
+        ),
+        _ => {}
+    }
     let opts = BuildOptions {
         is_default,
         metrics,

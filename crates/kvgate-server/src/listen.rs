@@ -140,3 +140,29 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Raises the soft limit on open files to hold `connections` sockets besides the model and spill files
+/// (never above the hard limit); returns the soft limit now in force (`None` when it cannot be read).
+pub fn raise_open_files(connections: usize) -> Option<u64> {
+    let want = connections as libc::rlim_t + 256;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed by pointer.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want.min(lim.rlim_max),
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+    }
+    Some(lim.rlim_cur)
+}

@@ -73,15 +73,16 @@ pub struct TokenizeSlots {
 }
 
 impl TokenizeSlots {
-    /// Slots for `tok`: as many at once as there are cores, up to 256 waiting.
-    pub fn new(tok: &Tokenizer) -> TokenizeSlots {
+    /// Slots for `tok`: as many at once as there are cores, up to `max_waiting` waiting (the engine's
+    /// `--max-queue`: a burst the engine would queue is not refused before it gets there).
+    pub fn new(tok: &Tokenizer, max_waiting: usize) -> TokenizeSlots {
         let longest_token = tok.token_bytes().iter().map(|(b, _)| b.len()).max().unwrap_or(1).max(1);
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         TokenizeSlots {
             longest_token,
             slots: Arc::new(tokio::sync::Semaphore::new(cores)),
             waiting: std::sync::atomic::AtomicUsize::new(0),
-            max_waiting: 256,
+            max_waiting: max_waiting.max(1),
         }
     }
 }
@@ -134,7 +135,7 @@ impl AppState {
             engine,
             decisions,
             grammars: grammars_for(&tokenizer, &eos_token_ids, vocab_size),
-            tokenize: TokenizeSlots::new(&tokenizer),
+            tokenize: TokenizeSlots::new(&tokenizer, args.max_queue),
             eos_token_ids,
             tokenizer,
             chat,

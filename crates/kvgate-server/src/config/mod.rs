@@ -115,7 +115,7 @@ pub struct Args {
     /// Share of the time running streams keep under a flood of prompts: after a step that prefilled
     /// while streams were decoding, decode-only steps run for that step's time × share / (1 − share)
     /// (at most 5 s); 0 turns the floor off
-    #[arg(long, env = "KVGATE_DECODE_FLOOR", default_value_t = 0.6)]
+    #[arg(long, env = "KVGATE_DECODE_FLOOR", default_value_t = 0.7)]
     pub decode_floor: f64,
 
     /// Seconds a session's state stays retained for its next turn (every /v1/systemone state without a
@@ -187,8 +187,9 @@ pub struct Args {
     #[arg(long, env = "KVGATE_BODY_READ_TIMEOUT", default_value_t = 30)]
     pub body_read_timeout: u64,
 
-    /// Connections open at once; past it new ones are closed at once (and logged)
-    #[arg(long, env = "KVGATE_MAX_CONNECTIONS", default_value_t = 512)]
+    /// Connections open at once; past it new ones are closed at once (and logged). The process's
+    /// open-file limit is raised (up to its hard limit) to hold them
+    #[arg(long, env = "KVGATE_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
     /// Waiting requests before new ones get 429
