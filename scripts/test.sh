@@ -16,4 +16,6 @@ export KVGATE_REQUIRE_NVRTC=1
 export KVGATE_JEVCOMPAT="$PWD/.ci/venv/bin/jevcompat"
 # The Python with the real clients (tests/openai_sdk.rs).
 export KVGATE_CI_PYTHON="$PWD/.ci/venv/bin/python"
+# The Node.js clients (tests/vercel_ai_sdk.rs).
+export KVGATE_CI_NODE="$PWD/.ci/node"
 cargo test --release --workspace "$@"
