@@ -8,7 +8,7 @@
 #     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs, and langchain-openai for
 #     tests/structured_clients.rs, the OpenAI Agents SDK for tests/agents_sdk.rs and pydantic-ai for
 #     tests/pydantic_ai.rs;
-#   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs.
+#   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs, Codex CLI for tests/codex_cli.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -58,13 +58,14 @@ if ! .ci/venv/bin/python -c "import pydantic_ai" 2>/dev/null; then
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check 'pydantic-ai-slim[openai]==2.68.0' openai==3.57.0
 fi
-# The Vercel AI SDK (tests/vercel_ai_sdk.rs: @ai-sdk/openai's default model API is /v1/responses), from npm.
-if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ]; then
+# The Vercel AI SDK (tests/vercel_ai_sdk.rs: @ai-sdk/openai's default model API is /v1/responses) and
+# Codex CLI (tests/codex_cli.rs: it speaks only /v1/responses), from npm.
+if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ] || [ ! -x .ci/node/node_modules/.bin/codex ]; then
   if command -v npm >/dev/null 2>&1; then
-    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118 and zod@4 into .ci/node"
+    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118, zod@4 and @openai/codex@0.169.0 into .ci/node"
     mkdir -p .ci/node
     [ -f .ci/node/package.json ] || echo '{"name": "kvgate-ci-clients", "private": true, "type": "module"}' > .ci/node/package.json
-    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4)
+    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4 @openai/codex@0.169.0)
   else
     echo "setup: npm not found; tests/vercel_ai_sdk.rs will fail until Node.js (>= 18) is installed" >&2
   fi
