@@ -356,3 +356,49 @@ fn giant_prompts_are_refused_by_their_bytes_before_tokenizing() {
     let (st, r) = s.post("/v1/completions", &json!({"prompt": "a ".repeat(100), "max_tokens": 1}));
     assert_eq!(st, 200, "{r}");
 }
+
+/// vLLM's `allowed_token_ids` (only those are sampled) and `bad_words` (never generated), on both
+/// endpoints; bad values are a 400 naming the field.
+#[test]
+fn allowed_token_ids_and_bad_words() {
+    let s = InProcess::tiny(&[]);
+    let (st, r) = s.post("/tokenize", &json!({"prompt": "b"}));
+    assert_eq!(st, 200, "{r}");
+    let b = r["tokens"][0].as_u64().unwrap();
+    let (st, r) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": true, "allowed_token_ids": [b]}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"][0]["text"], "bbbb", "{r}");
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &chat(json!({"max_tokens": 3, "temperature": 0, "ignore_eos": true, "allowed_token_ids": [b]})),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], "bbb", "{r}");
+    // bad_words: whatever greedy decoding writes first is then never written
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (_, r) = s.post("/v1/completions", &body);
+    let text = r["choices"][0]["text"].as_str().unwrap().to_string();
+    let first = text.chars().find(|c| c.is_alphanumeric()).expect("a letter");
+    let mut banned = body.clone();
+    banned["bad_words"] = json!([first.to_string()]);
+    let (st, r) = s.post("/v1/completions", &banned);
+    assert_eq!(st, 200, "{r}");
+    let again = r["choices"][0]["text"].as_str().unwrap();
+    assert!(!again.contains(first), "{first:?} in {again:?} (was {text:?})");
+    for (extra, field) in [
+        (json!({"allowed_token_ids": []}), "allowed_token_ids"),
+        (json!({"allowed_token_ids": [999999]}), "allowed_token_ids"),
+        (json!({"bad_words": [""]}), "bad_words"),
+    ] {
+        let mut b = body.clone();
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (st, r) = s.post("/v1/completions", &b);
+        assert_eq!(st, 400, "{b}: {r}");
+        assert_eq!(r["error"]["param"], field, "{r}");
+    }
+}

@@ -89,7 +89,7 @@ pub struct EngineStats {
 
 /// What the handle sends the engine thread; one variant per request kind registers it.
 pub(crate) enum Command {
-    Generate(RequestId, GenerateRequest, tmpsc::UnboundedSender<Event>),
+    Generate(RequestId, Box<GenerateRequest>, tmpsc::UnboundedSender<Event>),
     Decide(RequestId, DecideRequest, Reply),
     Abort(RequestId),
     Stats(oneshot::Sender<EngineStats>),
@@ -254,7 +254,7 @@ impl EngineHandle {
                 available: l.num_blocks,
             });
         }
-        self.submit(|id, tx| Command::Generate(id, req, tx))
+        self.submit(|id, tx| Command::Generate(id, Box::new(req), tx))
     }
 
     /// Takes a queue slot, sends the command, returns the request's stream.

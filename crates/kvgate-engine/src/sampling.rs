@@ -55,6 +55,11 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// The grammar the output must follow (structured outputs, tool calls).
     pub guide: Option<Guide>,
+    /// vLLM's `allowed_token_ids`: only these may be sampled (`None`: any).
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's `bad_words`, as token sequences: a sequence's last token is never sampled right after the
+    /// rest of it (a one-token word never).
+    pub bad_words: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -78,6 +83,8 @@ impl Default for SamplingParams {
             logprobs: None,
             prompt_logprobs: None,
             n: 1,
+            allowed_token_ids: None,
+            bad_words: vec![],
             skip_special_tokens: true,
             guide: None,
         }
@@ -137,6 +144,9 @@ pub struct Sampler {
     counts: HashMap<u32, u32>,
     prompt_tokens: Vec<u32>,
     generated: usize,
+    /// The last output tokens (as many as the longest bad word needs before its last token).
+    recent: Vec<u32>,
+    recent_len: usize,
 }
 
 impl Sampler {
@@ -157,6 +167,8 @@ impl Sampler {
             counts: HashMap::new(),
             prompt_tokens,
             generated: 0,
+            recent: vec![],
+            recent_len: p.bad_words.iter().map(|w| w.len().saturating_sub(1)).max().unwrap_or(0),
         }
     }
 
@@ -169,6 +181,30 @@ impl Sampler {
     pub(crate) fn note_forced(&mut self, tok: u32) {
         *self.counts.entry(tok).or_insert(0) += 1;
         self.generated += 1;
+        self.remember(tok);
+    }
+
+    /// Keeps the last output tokens, as long as the longest bad word needs them.
+    fn remember(&mut self, tok: u32) {
+        if self.recent_len > 0 {
+            self.recent.push(tok);
+            let extra = self.recent.len().saturating_sub(self.recent_len);
+            self.recent.drain(..extra);
+        }
+    }
+
+    /// Bans the tokens `p.bad_words` forbid after the output so far.
+    fn ban_bad_words(&mut self, x: &mut [f32], p: &SamplingParams) {
+        for w in &p.bad_words {
+            let Some((&last, before)) = w.split_last() else {
+                continue;
+            };
+            if self.recent.ends_with(before) {
+                if let Some(v) = x.get_mut(last as usize) {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+        }
     }
 
     /// Picks the next token from `logits` (`stop_ids` are masked while fewer than `min_tokens` were
@@ -186,6 +222,18 @@ impl Sampler {
             if let Some(v) = x.get_mut(t as usize) {
                 *v += b;
             }
+        }
+        if let Some(allowed) = &p.allowed_token_ids {
+            let mut keep = vec![f32::NEG_INFINITY; x.len()];
+            for &t in allowed {
+                if let (Some(k), Some(v)) = (keep.get_mut(t as usize), x.get(t as usize)) {
+                    *k = *v;
+                }
+            }
+            x = keep;
+        }
+        if !p.bad_words.is_empty() {
+            self.ban_bad_words(&mut x, p);
         }
         if self.generated < p.min_tokens {
             for &t in stop_ids {
@@ -241,6 +289,7 @@ impl Sampler {
         });
         *self.counts.entry(tok).or_insert(0) += 1;
         self.generated += 1;
+        self.remember(tok);
         (tok, lp)
     }
 
@@ -288,6 +337,29 @@ impl Sampler {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn allowed_token_ids_and_bad_words_shape_what_is_sampled() {
+        use super::*;
+        let logits = vec![5.0, 4.0, 3.0, 2.0, 1.0];
+        let p = SamplingParams {
+            temperature: 0.0,
+            allowed_token_ids: Some(vec![2, 3]),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&p, &[], 0);
+        assert_eq!(s.sample(&logits, &p, &[], None).0, 2, "the best allowed token");
+        // a one-token bad word is never sampled; a two-token one only after its first token
+        let p = SamplingParams {
+            temperature: 0.0,
+            bad_words: vec![vec![0], vec![1, 1]],
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&p, &[], 0);
+        assert_eq!(s.sample(&logits, &p, &[], None).0, 1, "0 is banned");
+        assert_eq!(s.sample(&logits, &p, &[], None).0, 2, "1 after 1 is banned");
+        assert_eq!(s.sample(&logits, &p, &[], None).0, 1, "1 after 2 is fine");
+    }
+
     use super::*;
 
     fn params() -> SamplingParams {

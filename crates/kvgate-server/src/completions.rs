@@ -167,6 +167,7 @@ pub async fn completions(
         st.engine.limits().vocab_size,
         Some(max_tokens.max(1)),
     )?;
+    c.params.bad_words = st.bad_words(sf.bad_words.as_ref())?;
     if score_only && c.params.min_tokens > 0 {
         return Err(ApiError::param(
             "min_tokens",

@@ -109,6 +109,21 @@ pub fn read(
             format!("'stop' may hold at most 64 items, got {}", p.stop.len()),
         ));
     }
+    if let Some(ids) = &b.allowed_token_ids {
+        if ids.is_empty() {
+            return Err(ApiError::param(
+                "allowed_token_ids",
+                "'allowed_token_ids' must not be empty",
+            ));
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ApiError::param(
+                "allowed_token_ids",
+                format!("'allowed_token_ids' holds {bad}, which is not a token id below {vocab}"),
+            ));
+        }
+        p.allowed_token_ids = Some(ids.clone());
+    }
     p.stop_token_ids = b.stop_token_ids.clone().unwrap_or_default();
     if let Some(&bad) = p.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
         return Err(ApiError::param(

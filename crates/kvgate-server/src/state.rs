@@ -197,6 +197,37 @@ impl AppState {
         Some(kvgate_engine::Retain { window, tenant })
     }
 
+    /// vLLM's `bad_words` as token sequences: each word as written and after a space (as it appears
+    /// inside a text), at most 256 words of at most 512 bytes.
+    pub fn bad_words(&self, words: Option<&Vec<String>>) -> Result<Vec<Vec<u32>>, ApiError> {
+        let Some(words) = words else { return Ok(vec![]) };
+        if words.len() > 256 {
+            return Err(ApiError::param(
+                "bad_words",
+                format!("'bad_words' may hold at most 256 words, got {}", words.len()),
+            ));
+        }
+        let mut out = vec![];
+        for (i, w) in words.iter().enumerate() {
+            if w.is_empty() || w.len() > 512 {
+                return Err(ApiError::param(
+                    "bad_words",
+                    format!("bad_words[{i}] must be 1 to 512 bytes, got {}", w.len()),
+                ));
+            }
+            for text in [w.clone(), format!(" {}", w.trim_start())] {
+                let ids = self
+                    .tokenizer
+                    .encode(&text, false)
+                    .map_err(|e| ApiError::param("bad_words", format!("bad_words[{i}]: {e}")))?;
+                if !ids.is_empty() && !out.contains(&ids) {
+                    out.push(ids);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// The most bytes a text of at most `max_model_len` tokens can have.
     pub fn max_prompt_bytes(&self) -> usize {
         self.engine

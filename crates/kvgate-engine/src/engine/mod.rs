@@ -283,7 +283,7 @@ impl Engine {
                     Some(path) => format!("\u{1}{path}\u{1}{salt}"),
                     None => salt.to_string(),
                 };
-                let (g, kind) = generate::admit(&mut self.sched, req, &salt, tx);
+                let (g, kind) = generate::admit(&mut self.sched, *req, &salt, tx);
                 self.register(id, g, kind);
             }
             Command::Decide(id, req, reply) => {

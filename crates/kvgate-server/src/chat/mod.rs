@@ -244,6 +244,7 @@ pub async fn chat_completions(
         (None, b) => b,
     };
     let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, mt)?;
+    c.params.bad_words = st.bad_words(sf.bad_words.as_ref())?;
     let room = st.engine.limits().room_after(ids.len())?;
     if !c.max_tokens_given {
         c.params.max_tokens = room;

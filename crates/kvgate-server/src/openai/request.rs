@@ -112,6 +112,10 @@ pub struct SamplingFields {
     /// OpenAI's session hint: the request's state is retained for the session's next turn.
     pub prompt_cache_key: Option<String>,
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's: only these token ids may be sampled.
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// vLLM's: words never generated (tokenized by the handler).
+    pub bad_words: Option<Vec<String>>,
     pub best_of: Refused,
     pub suffix: Refused,
     pub functions: Refused,
