@@ -84,6 +84,38 @@ pub struct ToolSpec {
     pub parallel_explicit: bool,
 }
 
+/// A tool's argument schema with undeclared keys forbidden wherever the schema does not say: every
+/// object schema without `additionalProperties` gets `false` (as OpenAI's strict tools and vLLM's
+/// default grammar backend read a missing one), so a forced call never carries keys the tool does not
+/// declare; a schema that sets it (`true` or a schema) keeps it.
+pub fn closed(mut schema: Value) -> Value {
+    fn walk(v: &mut Value, depth: usize) {
+        if depth > 64 {
+            return;
+        }
+        match v {
+            Value::Object(o) => {
+                let is_object = o
+                    .get("type")
+                    .is_some_and(|t| t == "object" || t.as_array().is_some_and(|a| a.contains(&json!("object"))))
+                    || o.contains_key("properties");
+                if is_object && !o.contains_key("additionalProperties") && !o.contains_key("patternProperties") {
+                    o.insert("additionalProperties".into(), Value::Bool(false));
+                }
+                for (k, child) in o.iter_mut() {
+                    if k != "const" && k != "enum" && k != "default" && k != "examples" {
+                        walk(child, depth + 1);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|c| walk(c, depth + 1)),
+            _ => {}
+        }
+    }
+    walk(&mut schema, 0);
+    schema
+}
+
 /// A call parsed from the output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedCall {
@@ -231,7 +263,7 @@ impl ToolSpec {
                     "type": "object",
                     "properties": {
                         "name": {"const": t.function.name},
-                        "arguments": t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
+                        "arguments": closed(t.function.parameters.clone().unwrap_or_else(|| json!({"type": "object"}))),
                     },
                     "required": ["name", "arguments"],
                     "additionalProperties": false,

@@ -184,3 +184,27 @@ fn history_is_rewritten_for_templates_without_tools() {
     assert_eq!(arr[3]["role"], "user");
     assert_eq!(arr[3]["content"], "<tool_response>\n1\n</tool_response>");
 }
+
+/// A forced call's argument schema forbids undeclared keys unless the schema allows them.
+#[test]
+fn tool_argument_schemas_are_closed_unless_they_say_otherwise() {
+    let open = json!({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                      "c": {"type": "array", "items": {"type": "object"}}, "d": {"const": {"type": "object"}}}});
+    let c = closed(open);
+    assert_eq!(c["additionalProperties"], false);
+    assert_eq!(c["properties"]["a"]["additionalProperties"], false);
+    assert_eq!(c["properties"]["c"]["items"]["additionalProperties"], false);
+    assert!(
+        c["properties"]["d"]["const"].get("additionalProperties").is_none(),
+        "values are not schemas"
+    );
+    let allowed = json!({"type": "object", "additionalProperties": true, "properties": {}});
+    assert_eq!(closed(allowed.clone()), allowed);
+    let GrammarSpec::Lark(g) = spec(ToolChoice::Named("add".into())).grammar().unwrap() else {
+        panic!()
+    };
+    assert!(
+        g.contains("\"b\":{\"type\":\"integer\"}},\"additionalProperties\":false}"),
+        "{g}"
+    );
+}
