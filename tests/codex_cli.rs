@@ -2,7 +2,9 @@
 //! speaks only `/v1/responses`, with a custom provider pointed at `serve` on the default model: `codex
 //! exec "Say hello."` in a scratch directory (read-only sandbox, its own CODEX_HOME) completes its turn —
 //! a ~6,400-token first request with Codex's instructions, function, `namespace` and `web_search` tools,
-//! `reasoning`, `include`, `store: false`, `prompt_cache_key` and `client_metadata`. `KVGATE_CI_NODE`
+//! `reasoning`, `include`, `store: false`, `prompt_cache_key` and `client_metadata` (a turn the sampled
+//! 135M model writes to the context limit ends `incomplete`, which Codex reports as an error: accepted
+//! as the model's answer, never a 4xx or a broken stream). `KVGATE_CI_NODE`
 //! names the directory (scripts/test.sh sets it); without it the test says so and checks nothing.
 
 mod common;
@@ -50,7 +52,11 @@ fn codex_exec_completes_a_turn() {
     );
     let _ = std::fs::remove_dir_all(&scratch);
     eprintln!("{text}");
-    assert!(out.status.success(), "codex exec failed:\n{text}");
+    // Codex samples (no temperature of its own), and the 135M model sometimes writes until the context
+    // is full: Codex then reports the `response.incomplete` as an error. That is the model's answer,
+    // not the protocol; anything else that fails the turn is.
+    let ran_out = text.contains("Incomplete response returned, reason: max_output_tokens");
+    assert!(out.status.success() || ran_out, "codex exec failed:\n{text}");
     let log = s.log_text();
     assert!(
         log.contains("route=/v1/responses status=200"),
