@@ -177,7 +177,15 @@ fn evicted_state_is_restored_and_survives_a_restart_through_the_spill_file() {
     }
     let (_, cached) = ask(&s, 0, " Reply:");
     assert!(cached >= prompt - 32, "restored: {cached} of {prompt}");
-    let restored = s.metric("kvgate:kv_tier_restored_blocks_total");
+    // the engine records its metrics after the step that answered: wait for them
+    let settled = |s: &Server, name: &str, at_least: f64| {
+        let t0 = Instant::now();
+        while s.metric(name) < at_least && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s.metric(name)
+    };
+    let restored = settled(&s, "kvgate:kv_tier_restored_blocks_total", (prompt / 16 - 2) as f64);
     assert!(restored >= (prompt / 16 - 2) as f64, "restored blocks: {restored}");
     assert!(s.metric("kvgate:kv_tier_restore_bytes_total") > 0.0);
     assert!(
@@ -211,7 +219,11 @@ fn evicted_state_is_restored_and_survives_a_restart_through_the_spill_file() {
         "restored from the spill file after a restart: {cached} of {prompt}"
     );
     assert!(
-        s.metric("kvgate:prefix_cache_hits_by_tier_total{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}") >= 200.0
+        settled(
+            &s,
+            "kvgate:prefix_cache_hits_by_tier_total{model_name=\"smollm2-135m-instruct\",tier=\"disk\"}",
+            200.0
+        ) >= 200.0
     );
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
