@@ -9,7 +9,8 @@
 //! [`Backend`] seam (its own crate, `kvgate-backend`; [`open_backend`] is the one factory `--device`
 //! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass),
 //! `requests` (the request kinds behind one trait: completions sample, stop, detokenize and stream;
-//! decisions read label log-probs and answer once), [`metrics`].
+//! decisions read label log-probs and answer once), [`tier`] (the second KV tier: evicted blocks kept by
+//! content in host memory and a spill file, restored through the backend's copy interface), [`metrics`].
 
 mod batch;
 mod block_pool;
