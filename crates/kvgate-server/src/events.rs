@@ -148,6 +148,13 @@ pub fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// An id as OpenAI writes the Responses API's (`resp_…`, `msg_…`, `fc_…`, `call_…`): the prefix joined by
+/// an underscore.
+pub fn item_id(prefix: &str) -> String {
+    let id = request_id(prefix);
+    format!("{prefix}_{}", &id[prefix.len() + 1..])
+}
+
 /// A random-looking request id with a prefix.
 pub fn request_id(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

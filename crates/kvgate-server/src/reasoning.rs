@@ -45,6 +45,11 @@ fn partial_suffix(s: &str, pat: &str) -> usize {
 }
 
 impl ReasoningSplit {
+    /// The end of a rendered prompt, as much as [`ReasoningSplit::new`] reads of it.
+    pub fn tail_of(prompt: &str) -> String {
+        prompt[prompt.floor_char_boundary(prompt.len().saturating_sub(32))..].to_string()
+    }
+
     /// A splitter for an output whose prompt ends as `prompt_tail` (it may have opened the thinking).
     pub fn new(prompt_tail: &str) -> ReasoningSplit {
         let opened = prompt_tail.trim_end().ends_with(OPEN);

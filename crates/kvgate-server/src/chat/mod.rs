@@ -233,7 +233,7 @@ pub async fn chat_completions(
     let reasoning = ReasoningWanted {
         separate: cf.separate_reasoning.unwrap_or(true),
         include: cf.include_reasoning.unwrap_or(true),
-        prompt_tail: text[text.floor_char_boundary(text.len().saturating_sub(32))..].to_string(),
+        prompt_tail: ReasoningSplit::tail_of(&text),
     };
     let ids = st.encode("messages", text, false).await?;
     let mt = match (

@@ -67,6 +67,17 @@ fn call(call_id: &str, name: &str, arguments: Value) -> ToolCall {
     }
 }
 
+/// A function call as templates read it (its arguments parsed when they are JSON).
+pub(super) fn function_call(call_id: &str, name: &str, arguments: &str) -> ToolCall {
+    let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()));
+    call(call_id, name, args)
+}
+
+/// A custom tool call as templates read it: a function of one string `input`.
+pub(super) fn custom_call(call_id: &str, name: &str, input: &str) -> ToolCall {
+    call(call_id, name, json!({ "input": input }))
+}
+
 /// The items of `input` (a string is one user message).
 pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
     match input {
@@ -123,13 +134,8 @@ pub fn conversation(
                 call_id,
                 name,
                 arguments,
-            } => {
-                let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.clone()));
-                push_call(&mut msgs, call(call_id, name, args));
-            }
-            Item::CustomToolCall { call_id, name, input } => {
-                push_call(&mut msgs, call(call_id, name, json!({ "input": input })));
-            }
+            } => push_call(&mut msgs, function_call(call_id, name, arguments)),
+            Item::CustomToolCall { call_id, name, input } => push_call(&mut msgs, custom_call(call_id, name, input)),
             Item::FunctionCallOutput { call_id, output } | Item::CustomToolCallOutput { call_id, output } => {
                 let mut m = message(Role::Tool, text_of(output, &at)?);
                 m.tool_call_id = Some(call_id.clone());

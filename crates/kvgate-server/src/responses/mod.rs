@@ -28,9 +28,10 @@ use serde_json::{json, Map, Value};
 
 use crate::chat::render_with_tools;
 use crate::error::ApiError;
-use crate::events::{now_secs, request_id, submit_all};
+use crate::events::{item_id, now_secs, submit_all};
 use crate::openai::request::{strict_body, SamplingFields};
 use crate::openai::respond::{respond, StreamUsage};
+use crate::reasoning::ReasoningSplit;
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
 use crate::structured;
@@ -225,7 +226,7 @@ pub async fn create(
         constraint = Some(("tool_choice", g));
     }
     let text = render_with_tools(&st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
-    let prompt_tail = text[text.floor_char_boundary(text.len().saturating_sub(32))..].to_string();
+    let prompt_tail = ReasoningSplit::tail_of(&text);
     let ids = st.encode("input", text, false).await?;
     let sf = sampling_fields(&b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
@@ -237,7 +238,7 @@ pub async fn create(
     if let Some((field, spec)) = constraint {
         c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
     }
-    let id = request_id("resp").replacen('-', "_", 1);
+    let id = item_id("resp");
     c.cache_salt = st.salted(tenant, c.cache_salt.take());
     // a stored response may be continued: its state is a session's (retained for the next turn)
     let hint = b.prompt_cache_key.clone().or_else(|| store.then(|| id.clone()));

@@ -11,15 +11,16 @@
 use std::sync::Arc;
 
 use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
-use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
+use kvgate_model::prompt::{Message, Role};
 use serde_json::{json, Map, Value};
 
+use super::input::{custom_call, function_call};
 use super::wire::{
     Incomplete, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, ResponseUsage, StreamEvent,
 };
 use super::wire::{InputDetails, OutputDetails};
 use crate::error::ApiError;
-use crate::events::{request_id, ChoiceOut};
+use crate::events::{item_id, ChoiceOut};
 use crate::openai::respond::{PromptLogprobs, Shape};
 use crate::openai::response::UsageOut;
 use crate::reasoning::{ReasoningSplit, Split};
@@ -142,7 +143,7 @@ impl ResponsesShape {
     }
 
     fn call_item(&self, c: &ParsedCall) -> OutputItem {
-        let (id, call_id) = (request_id("fc").replacen('-', "_", 1), call_id());
+        let (id, call_id) = (item_id("fc"), call_id());
         if self.custom.contains(&c.name) {
             let input = serde_json::from_str::<Value>(&c.arguments)
                 .ok()
@@ -172,7 +173,7 @@ impl ResponsesShape {
         }
         if self.thinking.is_none() {
             let index = self.response.output.len();
-            let id = request_id("rs").replacen('-', "_", 1);
+            let id = item_id("rs");
             let item = json!({"type": "reasoning", "id": id, "summary": [], "content": [], "status": "in_progress"});
             self.push(
                 out,
@@ -242,7 +243,7 @@ impl ResponsesShape {
         self.close_reasoning(out);
         if self.open.is_none() {
             let index = self.response.output.len();
-            let id = request_id("msg").replacen('-', "_", 1);
+            let id = item_id("msg");
             let item =
                 json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
             self.push(
@@ -388,20 +389,16 @@ impl ResponsesShape {
                     name,
                     arguments,
                     ..
-                } => {
-                    let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.clone()));
-                    turn.tool_calls
-                        .get_or_insert_with(Vec::new)
-                        .push(tool_call(call_id, name, args));
-                }
+                } => turn
+                    .tool_calls
+                    .get_or_insert_with(Vec::new)
+                    .push(function_call(call_id, name, arguments)),
                 OutputItem::CustomToolCall {
                     call_id, name, input, ..
-                } => {
-                    let args = json!({ "input": input });
-                    turn.tool_calls
-                        .get_or_insert_with(Vec::new)
-                        .push(tool_call(call_id, name, args));
-                }
+                } => turn
+                    .tool_calls
+                    .get_or_insert_with(Vec::new)
+                    .push(custom_call(call_id, name, input)),
                 // the next turn re-reads the conversation, not the thinking
                 OutputItem::Reasoning { .. } => {}
             }
@@ -413,17 +410,6 @@ impl ResponsesShape {
     /// The response as a stream event's `response` field.
     fn snapshot(&self) -> Value {
         to_value(&self.response)
-    }
-}
-
-fn tool_call(call_id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: Value::String(call_id.to_string()),
-        kind: ToolCallKind::Function,
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
-        },
     }
 }
 

@@ -387,7 +387,7 @@ fn may_be_bare(t: &str) -> bool {
 
 /// A fresh tool-call id.
 pub fn call_id() -> String {
-    crate::events::request_id("call").replacen("call-", "call_", 1)
+    crate::events::item_id("call")
 }
 
 /// Normalises an assistant message's `tool_calls` (OpenAI's shape; `arguments` is a JSON string) for
