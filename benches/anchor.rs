@@ -226,6 +226,7 @@ fn weight_bytes_per_token(model: &Path) -> Option<f64> {
         &kvgate_model::LoadOptions {
             max_model_len: Some(4096),
             int8_activations: std::env::var("KVGATE_ARGS").is_ok_and(|a| a.contains("int8")),
+            f32_weights: false,
         },
     )
     .ok()?;

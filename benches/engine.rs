@@ -17,6 +17,7 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         &LoadOptions {
             max_model_len: Some(4096),
             int8_activations: false,
+            f32_weights: false,
         },
     )
     .expect("load");

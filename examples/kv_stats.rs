@@ -18,6 +18,7 @@ fn main() {
         &LoadOptions {
             max_model_len: Some(4096),
             int8_activations: false,
+            f32_weights: false,
         },
     )
     .unwrap();

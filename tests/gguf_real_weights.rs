@@ -45,6 +45,7 @@ fn real_gguf_weights_agree_with_exact_arithmetic_and_llama_cpp() {
             &LoadOptions {
                 max_model_len: Some(1024),
                 int8_activations: false,
+                f32_weights: false,
             },
         )
         .unwrap();

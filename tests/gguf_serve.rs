@@ -118,6 +118,7 @@ fn qwen_serves_chat_and_renders_its_own_template() {
         &kvgate_model::LoadOptions {
             max_model_len: Some(512),
             int8_activations: false,
+            f32_weights: false,
         },
     )
     .unwrap();

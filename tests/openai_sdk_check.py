@@ -2,6 +2,7 @@
 running `serve` on the default model: what real clients send besides sampling. Run by
 tests/openai_sdk.rs: `python tests/openai_sdk_check.py URL`. Prints one line per check; exits non-zero
 on any failure."""
+import struct
 import sys
 
 from openai import OpenAI
@@ -96,3 +97,26 @@ try:
 except Exception as e:  # openai.NotFoundError
     assert "404" in str(e) or "not" in str(e).lower(), e
 print("retrieve / delete: ok")
+
+# embeddings: the SDK asks for base64 by default and decodes it; floats asked explicitly agree with it
+texts = ["The order shipped late.", "Refund the customer.", "The order shipped late."]
+e64 = client.embeddings.create(model=name, input=texts)
+ef = client.embeddings.create(model=name, input=texts, encoding_format="float")
+assert [d.index for d in e64.data] == [0, 1, 2], e64
+dim = len(e64.data[0].embedding)
+assert dim > 0 and all(len(d.embedding) == dim for d in e64.data + ef.data)
+f32 = lambda v: list(struct.unpack(f"{len(v)}f", struct.pack(f"{len(v)}f", *v)))
+for a, b in zip(e64.data, ef.data):
+    assert f32(a.embedding) == f32(b.embedding), "base64 and float disagree"
+norm = sum(x * x for x in ef.data[0].embedding) ** 0.5
+assert abs(norm - 1.0) < 1e-4, norm
+assert ef.data[0].embedding == ef.data[2].embedding, "the same text twice differs"
+assert ef.usage.prompt_tokens == ef.usage.total_tokens > 0, ef.usage
+ids = client.embeddings.create(model=name, input=[[1, 2, 3], [4, 5]], encoding_format="float")
+assert len(ids.data) == 2 and ids.usage.prompt_tokens == 5, ids.usage
+try:
+    client.embeddings.create(model=name, input="x", dimensions=dim // 2)
+    raise SystemExit("dimensions was not refused")
+except Exception as e:  # openai.BadRequestError
+    assert "400" in str(e) and "dimensions" in str(e), e
+print("embeddings:", dim, "dimensions, base64 == float, unit norm, token-id inputs, dimensions refused")

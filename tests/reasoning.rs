@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use common::InProcess;
 use kvgate_engine::{
-    DecideRequest, EngineError, Event, FinishReason, GenerateRequest, Limits, PendingDecision, RequestStream, Usage,
+    DecideRequest, EmbedRequest, EngineError, Event, FinishReason, GenerateRequest, Limits, PendingDecision,
+    PendingEmbedding, RequestStream, Usage,
 };
 use kvgate_server::infer::Inference;
 use serde_json::{json, Value};
@@ -38,6 +39,7 @@ impl Inference for Thinker {
             num_blocks: 256,
             block_size: 16,
             vocab_size: 300,
+            hidden_size: 8,
             window_blocks: None,
         }
     }
@@ -71,6 +73,10 @@ impl Inference for Thinker {
     }
 
     fn decide(&self, _: DecideRequest) -> Result<PendingDecision, EngineError> {
+        Err(EngineError::EngineDead)
+    }
+
+    fn embed(&self, _: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
         Err(EngineError::EngineDead)
     }
 

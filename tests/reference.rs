@@ -16,6 +16,7 @@ fn default_model_matches_the_references() {
         &LoadOptions {
             max_model_len: Some(2048),
             int8_activations: false,
+            f32_weights: false,
         },
     )
     .unwrap();

@@ -115,3 +115,15 @@ follow = llm.bind_tools([get_weather]).invoke(
 )
 assert isinstance(follow, AIMessage), follow
 print("langchain tool result round trip:", repr(follow.content[:60]), follow.tool_calls)
+
+# LangChain's OpenAIEmbeddings: its default tokenizes with tiktoken (downloaded at first use, and
+# OpenAI's vocabulary, not the model's), so against any non-OpenAI server it is used with
+# check_embedding_ctx_length=False, which sends the texts
+from langchain_openai import OpenAIEmbeddings
+
+emb = OpenAIEmbeddings(base_url=url, api_key="unused", model=name, check_embedding_ctx_length=False)
+docs = emb.embed_documents(["The order shipped late.", "Refund the customer."])
+query = emb.embed_query("The order shipped late.")
+assert len(docs) == 2 and len(docs[0]) == len(query) > 0
+assert max(abs(a - b) for a, b in zip(docs[0], query)) < 1e-6, "the same text embeds the same"
+print("langchain embeddings:", len(docs), "documents,", len(query), "dimensions")

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{assert_openai_error, InProcess};
-use kvgate_engine::{DecideRequest, EngineError, Event, GenerateRequest, Limits, PendingDecision, RequestStream};
+use kvgate_engine::{
+    DecideRequest, EmbedRequest, EngineError, Event, GenerateRequest, Limits, PendingDecision, PendingEmbedding,
+    RequestStream,
+};
 use kvgate_server::infer::Inference;
 use serde_json::json;
 
@@ -341,6 +344,17 @@ impl Inference for Scripted {
         Ok(PendingDecision::from(rx))
     }
 
+    fn embed(&self, _: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
+        if let Some(e) = &self.refuse {
+            return Err(e.clone());
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Some(e) = &self.fail_with {
+            let _ = tx.send(Err(e.clone()));
+        }
+        Ok(PendingEmbedding::from(rx))
+    }
+
     fn shutdown(&self) {}
 }
 
@@ -364,6 +378,7 @@ fn scripted(refuse: Option<EngineError>, fail_with: Option<EngineError>) -> InPr
         num_blocks: 64,
         block_size: 16,
         vocab_size: 300,
+        hidden_size: 8,
         window_blocks: None,
     };
     InProcess::with_engine(

@@ -1,8 +1,8 @@
 // The Vercel AI SDK (ai + @ai-sdk/openai, whose default model API is /v1/responses) against a running
-// serve: generateText, streamText, a tool, generateObject. Run by tests/vercel_ai_sdk.rs from the
+// serve: generateText, streamText, a tool, generateObject, embed and embedMany. Run by tests/vercel_ai_sdk.rs from the
 // directory scripts/setup-test-deps.sh installs the packages into: `node check.mjs URL MODEL`.
 import { createOpenAI } from '@ai-sdk/openai';
-import { generateText, streamText, generateObject, tool, stepCountIs } from 'ai';
+import { generateText, streamText, generateObject, tool, stepCountIs, embed, embedMany, cosineSimilarity } from 'ai';
 import { z } from 'zod';
 
 const [url, name] = process.argv.slice(2);
@@ -35,3 +35,12 @@ const o = await generateObject({
 });
 if (!['billing', 'tech'].includes(o.object.team)) throw new Error('generateObject: ' + JSON.stringify(o.object));
 console.log('generateObject:', o.object);
+
+const em = openai.embedding(name);
+const one = await embed({ model: em, value: 'The order shipped late.' });
+const many = await embedMany({ model: em, values: ['The order shipped late.', 'Refund the customer.'] });
+if (many.embeddings.length !== 2 || one.embedding.length !== many.embeddings[0].length)
+  throw new Error('embedMany: ' + JSON.stringify(many.usage));
+const same = cosineSimilarity(one.embedding, many.embeddings[0]);
+if (!(same > 0.99999)) throw new Error('embed vs embedMany of the same text: cosine ' + same);
+console.log('embed / embedMany:', one.embedding.length, 'dimensions, usage', JSON.stringify(many.usage));

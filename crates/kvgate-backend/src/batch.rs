@@ -16,6 +16,9 @@ pub enum Want {
     /// The log-probabilities of these token ids only, in this order (decision reads): computed on the
     /// backend's side, so no full-vocabulary row crosses the seam.
     Logprobs(Vec<u32>),
+    /// The row's final hidden state after the model's output norm (the input of the LM head,
+    /// [`crate::Backend::hidden_size`] values): what embeddings are pooled from. No head is run for it.
+    Hidden,
 }
 
 /// One output of a batch: a row and what it needs back. Rows not named by any output return nothing

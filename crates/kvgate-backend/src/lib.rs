@@ -9,7 +9,9 @@
 //! checked against the cache and model it owns before anything runs (a bad id is a [`BackendError`],
 //! never an out-of-bounds access); `forward` writes every row's K/V before any row attends; a row's
 //! outputs do not depend on the other rows of the batch; log-probabilities asked with
-//! [`Want::Logprobs`] are computed on the backend's side (no full-vocabulary row crosses the seam).
+//! [`Want::Logprobs`] are computed on the backend's side (no full-vocabulary row crosses the seam); a
+//! [`Want::Hidden`] row is the final hidden state the head would read, bitwise the same whatever else
+//! the batch asks for.
 
 mod batch;
 mod calibrate;
@@ -40,6 +42,9 @@ pub trait Backend: Send {
 
     /// Vocabulary size (the width of a [`Want::Logits`] row).
     fn vocab_size(&self) -> usize;
+
+    /// The model's hidden size (the width of a [`Want::Hidden`] row).
+    fn hidden_size(&self) -> usize;
 
     /// Positions the model can run (the longest sequence).
     fn max_positions(&self) -> usize;

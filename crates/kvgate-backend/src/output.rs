@@ -1,6 +1,7 @@
-//! What a forward pass returns: the full logits rows that were asked for, contiguous, and the
-//! log-probabilities of the few ids each decision read asked for — and [`logprobs_of`], the reduction a
-//! backend runs on its side so that no full-vocabulary row crosses the seam for a read.
+//! What a forward pass returns: the full logits rows that were asked for, contiguous, the
+//! log-probabilities of the few ids each decision read asked for, and the final hidden states asked for
+//! (embeddings) — and [`logprobs_of`], the reduction a backend runs on its side so that no
+//! full-vocabulary row crosses the seam for a read.
 
 use crate::batch::{Batch, Want};
 
@@ -13,28 +14,39 @@ pub struct StepOutput {
     pub logits: Vec<f32>,
     /// One entry per [`Want::Logprobs`] output, in output order: the log-probabilities of its ids.
     pub logprobs: Vec<Vec<f32>>,
+    /// Width of a hidden row (the model's hidden size).
+    pub width: usize,
+    /// The [`Want::Hidden`] outputs' rows, `width` values each, in output order.
+    pub hidden: Vec<f32>,
 }
 
 impl StepOutput {
-    /// Builds the output of `batch` from the logits of every output row (`outputs.len() × vocab`, in
-    /// output order), reducing each [`Want::Logprobs`] row to its ids — for backends that compute the
-    /// head on the host.
-    pub fn from_rows(batch: &Batch, rows: Vec<f32>, vocab: usize) -> StepOutput {
+    /// Builds the output of `batch` from the logits of every output row that runs the head (every
+    /// output but the [`Want::Hidden`] ones: `× vocab`, in output order), reducing each
+    /// [`Want::Logprobs`] row to its ids, and the hidden rows of the [`Want::Hidden`] outputs (`width`
+    /// each, in output order) — for backends that compute the head on the host.
+    pub fn from_rows(batch: &Batch, rows: Vec<f32>, vocab: usize, hidden: Vec<f32>, width: usize) -> StepOutput {
         if batch.outputs.iter().all(|o| o.want == Want::Logits) {
             return StepOutput {
                 vocab,
                 logits: rows,
                 logprobs: vec![],
+                width,
+                hidden,
             };
         }
         let mut out = StepOutput {
             vocab,
+            width,
+            hidden,
             ..StepOutput::default()
         };
-        for (o, row) in batch.outputs.iter().zip(rows.chunks_exact(vocab.max(1))) {
+        let head = batch.outputs.iter().filter(|o| o.want != Want::Hidden);
+        for (o, row) in head.zip(rows.chunks_exact(vocab.max(1))) {
             match &o.want {
                 Want::Logits => out.logits.extend_from_slice(row),
                 Want::Logprobs(ids) => out.logprobs.push(logprobs_of(row, ids)),
+                Want::Hidden => {}
             }
         }
         out
@@ -99,12 +111,20 @@ mod tests {
                 want: Want::Logits,
             },
         ];
+        b.outputs.insert(
+            1,
+            Output {
+                row: 1,
+                want: Want::Hidden,
+            },
+        );
         let rows = vec![0.0, 1.0, 2.0, 5.0, 5.0, 5.0, 6.0, 7.0, 8.0];
-        let out = StepOutput::from_rows(&b, rows, 3);
+        let out = StepOutput::from_rows(&b, rows, 3, vec![0.5, -0.5], 2);
         assert_eq!(out.logits, [0.0, 1.0, 2.0, 6.0, 7.0, 8.0]);
         assert_eq!(out.logit_rows(), 2);
         let third = -(3f32).ln();
         assert_eq!(out.logprobs.len(), 1);
         assert!(out.logprobs[0].iter().all(|v| (v - third).abs() < 1e-6));
+        assert_eq!((out.hidden.as_slice(), out.width), (&[0.5, -0.5][..], 2));
     }
 }

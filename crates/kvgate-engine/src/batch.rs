@@ -1,7 +1,7 @@
 //! The batch builder: one step's [`Plan`](crate::scheduler::Plan) flattened into the device-neutral
 //! [`Batch`] a backend runs — token rows with their positions and cache slots, one block table per
 //! sequence, what each chunk needs back ([`ChunkWant`]: logits rows for completions, the log-probs of a
-//! read's label ids for decisions, nothing for prefill) and how exactly each sequence is computed, in
+//! read's label ids for decisions, hidden states for embeddings, nothing for prefill) and how exactly each sequence is computed, in
 //! chunk order.
 
 use kvgate_backend::{Batch, Output, Precision, Want};
@@ -17,14 +17,23 @@ pub(crate) enum ChunkWant {
     Logits(Logits),
     /// The log-probs of these ids at the last row (a decision read's label aliases, flattened).
     Logprobs(Vec<u32>),
+    /// Final hidden states (embeddings): the last row, or every row (mean pooling).
+    Hidden(Logits),
 }
 
 impl ChunkWant {
     /// Rows of full logits it produces for a chunk of `len` rows.
     pub(crate) fn logit_rows(&self, len: usize) -> usize {
         match self {
-            ChunkWant::Logits(Logits::Last) => 1,
-            ChunkWant::Logits(Logits::All) => len,
+            ChunkWant::Logits(l) => l.rows(len),
+            _ => 0,
+        }
+    }
+
+    /// Hidden rows it produces for a chunk of `len` rows.
+    pub(crate) fn hidden_rows(&self, len: usize) -> usize {
+        match self {
+            ChunkWant::Hidden(l) => l.rows(len),
             _ => 0,
         }
     }
@@ -70,6 +79,13 @@ pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precisio
                 want: Want::Logprobs(ids.clone()),
             }),
             ChunkWant::Logprobs(_) => {}
+            ChunkWant::Hidden(_) => {
+                let n = want.hidden_rows(c.len);
+                b.outputs.extend((first + c.len - n..first + c.len).map(|row| Output {
+                    row,
+                    want: Want::Hidden,
+                }));
+            }
         }
         for i in 0..c.len {
             b.tokens.push(c.tokens[i]);

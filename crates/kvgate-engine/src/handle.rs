@@ -9,10 +9,11 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::decision::DecisionLayout;
 use crate::error::EngineError;
-use crate::inference::PendingDecision;
+use crate::inference::{PendingDecision, PendingEmbedding};
 use crate::kv_manager::{blocks_for_choices, blocks_for_reads};
-use crate::request::{DecideRequest, Event, GenerateRequest, RequestId};
+use crate::request::{DecideRequest, EmbedRequest, Event, GenerateRequest, RequestId};
 use crate::requests::decide::Reply;
+use crate::requests::embed::EmbedReply;
 
 /// Limits the handle enforces at submission.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +28,8 @@ pub struct Limits {
     pub block_size: usize,
     /// Vocabulary size (token ids must be below it).
     pub vocab_size: usize,
+    /// The model's hidden size (the length of an embedding).
+    pub hidden_size: usize,
     /// Blocks one sequence holds at most when every layer's attention is windowed (the window plus a
     /// step's chunk; slid-out blocks are given back), `None` when a sequence keeps all its blocks.
     pub window_blocks: Option<usize>,
@@ -91,6 +94,7 @@ pub struct EngineStats {
 pub(crate) enum Command {
     Generate(RequestId, Box<GenerateRequest>, tmpsc::UnboundedSender<Event>),
     Decide(RequestId, DecideRequest, Reply),
+    Embed(RequestId, EmbedRequest, EmbedReply),
     Abort(RequestId),
     Stats(oneshot::Sender<EngineStats>),
     /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
@@ -303,6 +307,24 @@ impl EngineHandle {
         Ok(PendingDecision::from(rx))
     }
 
+    /// Submits one embedding input: one result to wait for.
+    pub fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
+        let l = self.shared.limits;
+        self.check_tokens(&req.prompt)?;
+        l.check_read(req.prompt.len())?;
+        let needed = req.prompt.len().div_ceil(l.block_size);
+        if needed > l.num_blocks {
+            return Err(EngineError::DoesNotFit {
+                needed,
+                available: l.num_blocks,
+            });
+        }
+        let id = self.enqueue()?;
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Embed(id, req, tx))?;
+        Ok(PendingEmbedding::from(rx))
+    }
+
     /// A snapshot of the engine's state.
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
         let (tx, rx) = oneshot::channel();
@@ -333,6 +355,7 @@ mod tests {
             num_blocks: 4,
             block_size: 4,
             vocab_size: 100,
+            hidden_size: 8,
             window_blocks: None,
         };
         assert!(l.fits(10) && !l.fits(11));

@@ -1,12 +1,13 @@
 //! The seam between the engine and its callers (the HTTP layer, the decision service): the one trait
 //! they talk to. The real engine ([`EngineHandle`]) implements it; tests put the tiny in-memory model
-//! or a scripted fake behind it. A completion is a stream of events; a decision is one result.
+//! or a scripted fake behind it. A completion is a stream of events; a decision and an embedding are
+//! one result each.
 
 use tokio::sync::oneshot;
 
 use crate::error::EngineError;
 use crate::handle::{EngineHandle, Limits, RequestStream};
-use crate::request::{DecideRequest, GenerateRequest, ReadResult, Usage};
+use crate::request::{DecideRequest, EmbedOutcome, EmbedRequest, GenerateRequest, ReadResult, Usage};
 
 /// What callers need from an engine.
 pub trait Inference: Send + Sync + 'static {
@@ -21,6 +22,9 @@ pub trait Inference: Send + Sync + 'static {
 
     /// Submits a decision.
     fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError>;
+
+    /// Submits one embedding input.
+    fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError>;
 
     /// Stops the engine (requests in flight fail, later ones get 503).
     fn shutdown(&self);
@@ -41,6 +45,10 @@ impl Inference for EngineHandle {
 
     fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError> {
         EngineHandle::decide(self, req)
+    }
+
+    fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
+        EngineHandle::embed(self, req)
     }
 
     fn shutdown(&self) {
@@ -73,6 +81,25 @@ impl From<oneshot::Receiver<Result<DecisionOutcome, EngineError>>> for PendingDe
 impl PendingDecision {
     /// Waits for the result (the engine going away without one is [`EngineError::EngineDead`]).
     pub async fn outcome(self) -> Result<DecisionOutcome, EngineError> {
+        self.0.await.unwrap_or(Err(EngineError::EngineDead))
+    }
+}
+
+/// A submitted embedding: one result to wait for. Dropping it before the result aborts it in the
+/// engine.
+#[derive(Debug)]
+pub struct PendingEmbedding(oneshot::Receiver<Result<EmbedOutcome, EngineError>>);
+
+impl From<oneshot::Receiver<Result<EmbedOutcome, EngineError>>> for PendingEmbedding {
+    /// An embedding whose result arrives on `rx`.
+    fn from(rx: oneshot::Receiver<Result<EmbedOutcome, EngineError>>) -> PendingEmbedding {
+        PendingEmbedding(rx)
+    }
+}
+
+impl PendingEmbedding {
+    /// Waits for the result (the engine going away without one is [`EngineError::EngineDead`]).
+    pub async fn outcome(self) -> Result<EmbedOutcome, EngineError> {
         self.0.await.unwrap_or(Err(EngineError::EngineDead))
     }
 }

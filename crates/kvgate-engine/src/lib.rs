@@ -9,7 +9,7 @@
 //! [`Backend`] seam (its own crate, `kvgate-backend`; [`open_backend`] is the one factory `--device`
 //! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass),
 //! `requests` (the request kinds behind one trait: completions sample, stop, detokenize and stream;
-//! decisions read label log-probs and answer once), [`tier`] (the second KV tier: evicted blocks kept by
+//! decisions read label log-probs and answer once; embeddings pool hidden states), [`tier`] (the second KV tier: evicted blocks kept by
 //! content in host memory and a spill file, restored through the backend's copy interface), [`metrics`].
 
 mod batch;
@@ -43,12 +43,13 @@ pub use device::{device_available, open_backend, BackendSpec};
 pub use engine::{start, start_with_backend};
 pub use error::EngineError;
 pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
-pub use inference::{DecisionOutcome, Inference, PendingDecision};
+pub use inference::{DecisionOutcome, Inference, PendingDecision, PendingEmbedding};
 pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, KvMemory, KvStats};
 pub use kvgate_model::CpuBackend;
 pub use registry::SchedError;
 pub use request::{
-    DecideRequest, DecisionRead, Event, FinishReason, GenerateRequest, ReadResult, RequestId, Retain, StopMatch, Usage,
+    DecideRequest, DecisionRead, EmbedOutcome, EmbedRequest, Event, FinishReason, GenerateRequest, Pooling, ReadResult,
+    RequestId, Retain, StopMatch, Usage,
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;

@@ -41,6 +41,8 @@ pub const DECISION_REQUESTS: &str = "kvgate:decision_requests_total";
 pub const DECISION_QUESTIONS: &str = "kvgate:decision_questions_total";
 /// Histogram: decision latency.
 pub const DECISION_LATENCY: &str = "kvgate:decision_latency_seconds";
+/// Counter: embedding inputs answered (one per input of an embeddings request).
+pub const EMBEDDINGS: &str = "kvgate:embeddings_total";
 /// Counter: prompt tokens of completions served from blocks a decision warmed.
 pub const DECISION_PREFIX_REUSE: &str = "kvgate:decision_prefix_reuse_tokens_total";
 /// Gauge (value 1): the cache configuration as labels.
@@ -240,6 +242,12 @@ impl Recorder {
     /// A decision finished.
     pub(crate) fn decision_done(&self, arrival: Instant, prompt_tokens: usize) {
         metrics::histogram!(DECISION_LATENCY, &self.label).record(arrival.elapsed().as_secs_f64());
+        self.request_done(arrival, prompt_tokens);
+    }
+
+    /// An embedding finished.
+    pub(crate) fn embedding_done(&self, arrival: Instant, prompt_tokens: usize) {
+        metrics::counter!(EMBEDDINGS, &self.label).increment(1);
         self.request_done(arrival, prompt_tokens);
     }
 

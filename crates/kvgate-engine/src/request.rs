@@ -57,6 +57,48 @@ pub struct DecideRequest {
     pub tenant: Option<u32>,
 }
 
+/// How an embedding is pooled from a prompt's final hidden states.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pooling {
+    /// The last token's (decoder models; the prefix cache may serve everything before it).
+    #[default]
+    Last,
+    /// The mean over every token (every row computed).
+    Mean,
+}
+
+impl Pooling {
+    /// The name vLLM and llama.cpp give it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Last => "last",
+            Pooling::Mean => "mean",
+        }
+    }
+}
+
+/// An embedding request: one input's tokens, pooled into one vector.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EmbedRequest {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// How the hidden states are pooled.
+    pub pooling: Pooling,
+    /// Scale the pooled vector to unit L2 norm.
+    pub normalize: bool,
+    /// Isolates prefix-cache sharing.
+    pub cache_salt: Option<String>,
+}
+
+/// What an embedding request returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedOutcome {
+    /// The pooled vector (the model's hidden size).
+    pub embedding: Vec<f32>,
+    /// Its prompt tokens and cached ones.
+    pub usage: Usage,
+}
+
 /// The outcome of one read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReadResult {

@@ -41,6 +41,9 @@ impl Backend for Recording {
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
+    fn hidden_size(&self) -> usize {
+        self.inner.hidden_size()
+    }
     fn max_positions(&self) -> usize {
         self.inner.max_positions()
     }

@@ -177,6 +177,10 @@ impl Backend for CpuBackend {
         self.model.config().vocab_size
     }
 
+    fn hidden_size(&self) -> usize {
+        self.model.config().hidden_size
+    }
+
     fn max_positions(&self) -> usize {
         self.model.max_positions()
     }
@@ -224,15 +228,15 @@ impl Backend for CpuBackend {
         self.check(batch)?;
         let (model, cache) = (&self.model, &mut self.cache);
         let int8 = self.settings.int8_activations;
-        let rows = rayon::scope(|_| {
-            if int8 {
-                model.forward_int8(batch, cache, &CpuAttention)
-            } else {
-                model.forward(batch, cache, &CpuAttention)
-            }
-        })
-        .map_err(compute_error)?;
-        Ok(StepOutput::from_rows(batch, rows, self.model.config().vocab_size))
+        let out = rayon::scope(|_| model.forward_split(batch, cache, &CpuAttention, int8)).map_err(compute_error)?;
+        let c = self.model.config();
+        Ok(StepOutput::from_rows(
+            batch,
+            out.logits,
+            c.vocab_size,
+            out.hidden,
+            c.hidden_size,
+        ))
     }
 
     fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {

@@ -34,6 +34,6 @@ pub use error::{ModelError, Result};
 pub use kvgate_backend::{Batch, KvAmax, Output, Precision, Want, RELEASED_BLOCK};
 pub use load_hf::load_hf_dir;
 pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
-pub use model::Model;
+pub use model::{ForwardOut, Model};
 pub use qmatmul::{QKind, QMatrix};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

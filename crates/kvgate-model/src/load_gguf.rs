@@ -81,6 +81,8 @@ struct Reader {
     file: BufReader<File>,
     /// Keep 5-bit formats at 5 bits ([`Linear::quantized_for`]).
     five_bit: bool,
+    /// Dequantize every weight to f32 (the reference path).
+    f32_weights: bool,
 }
 
 impl Reader {
@@ -110,6 +112,13 @@ impl Reader {
     fn linear(&mut self, name: &str) -> Result<Linear> {
         let w = Arc::new(self.q(&format!("{name}.weight"))?);
         let b = self.opt_vec(&format!("{name}.bias"))?;
+        self.weight(w, b)
+    }
+
+    fn weight(&self, w: Arc<QTensor>, b: Option<Vec<f32>>) -> Result<Linear> {
+        if self.f32_weights {
+            return Linear::dense(w.dequantize(&Device::Cpu)?, b);
+        }
         Linear::quantized_for(w, b, self.five_bit)
     }
 }
@@ -218,8 +227,9 @@ pub fn read_meta(path: &Path) -> Result<GgufMeta> {
     })
 }
 
-/// Loads config, weights and metadata from a GGUF file (`five_bit`: see [`Linear::quantized_for`]).
-pub fn load_gguf(path: &Path, five_bit: bool) -> Result<(ModelConfig, Weights, GgufMeta)> {
+/// Loads config, weights and metadata from a GGUF file (`five_bit`: see [`Linear::quantized_for`];
+/// `f32_weights`: every weight dequantized to f32, the reference path).
+pub fn load_gguf(path: &Path, five_bit: bool, f32_weights: bool) -> Result<(ModelConfig, Weights, GgufMeta)> {
     let f = File::open(path).map_err(|source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -233,6 +243,7 @@ pub fn load_gguf(path: &Path, five_bit: bool) -> Result<(ModelConfig, Weights, G
         content,
         file,
         five_bit,
+        f32_weights,
     };
     let embed_q = r.q("token_embd.weight")?;
     let (vocab, dim) = embed_q.shape().dims2()?;
@@ -241,7 +252,7 @@ pub fn load_gguf(path: &Path, five_bit: bool) -> Result<(ModelConfig, Weights, G
     let lm_head = if r.has("output.weight") {
         r.linear("output")?
     } else {
-        Linear::quantized_for(Arc::new(embed_q), None, five_bit)?
+        r.weight(Arc::new(embed_q), None)?
     };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {

@@ -59,6 +59,9 @@ pub struct LoadOptions {
     /// Lay weights out for the opt-in 8-bit-activation mode (5-bit GGUF formats stay 5-bit; see
     /// [`crate::Linear::quantized_for`]): the same weights, their products rounded differently in f32.
     pub int8_activations: bool,
+    /// Every GGUF weight dequantized to f32 and multiplied in plain f32 (a reference: the same weight
+    /// values, none of the packed kernels). Not for serving: four to eight times the memory.
+    pub f32_weights: bool,
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -150,7 +153,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             defaults_from(gc.as_ref()),
         )
     } else {
-        let (cfg, weights, meta) = load_gguf(path, opts.int8_activations)?;
+        let (cfg, weights, meta) = load_gguf(path, opts.int8_activations, opts.f32_weights)?;
         let side = path.with_file_name("tokenizer.json");
         let tokenizer = if side.exists() {
             Tokenizer::from_file(&side)?

@@ -6,7 +6,7 @@
 //! logits are bitwise the same whatever else is in the batch and whether its prefix was computed in
 //! this step, an earlier chunk, or found in the prefix cache.
 
-use kvgate_backend::{Batch, KvAmax};
+use kvgate_backend::{Batch, KvAmax, Want};
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow};
 
 use crate::config::ModelConfig;
@@ -21,6 +21,17 @@ use crate::weights::Weights;
 struct Fused {
     qkv: Option<Linear>,
     gate_up: Option<Linear>,
+}
+
+/// What one forward pass computed for a batch's outputs, split by kind.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ForwardOut {
+    /// Logits of every output that runs the head (all but [`Want::Hidden`]), `vocab` each, in output
+    /// order.
+    pub logits: Vec<f32>,
+    /// The final normed hidden state of every [`Want::Hidden`] output, `hidden_size` each, in output
+    /// order.
+    pub hidden: Vec<f32>,
 }
 
 /// A loaded model ready to run.
@@ -114,14 +125,27 @@ impl Model {
     /// the logits of every output row (`outputs.len() × vocab`, in output order, whatever each output
     /// wants: reducing them is the backend's job), every row computed exactly.
     pub fn forward<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
-        self.forward_inner(b, cache, attn, false, None)
+        Ok(self.forward_inner(b, cache, attn, false, None)?.logits)
+    }
+
+    /// Runs the batch as [`Model::forward`] (or [`Model::forward_int8`] when `int8`), the head only
+    /// for the outputs that need it: a [`Want::Hidden`] output returns its final normed hidden state
+    /// instead of logits.
+    pub fn forward_split<A: AttentionBackend>(
+        &self,
+        b: &Batch,
+        cache: &mut A::Cache,
+        attn: &A,
+        int8: bool,
+    ) -> Result<ForwardOut> {
+        self.forward_inner(b, cache, attn, int8, None)
     }
 
     /// As [`Model::forward`], with the rows of [`kvgate_backend::Precision::Fast`] sequences through
     /// the opt-in 8-bit-activation kernels (see [`crate::QMatrix::matmul_rows`]); every other row as
     /// `forward` computes it, bit for bit.
     pub fn forward_int8<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
-        self.forward_inner(b, cache, attn, true, None)
+        Ok(self.forward_inner(b, cache, attn, true, None)?.logits)
     }
 
     /// Like [`Model::forward`], also reporting the per-layer amax of K and V (calibration).
@@ -132,8 +156,8 @@ impl Model {
         attn: &A,
     ) -> Result<(Vec<f32>, KvAmax)> {
         let mut a = KvAmax::default();
-        let logits = self.forward_inner(b, cache, attn, false, Some(&mut a))?;
-        Ok((logits, a))
+        let out = self.forward_inner(b, cache, attn, false, Some(&mut a))?;
+        Ok((out.logits, a))
     }
 
     fn forward_inner<A: AttentionBackend>(
@@ -143,11 +167,11 @@ impl Model {
         attn: &A,
         int8_fast: bool,
         mut amax_out: Option<&mut KvAmax>,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<ForwardOut> {
         let c = &self.cfg;
         let n = b.len();
         if n == 0 {
-            return Ok(vec![]);
+            return Ok(ForwardOut::default());
         }
         let (hd, nh, nkv, d) = (c.head_dim, c.num_heads, c.num_kv_heads, c.hidden_size);
         for (&t, &p) in b.tokens.iter().zip(&b.positions) {
@@ -252,22 +276,32 @@ impl Model {
             add_inplace(&mut x, &m);
         }
         if b.outputs.is_empty() {
-            return Ok(vec![]);
+            return Ok(ForwardOut::default());
         }
+        // the final norm is per row: the head's rows and the hidden rows are normed apart
+        let mut out = ForwardOut::default();
         let mut sel = Vec::with_capacity(b.outputs.len() * d);
-        for r in b.output_rows() {
-            sel.extend_from_slice(&x[r * d..(r + 1) * d]);
+        let mut head_int8 = Vec::new();
+        for o in &b.outputs {
+            let row = &x[o.row * d..(o.row + 1) * d];
+            if o.want == Want::Hidden {
+                out.hidden.extend_from_slice(row);
+            } else {
+                sel.extend_from_slice(row);
+                if !int8.is_empty() {
+                    head_int8.push(int8[o.row]);
+                }
+            }
+        }
+        rms_norm_inplace(&mut out.hidden, &self.w.final_norm, c.rms_eps, c.norm_plus_one);
+        if sel.is_empty() {
+            return Ok(out);
         }
         rms_norm_inplace(&mut sel, &self.w.final_norm, c.rms_eps, c.norm_plus_one);
-        let head_int8: Vec<bool> = if int8.is_empty() {
-            Vec::new()
-        } else {
-            b.output_rows().map(|r| int8[r]).collect()
-        };
-        let mut logits = self.w.lm_head.forward_rows(&sel, b.outputs.len(), &head_int8)?;
+        out.logits = self.w.lm_head.forward_rows(&sel, sel.len() / d, &head_int8)?;
         if let Some(cap) = c.final_logit_softcap {
-            softcap_inplace(&mut logits, cap);
+            softcap_inplace(&mut out.logits, cap);
         }
-        Ok(logits)
+        Ok(out)
     }
 }

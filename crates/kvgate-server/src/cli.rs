@@ -380,6 +380,7 @@ async fn run(args: Args) -> Result<(), StartError> {
     let opts = LoadOptions {
         max_model_len: args.max_model_len,
         int8_activations: args.activations == Activations::Int8,
+        f32_weights: false,
     };
     let p2 = path.clone();
     let load_error = |msg: String| StartError::Load {

@@ -1,5 +1,5 @@
 //! kvgate's HTTP surface: axum routes for the OpenAI API (`/v1/completions`, `/v1/chat/completions`,
-//! `/v1/models`), System One decisions (`/v1/systemone`), tokenization, health and metrics; request
+//! `/v1/responses`, `/v1/embeddings`, `/v1/models`), System One decisions (`/v1/systemone`), tokenization, health and metrics; request
 //! validation with clear 4xx errors; API keys and CORS; the one configuration definition; the `serve`
 //! binary; and the default-model fetch. HTTP knows nothing of tensors: it talks to the engine through
 //! [`kvgate_engine::EngineHandle`].
@@ -10,6 +10,7 @@ pub mod cli;
 mod completions;
 pub mod config;
 pub mod default_model;
+mod embeddings;
 mod error;
 mod events;
 pub mod infer;

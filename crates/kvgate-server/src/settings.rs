@@ -24,6 +24,8 @@ pub struct Settings {
     pub systemone_max_questions: usize,
     /// How long a session's state is retained for its next turn (`--session-window`; `None`: off).
     pub session_window: Option<Duration>,
+    /// How embeddings are pooled (`--pooling`).
+    pub pooling: kvgate_engine::Pooling,
     /// The CORS policy (`--allowed-origins`, …).
     pub cors: Arc<CorsPolicy>,
     /// The API keys (`--api-key`), and whether there are several (each a tenant).
@@ -41,6 +43,7 @@ impl Settings {
             share_prefix_cache_across_keys: args.share_prefix_cache_across_keys,
             systemone_max_questions: args.systemone_max_questions,
             session_window: args.session_window(),
+            pooling: args.pooling.into(),
             cors: Arc::new(CorsPolicy {
                 origins: args.allowed_origins.clone(),
                 methods: args.allowed_methods.clone(),

@@ -32,7 +32,7 @@ use crate::metrics::Recorder;
 use crate::pacing::DecodeFloor;
 use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
-use crate::requests::{decide, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
+use crate::requests::{decide, embed, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
 use crate::scheduler::{Chunk, Logits, Scheduler, SchedulerConfig, StepUpdate};
 use crate::tier::TierConfig;
 
@@ -128,6 +128,7 @@ pub fn start_with_backend(
         num_blocks: cfg.num_blocks,
         block_size: cfg.block_size,
         vocab_size: backend.vocab_size(),
+        hidden_size: backend.hidden_size(),
         // the live span of a windowed sequence: from its first read position, rounded down to a
         // block, to the end of the chunk being written
         window_blocks: backend
@@ -291,6 +292,10 @@ impl Engine {
                 self.register(id, g, kind);
                 self.rec.decision_request();
             }
+            Command::Embed(id, req, reply) => {
+                let (g, kind) = embed::admit(&mut self.sched, req, reply);
+                self.register(id, g, kind);
+            }
             Command::Abort(id) => {
                 if let Some(&g) = self.by_id.get(&id) {
                     self.end_request(g, Some("abort"));
@@ -450,7 +455,8 @@ impl Engine {
         let mut update = StepUpdate::default();
         let mut done: Vec<(GroupId, &'static str)> = vec![];
         let (vocab, epoch) = (out.vocab, self.epoch);
-        let (mut row, mut read) = (0, 0);
+        let (mut row, mut read, mut hidden) = (0, 0, 0);
+        let width = out.width;
         for (c, want) in plan.chunks.iter().zip(&wants) {
             let rows = match want {
                 ChunkWant::Nothing => continue,
@@ -465,6 +471,14 @@ impl Engine {
                 ChunkWant::Logprobs(_) => {
                     read += 1;
                     ChunkOut::Logprobs(&out.logprobs[read - 1])
+                }
+                ChunkWant::Hidden(_) => {
+                    let n = want.hidden_rows(c.len);
+                    hidden += n;
+                    ChunkOut::Hidden {
+                        rows: &out.hidden[(hidden - n) * width..hidden * width],
+                        width,
+                    }
                 }
             };
             let Some(a) = self.reqs.get_mut(&c.group) else { continue };

@@ -360,7 +360,7 @@ impl RequestKind for GenState {
         match out {
             ChunkOut::Logits { rows, vocab } => self.on_logits(cx, progress, c, rows, vocab),
             // the engine asks a completion only for logits
-            ChunkOut::Logprobs(_) => Ok(Outcome::Continue),
+            ChunkOut::Logprobs(_) | ChunkOut::Hidden { .. } => Ok(Outcome::Continue),
         }
     }
 

@@ -1,7 +1,8 @@
 //! The request kinds the engine runs, behind one trait. A kind owns its request's output state and
 //! decides, per step, what its chunks need back from the backend ([`ChunkWant`]) and what their
 //! outputs do: a completion ([`generate`]) samples, detokenizes, stops and streams [`Event`]s; a
-//! decision ([`decide`]) turns its reads' label log-probs into probabilities and answers once. What an
+//! decision ([`decide`]) turns its reads' label log-probs into probabilities and answers once; an
+//! embedding ([`embed`]) pools final hidden states and answers once. What an
 //! output does to the sequences (tokens appended, a prefix pinned, a sequence finished) is recorded in
 //! the step's [`StepUpdate`], which the scheduler applies in one call.
 //!
@@ -12,6 +13,7 @@
 //! [`Event`]: crate::request::Event
 
 pub(crate) mod decide;
+pub(crate) mod embed;
 pub(crate) mod generate;
 
 use std::sync::Arc;
@@ -134,6 +136,13 @@ pub(crate) enum ChunkOut<'a> {
     },
     /// The log-probs of a read's label aliases, flattened in label order.
     Logprobs(&'a [f32]),
+    /// Final hidden rows of `width` values each (embeddings), in row order.
+    Hidden {
+        /// The rows.
+        rows: &'a [f32],
+        /// Their width.
+        width: usize,
+    },
 }
 
 /// What every request kind reads while it processes outputs: the tokenizer, the EOS ids, the limits.

@@ -14,8 +14,19 @@ pub enum Logits {
     None,
     /// The chunk's last row (the next-token distribution).
     Last,
-    /// Every row (prompt logprobs).
+    /// Every row (prompt logprobs, mean-pooled embeddings).
     All,
+}
+
+impl Logits {
+    /// Rows of a chunk of `len` rows it names.
+    pub fn rows(self, len: usize) -> usize {
+        match self {
+            Logits::None => 0,
+            Logits::Last => len.min(1),
+            Logits::All => len,
+        }
+    }
 }
 
 /// One sequence's share of a step: tokens `start..start + len` of it, with everything needed to run

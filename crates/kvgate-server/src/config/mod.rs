@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use kvgate_decide::DecisionTemperature;
 pub use kvgate_engine::Device;
-pub use values::{Activations, AdmissionPolicy, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat};
+pub use values::{Activations, AdmissionPolicy, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat, PoolingSetting};
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
@@ -145,6 +145,12 @@ pub struct Args {
     /// Most bytes the spill file in --kv-offload-dir may take
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
     pub kv_offload_disk: ByteSize,
+
+    /// How /v1/embeddings pools a prompt's final hidden states (after the model's output norm):
+    /// `last` (the last token's) or `mean` (over every token); either L2-normalized unless a request
+    /// says `"normalize": false`
+    #[arg(long, env = "KVGATE_POOLING", default_value = "last")]
+    pub pooling: PoolingSetting,
 
     /// Most responses /v1/responses keeps for GET, DELETE and previous_response_id (store: true, the
     /// default), least recently used out first; 0 turns storing off

@@ -231,3 +231,24 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, String> {
     }
     Ok((n * mult) as u64)
 }
+
+/// `--pooling`: how `/v1/embeddings` pools a prompt's final hidden states (llama.cpp's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(try_from = "String", into = "String")]
+pub enum PoolingSetting {
+    /// The last token's hidden state (what a decoder has read the whole input by; the prefix cache
+    /// serves everything before it).
+    Last,
+    /// The mean over every token's (every row computed).
+    Mean,
+}
+value_enum_setting!(PoolingSetting, "a pooling");
+
+impl From<PoolingSetting> for kvgate_engine::Pooling {
+    fn from(p: PoolingSetting) -> kvgate_engine::Pooling {
+        match p {
+            PoolingSetting::Last => kvgate_engine::Pooling::Last,
+            PoolingSetting::Mean => kvgate_engine::Pooling::Mean,
+        }
+    }
+}
