@@ -402,3 +402,82 @@ fn allowed_token_ids_and_bad_words() {
         assert_eq!(r["error"]["param"], field, "{r}");
     }
 }
+
+#[test]
+fn prompt_logprobs_come_back_as_vllm_writes_them() {
+    let s = InProcess::tiny(&[]);
+    let body = json!({"prompt": "the cat sat on the mat", "max_tokens": 2, "temperature": 0,
+                      "prompt_logprobs": 3, "echo": true, "logprobs": 1});
+    let (st, r) = s.post("/v1/completions", &body);
+    assert_eq!(st, 200, "{r}");
+    let plp = r["choices"][0]["prompt_logprobs"]
+        .as_array()
+        .expect("prompt_logprobs")
+        .clone();
+    let n = r["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    assert_eq!(plp.len(), n);
+    assert!(plp[0].is_null(), "nothing predicts the first token");
+    let legacy = &r["choices"][0]["logprobs"];
+    for (i, pos) in plp.iter().enumerate().skip(1) {
+        let m = pos.as_object().unwrap();
+        assert!((3..=4).contains(&m.len()), "the prompt token and the top 3: {pos}");
+        let (id, own) = m.iter().next().unwrap();
+        let rank = own["rank"].as_u64().unwrap() as usize;
+        // the first entry is the prompt token: the legacy echo's logprob of the same position
+        assert_eq!(own["logprob"], legacy["token_logprobs"][i], "position {i}");
+        assert_eq!(own["decoded_token"], legacy["tokens"][i]);
+        let mut ranks: Vec<usize> = m
+            .values()
+            .skip(1)
+            .map(|v| v["rank"].as_u64().unwrap() as usize)
+            .collect();
+        if m.len() == 3 {
+            ranks.push(rank); // the prompt token is among the top 3
+        }
+        ranks.sort();
+        assert_eq!(ranks, [1, 2, 3], "position {i}: {pos}");
+        for (k, v) in m {
+            let better = m
+                .values()
+                .filter(|w| w["logprob"].as_f64() > v["logprob"].as_f64())
+                .count();
+            let r = v["rank"].as_u64().unwrap() as usize;
+            if k == id && m.len() == 4 {
+                assert!(r > 3, "outside the top 3, ranked {r}");
+            } else {
+                assert_eq!(r, better + 1, "rank of {k}");
+            }
+            assert!(k.parse::<u32>().is_ok());
+        }
+    }
+    // the answer is the one without them
+    let (_, plain) = s.post(
+        "/v1/completions",
+        &json!({"prompt": "the cat sat on the mat", "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(plain["choices"][0]["prompt_logprobs"], Value::Null);
+    assert!(
+        plain["choices"][0].get("prompt_logprobs").is_none(),
+        "omitted unless asked"
+    );
+
+    // chat: at the top level, one entry per prompt token
+    let (st, c) = s.post("/v1/chat/completions", &chat(json!({"prompt_logprobs": 0})));
+    assert_eq!(st, 200, "{c}");
+    let plp = c["prompt_logprobs"].as_array().expect("prompt_logprobs");
+    assert_eq!(plp.len() as u64, c["usage"]["prompt_tokens"].as_u64().unwrap());
+    assert!(plp[1..].iter().all(|p| p.as_object().unwrap().len() == 1));
+
+    for (bad, says) in [
+        (json!({"prompt_logprobs": 21}), "between 0 and 20, got 21"),
+        (
+            json!({"prompt_logprobs": 1, "stream": true}),
+            "not available with 'stream'",
+        ),
+    ] {
+        let (st, e) = s.post("/v1/chat/completions", &chat(bad));
+        assert_openai_error(st, &e, 400);
+        assert_eq!(e["error"]["param"], "prompt_logprobs");
+        assert!(e["error"]["message"].as_str().unwrap().contains(says), "{e}");
+    }
+}

@@ -148,4 +148,36 @@ mod tests {
             assert_eq!(batch.slots[r], t[p / 4] as usize * 4 + p % 4);
         }
     }
+
+    #[test]
+    fn a_sequence_wanting_every_row_runs_in_capped_chunks() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            prefix_caching: true,
+            release_window: None,
+        };
+        let mut s = Scheduler::new(cfg, 16);
+        s.set_all_rows_cap(5);
+        let (_, all) = s.add_generate((10..22).collect(), "", true);
+        let (_, last) = s.add_generate((30..42).collect(), "", false);
+        let mut rows = vec![];
+        for _ in 0..3 {
+            let plan = s.schedule().unwrap();
+            let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| ChunkWant::Logits(c.logits)).collect();
+            let b = build(&plan.chunks, &wants, &[Precision::Exact; 2][..plan.chunks.len()]);
+            let c = plan.chunks.iter().find(|c| c.seq == all).unwrap();
+            rows.push((c.len, b.outputs.len()));
+            // the other sequence is not capped: its whole prompt runs in the first step
+            assert!(plan.chunks.iter().all(|c| c.seq != last || c.len == 12));
+            s.advance_step(&plan.chunks).unwrap();
+            let mut u = crate::scheduler::StepUpdate::default();
+            for c in plan.chunks.iter().filter(|c| c.at_end) {
+                u.finish(c.seq);
+            }
+            s.update_from_output(u).unwrap();
+        }
+        assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), [5, 5, 2]);
+    }
 }

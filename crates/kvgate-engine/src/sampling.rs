@@ -103,6 +103,21 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The most likely tokens with their logprobs, best first.
     pub top: Vec<(u32, f32)>,
+    /// Its rank in the distribution, as vLLM counts it: 1 + the number of tokens strictly more likely.
+    pub rank: usize,
+}
+
+impl TokenLogprob {
+    /// The entry of `token` in the log-softmax row `ls`, with the `k` most likely tokens.
+    pub fn of(ls: &[f32], token: u32, k: usize) -> TokenLogprob {
+        let logprob = ls[token as usize];
+        TokenLogprob {
+            token,
+            logprob,
+            top: top_k_of(ls, k),
+            rank: 1 + ls.iter().filter(|&&v| v > logprob).count(),
+        }
+    }
 }
 
 /// Log-softmax of a row (f64 normaliser).
@@ -279,14 +294,7 @@ impl Sampler {
         } else {
             self.draw(&mut x, p)
         };
-        let lp = p.logprobs.map(|k| {
-            let ls = log_softmax(logits);
-            TokenLogprob {
-                token: tok,
-                logprob: ls[tok as usize],
-                top: top_k_of(&ls, k),
-            }
-        });
+        let lp = p.logprobs.map(|k| TokenLogprob::of(&log_softmax(logits), tok, k));
         *self.counts.entry(tok).or_insert(0) += 1;
         self.generated += 1;
         self.remember(tok);

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::error::ApiError;
 use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
 use crate::openai::request::{endpoint_body, CompletionFields};
-use crate::openai::respond::{respond, PromptLogprobs, Shape, StreamUsage};
+use crate::openai::respond::{respond, vllm_prompt_logprobs, PromptLogprobs, Shape, StreamUsage};
 use crate::openai::response::{Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
@@ -106,8 +106,15 @@ async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Promp
     Ok(prompts)
 }
 
-/// Legacy completions logprobs for a run of tokens, `text_offset` starting at `offset`.
-fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], offset: usize) -> LegacyLogprobs {
+/// Legacy completions logprobs for a run of tokens (`k` alternatives each), `text_offset` starting at
+/// `offset`.
+fn legacy_logprobs(
+    st: &AppState,
+    k: usize,
+    lps: &[Option<TokenLogprob>],
+    tokens: &[u32],
+    offset: usize,
+) -> LegacyLogprobs {
     let mut out = LegacyLogprobs {
         tokens: vec![],
         token_logprobs: vec![],
@@ -122,9 +129,9 @@ fn legacy_logprobs(st: &AppState, lps: &[Option<TokenLogprob>], tokens: &[u32], 
         out.tokens.push(s);
         let l = lps.get(i).and_then(|x| x.as_ref());
         out.token_logprobs.push(l.map(|l| l.logprob));
-        out.top_logprobs.push(l.filter(|l| !l.top.is_empty()).map(|l| {
+        out.top_logprobs.push(l.filter(|l| !l.top.is_empty() && k > 0).map(|l| {
             let mut m = TopMap::default();
-            for &(id, lp) in &l.top {
+            for &(id, lp) in l.top.iter().take(k) {
                 m.insert(st.tokenizer.decode(&[id], false).unwrap_or_default(), lp);
             }
             m
@@ -180,7 +187,8 @@ pub async fn completions(
     let logprobs = int_in("logprobs", cf.logprobs, 0, 20)?.map(|x| x as usize);
     c.params.logprobs = logprobs;
     if echo && logprobs.is_some() {
-        c.params.prompt_logprobs = logprobs;
+        // the echoed prompt's legacy logprobs and vLLM's prompt_logprobs come from one computation
+        c.params.prompt_logprobs = logprobs.max(c.prompt_logprobs);
     }
     let prompts = read_prompts(cf.prompt.as_ref(), &st).await?;
     if let Some((field, spec)) = crate::structured::read(&so)? {
@@ -223,6 +231,7 @@ pub async fn completions(
         echo,
         logprobs,
         score_only,
+        prompt_lp: c.prompt_logprobs,
         prompt_lps: vec![None; prompts.len()],
         prompts,
         echoed: vec![false; slots],
@@ -243,6 +252,8 @@ struct CompletionShape {
     echo: bool,
     logprobs: Option<usize>,
     score_only: bool,
+    /// vLLM's `prompt_logprobs` (non-streamed): alternatives per prompt token.
+    prompt_lp: Option<usize>,
     prompts: Vec<Prompt>,
     prompt_lps: PromptLogprobs,
     /// Per choice: whether its prompt was echoed yet.
@@ -275,6 +286,7 @@ fn choice(index: usize, text: String, logprobs: Option<LegacyLogprobs>) -> Compl
         logprobs,
         finish_reason: None,
         stop_reason: None,
+        prompt_logprobs: None,
     }
 }
 
@@ -300,18 +312,18 @@ impl Shape for CompletionShape {
         t.push_str(&text);
         let lp = match (self.logprobs, logprob) {
             // the echoed prompt's logprobs come with its text, offsets counting from its start
-            (Some(_), Some(l)) if first_echo => {
+            (Some(k), Some(l)) if first_echo => {
                 let ids = &self.prompts[pi].ids;
                 let mut all = self.prompt_lps[pi].clone().unwrap_or_else(|| vec![None; ids.len()]);
                 all.push(Some(l));
                 let mut toks = ids.clone();
                 toks.push(token);
-                let v = Some(legacy_logprobs(&self.st, &all, &toks, 0));
+                let v = Some(legacy_logprobs(&self.st, k, &all, &toks, 0));
                 self.offsets[idx] = toks.iter().map(|&t| self.text_len(t)).sum();
                 v
             }
-            (Some(_), Some(l)) => {
-                let v = Some(legacy_logprobs(&self.st, &[Some(l)], &[token], self.offsets[idx]));
+            (Some(k), Some(l)) => {
+                let v = Some(legacy_logprobs(&self.st, k, &[Some(l)], &[token], self.offsets[idx]));
                 self.offsets[idx] += self.text_len(token);
                 v
             }
@@ -370,16 +382,16 @@ impl Shape for CompletionShape {
                     text.push_str(&p.text);
                 }
                 text.push_str(&ch.text);
-                let lp = self.logprobs.map(|_| {
+                let lp = self.logprobs.map(|k| {
                     let gen: Vec<Option<TokenLogprob>> = ch.logprobs.iter().cloned().map(Some).collect();
                     if self.echo {
                         let mut all = prompt_lps[i / n].clone().unwrap_or_else(|| vec![None; p.ids.len()]);
                         all.extend(gen);
                         let mut toks = p.ids.clone();
                         toks.extend(&ch.tokens);
-                        legacy_logprobs(&self.st, &all, &toks, 0)
+                        legacy_logprobs(&self.st, k, &all, &toks, 0)
                     } else {
-                        legacy_logprobs(&self.st, &gen, &ch.tokens, 0)
+                        legacy_logprobs(&self.st, k, &gen, &ch.tokens, 0)
                     }
                 });
                 CompletionChoice {
@@ -388,6 +400,9 @@ impl Shape for CompletionShape {
                     logprobs: lp,
                     finish_reason: ch.finish.map(FinishReason::as_str),
                     stop_reason: StopReason::of(&ch.stop),
+                    prompt_logprobs: self
+                        .prompt_lp
+                        .map(|k| vllm_prompt_logprobs(&self.st.tokenizer, k, prompt_lps[i / n].as_ref())),
                 }
             })
             .collect();

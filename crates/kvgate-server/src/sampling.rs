@@ -23,6 +23,8 @@ pub struct Common {
     pub continuous_usage: bool,
     /// `cache_salt`.
     pub cache_salt: Option<String>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt token (`params.prompt_logprobs` is set too).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// `name` as an f32 within `[lo, hi]` (NaN never is). A positive value too small for an f32 stays
@@ -165,6 +167,14 @@ pub fn read(
             "'stream_options' is only allowed when 'stream' is true",
         ));
     }
+    let prompt_logprobs = int_in("prompt_logprobs", b.prompt_logprobs, 0, 20)?.map(|k| k as usize);
+    if prompt_logprobs.is_some() && stream {
+        return Err(ApiError::param(
+            "prompt_logprobs",
+            "'prompt_logprobs' is not available with 'stream': true (as in vLLM)",
+        ));
+    }
+    p.prompt_logprobs = prompt_logprobs;
     let include_usage = so.include_usage.unwrap_or(false);
     let continuous = so.continuous_usage_stats.unwrap_or(false);
     harmless(b)?;
@@ -178,6 +188,7 @@ pub fn read(
         include_usage,
         continuous_usage: include_usage && continuous,
         cache_salt: b.cache_salt.clone(),
+        prompt_logprobs,
     })
 }
 

@@ -157,6 +157,8 @@ pub fn start_with_backend(
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     sched.set_admission(cfg.admission);
     sched.set_prefill_cap(prefill_cap(&cfg));
+    // a chunk of prompt logprobs returns at most 64 MiB of logits
+    sched.set_all_rows_cap((64 << 20) / (4 * backend.vocab_size().max(1)));
     if let Some(n) = cfg.max_retained_blocks {
         sched.set_max_retained_blocks(n);
     }
@@ -366,7 +368,7 @@ impl Engine {
         self.sched.clear_pins();
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
-        let prefill = self.sched.prefill_cap();
+        let (prefill, all_rows) = (self.sched.prefill_cap(), self.sched.all_rows_cap());
         let tier = self.sched.set_tier(None);
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
         self.sched.set_tier(tier);
@@ -375,6 +377,7 @@ impl Engine {
         self.sched.set_admission(admission);
         self.sched.set_max_retained_blocks(retained);
         self.sched.set_prefill_cap(prefill);
+        self.sched.set_all_rows_cap(all_rows);
     }
 
     fn drop_abandoned(&mut self) {

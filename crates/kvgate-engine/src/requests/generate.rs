@@ -16,7 +16,7 @@ use crate::decision::PinKind;
 use crate::error::EngineError;
 use crate::registry::{GroupId, SchedError, SeqId};
 use crate::request::{Event, FinishReason, GenerateRequest, Retain, StopMatch, Usage};
-use crate::sampling::{log_softmax, top_k_of, Sampler, SamplingParams, TokenLogprob};
+use crate::sampling::{log_softmax, Sampler, SamplingParams, TokenLogprob};
 use crate::scheduler::{Chunk, Logits, Scheduler};
 use crate::text::TextState;
 
@@ -132,11 +132,7 @@ impl GenState {
                     break;
                 };
                 let ls = log_softmax(&rows[i * vocab..(i + 1) * vocab]);
-                *slot = Some(TokenLogprob {
-                    token: t,
-                    logprob: ls[t as usize],
-                    top: top_k_of(&ls, k),
-                });
+                *slot = Some(TokenLogprob::of(&ls, t, k));
             }
         }
         if !c.at_end {

@@ -58,6 +58,9 @@ pub struct Scheduler {
     admission: Admission,
     /// Most tokens a step holds when it decodes streams (`None`: the token budget).
     prefill_cap: Option<usize>,
+    /// Most rows one chunk of a sequence that wants every row's output computes (prompt logprobs:
+    /// full-vocabulary rows), bounding a step's output memory.
+    all_rows_cap: usize,
     /// The caller's clock (milliseconds), as of the last [`Scheduler::expire_pins`].
     now: u64,
 }
@@ -79,6 +82,7 @@ impl Scheduler {
             pins_consumed: 0,
             admission: Admission::default(),
             prefill_cap: None,
+            all_rows_cap: usize::MAX,
             now: 0,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
@@ -375,6 +379,18 @@ impl Scheduler {
     /// next to streams. `None`: the token budget.
     pub fn set_prefill_cap(&mut self, cap: Option<usize>) {
         self.prefill_cap = cap;
+    }
+
+    /// Caps the rows of one chunk of a sequence whose every row returns an output (prompt logprobs,
+    /// mean-pooled embeddings): its long prompt runs in several chunks instead of returning one
+    /// `rows × vocab` block of logits.
+    pub fn set_all_rows_cap(&mut self, cap: usize) {
+        self.all_rows_cap = cap.max(1);
+    }
+
+    /// The cap of a chunk whose every row returns an output.
+    pub fn all_rows_cap(&self) -> usize {
+        self.all_rows_cap
     }
 
     /// The cap of a step that decodes streams.

@@ -116,6 +116,17 @@ impl Scheduler {
         Ok(self.kv.blocks_needed(&s.blocks, s.computed, s.computed + len))
     }
 
+    /// The next chunk's length of a sequence within `budget` (and the cap of a sequence whose every row
+    /// returns an output).
+    fn chunk_len(&self, s: &Seq, budget: usize) -> usize {
+        let len = (s.tokens.len() - s.computed).min(budget);
+        if s.all_logits {
+            len.min(self.all_rows_cap)
+        } else {
+            len
+        }
+    }
+
     fn plan_chunk(&self, sid: SeqId, len: usize) -> Result<Planned> {
         let s = self.reg.seq(sid)?;
         let end = s.computed + len;
@@ -230,7 +241,7 @@ impl Scheduler {
                 }
                 self.match_seq(sid)?;
                 let s = self.reg.seq(sid)?;
-                let len = (s.tokens.len() - s.computed).min(st.budget);
+                let len = self.chunk_len(s, st.budget);
                 if len == 0 {
                     continue;
                 }
@@ -295,7 +306,7 @@ impl Scheduler {
             };
             let hit = self.match_seq(first)?;
             let s = self.reg.seq(first)?;
-            let len = (s.tokens.len() - s.computed).min(st.budget);
+            let len = self.chunk_len(s, st.budget);
             let mut fits = len == 0 || self.try_reserve(first, len, &mut st.copies)?;
             // Pins give way before a request is left waiting for blocks (cache-aware: only old ones,
             // to one that starves, or any when nothing else holds blocks).

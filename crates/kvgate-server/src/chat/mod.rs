@@ -285,6 +285,7 @@ pub async fn chat_completions(
         created: now_secs(),
         model,
         want_lp,
+        prompt_lp: c.prompt_logprobs,
         started: vec![false; n],
         calls: (0..n).map(|_| CallStream::default()).collect(),
         splits: (0..n).map(|_| ReasoningSplit::new(&reasoning.prompt_tail)).collect(),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kvgate_engine::{FinishReason, StopMatch, TokenLogprob, Usage};
 
 use crate::events::ChoiceOut;
-use crate::openai::respond::{PromptLogprobs, Shape};
+use crate::openai::respond::{vllm_prompt_logprobs, PromptLogprobs, Shape};
 use crate::openai::response::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
     StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
@@ -116,6 +116,8 @@ pub(super) struct ChatShape {
     pub(super) created: u64,
     pub(super) model: String,
     pub(super) want_lp: bool,
+    /// vLLM's `prompt_logprobs` (non-streamed): alternatives per prompt token.
+    pub(super) prompt_lp: Option<usize>,
     /// Per choice: whether its role chunk went out.
     pub(super) started: Vec<bool>,
     /// Per choice: its tool-call parser (when tools were offered).
@@ -311,7 +313,10 @@ impl Shape for ChatShape {
         chunk.usage.get_or_insert(usage);
     }
 
-    fn body(self, choices: Vec<ChoiceOut>, _: PromptLogprobs, usage: Usage) -> ChatCompletion {
+    fn body(self, choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, usage: Usage) -> ChatCompletion {
+        let prompt_logprobs = self
+            .prompt_lp
+            .map(|k| vllm_prompt_logprobs(&self.st.tokenizer, k, prompt_lps.first().and_then(Option::as_ref)));
         let choices = choices
             .iter()
             .enumerate()
@@ -333,6 +338,7 @@ impl Shape for ChatShape {
             model: self.model,
             choices,
             usage: UsageOut::of(&usage),
+            prompt_logprobs,
         }
     }
 }

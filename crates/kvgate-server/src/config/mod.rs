@@ -149,7 +149,7 @@ pub struct Args {
     /// How /v1/embeddings pools a prompt's final hidden states (after the model's output norm):
     /// `last` (the last token's) or `mean` (over every token); either L2-normalized unless a request
     /// says `"normalize": false`
-    #[arg(long, env = "KVGATE_POOLING", default_value = "last")]
+    #[arg(long, env = "KVGATE_POOLING", default_value = "last", value_parser = values::parse_setting::<PoolingSetting>)]
     pub pooling: PoolingSetting,
 
     /// Most responses /v1/responses keeps for GET, DELETE and previous_response_id (store: true, the

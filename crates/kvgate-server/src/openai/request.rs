@@ -125,7 +125,8 @@ pub struct SamplingFields {
     pub prediction: Refused,
     pub web_search_options: Refused,
     pub use_beam_search: Refused,
-    pub prompt_logprobs: Refused,
+    /// vLLM's: the logprobs of every prompt token with this many alternatives (non-streamed only).
+    pub prompt_logprobs: Option<Int>,
 }
 
 impl SamplingFields {
@@ -141,7 +142,6 @@ impl SamplingFields {
             ("prediction", self.prediction.is_some()),
             ("web_search_options", self.web_search_options.is_some()),
             ("use_beam_search", self.use_beam_search.is_some()),
-            ("prompt_logprobs", self.prompt_logprobs.is_some()),
         ];
         match refused.iter().find(|(_, set)| *set) {
             Some((k @ ("functions" | "function_call"), _)) => Err(ApiError::param(

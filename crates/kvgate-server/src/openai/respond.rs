@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::ApiError;
 use crate::events::{collect, merged, sse_named, ChoiceOut, Tagged};
-use crate::openai::response::{to_json, UsageOut};
+use crate::openai::response::{to_json, PromptLogprobMap, UsageOut, VllmLogprob};
 
 /// Per prompt, the logprobs of its tokens (when asked).
 pub type PromptLogprobs = Vec<Option<Vec<Option<TokenLogprob>>>>;
@@ -153,4 +153,41 @@ pub async fn respond<S: Shape>(
     });
     let events = futures::stream::once(async move { opening }).chain(events);
     Ok(sse_named(events, S::DONE_MARKER))
+}
+
+/// vLLM's `prompt_logprobs` of one prompt: null at the first position, then per token its own entry
+/// and the `k` most likely (rank 1..k), each with its text.
+pub fn vllm_prompt_logprobs(
+    tok: &kvgate_model::Tokenizer,
+    k: usize,
+    lps: Option<&Vec<Option<TokenLogprob>>>,
+) -> Vec<Option<PromptLogprobMap>> {
+    let text = |t: u32| tok.decode(&[t], false).unwrap_or_default();
+    lps.map(|v| v.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|lp| {
+            let lp = lp.as_ref()?;
+            let mut m = PromptLogprobMap::default();
+            m.0.push((
+                lp.token,
+                VllmLogprob {
+                    logprob: lp.logprob,
+                    rank: lp.rank,
+                    decoded_token: text(lp.token),
+                },
+            ));
+            for (i, &(t, l)) in lp.top.iter().take(k).enumerate() {
+                if t != lp.token {
+                    let entry = VllmLogprob {
+                        logprob: l,
+                        rank: i + 1,
+                        decoded_token: text(t),
+                    };
+                    m.0.push((t, entry));
+                }
+            }
+            Some(m)
+        })
+        .collect()
 }

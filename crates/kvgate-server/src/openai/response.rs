@@ -175,6 +175,9 @@ pub struct ChatCompletion {
     pub choices: Vec<ChatChoice>,
     /// Token accounting.
     pub usage: UsageOut,
+    /// vLLM's prompt logprobs, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprobMap>>>,
 }
 
 /// A streamed chat delta.
@@ -281,6 +284,36 @@ pub struct CompletionChoice {
     pub finish_reason: Option<&'static str>,
     /// vLLM's stop reason.
     pub stop_reason: Option<StopReason>,
+    /// vLLM's prompt logprobs, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprobMap>>>,
+}
+
+/// vLLM's logprob of one token at one prompt position.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VllmLogprob {
+    /// Its log-probability.
+    pub logprob: f32,
+    /// 1 + the number of tokens more likely.
+    pub rank: usize,
+    /// Its text.
+    pub decoded_token: String,
+}
+
+/// One prompt position of vLLM's `prompt_logprobs`: a JSON object from token id to its logprob, the
+/// prompt's own token first, then the most likely ones.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptLogprobMap(pub Vec<(u32, VllmLogprob)>);
+
+impl Serialize for PromptLogprobMap {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(&k.to_string(), v)?;
+        }
+        m.end()
+    }
 }
 
 /// `text_completion` (also each streamed chunk).
