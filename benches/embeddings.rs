@@ -52,12 +52,13 @@ fn llama(server: &Path, model: &Path, pooling: &str) -> Llama {
         .stderr(Stdio::null())
         .spawn()
         .expect("llama-server starts");
+    let l = Llama(child, port);
     for _ in 0..1200 {
         if ureq::get(&format!("http://127.0.0.1:{port}/health"))
             .call()
             .is_ok_and(|r| r.status() == 200)
         {
-            return Llama(child, port);
+            return l;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -100,7 +101,7 @@ fn inputs(port: u16, n: usize, words: usize, salt: &mut usize) -> Vec<Vec<u64>> 
 fn embed(port: u16, batch: &[Vec<u64>]) -> (f64, Vec<Vec<f32>>) {
     let t0 = Instant::now();
     let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/embeddings"))
-        .send_json(&json!({"input": batch, "encoding_format": "float"}))
+        .send_json(json!({"input": batch, "encoding_format": "float"}))
         .unwrap_or_else(|e| panic!("embeddings on port {port}: {e}"));
     let v: Value = r.body_mut().read_json().unwrap();
     let dt = t0.elapsed().as_secs_f64();

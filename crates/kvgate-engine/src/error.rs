@@ -69,6 +69,9 @@ pub enum EngineError {
     /// A step panicked (the requests in flight fail; the engine resets and keeps serving).
     #[error("internal engine error: engine panic: {0}")]
     Panic(String),
+    /// The served model cannot do what was asked (an embedding model asked for a completion).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl EngineError {
@@ -81,6 +84,7 @@ impl EngineError {
                 | EngineError::DoesNotFit { .. }
                 | EngineError::InvalidToken { .. }
                 | EngineError::EmptyPrompt
+                | EngineError::Unsupported(_)
         )
     }
 }

@@ -26,6 +26,11 @@ pub trait Inference: Send + Sync + 'static {
     /// Submits one embedding input.
     fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError>;
 
+    /// Whether it generates (completions, decisions); an embedding model does not.
+    fn generates(&self) -> bool {
+        true
+    }
+
     /// Stops the engine (requests in flight fail, later ones get 503).
     fn shutdown(&self);
 }

@@ -11,6 +11,7 @@ mod chat;
 mod config;
 mod cpu_backend;
 mod dense;
+pub mod encoder;
 mod error;
 mod linear;
 mod load_gguf;

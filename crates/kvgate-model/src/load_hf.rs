@@ -11,7 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::linear::Linear;
 use crate::weights::{Embedding, LayerWeights, Weights};
 
-fn read_json(path: &Path) -> Result<serde_json::Value> {
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -19,20 +19,20 @@ fn read_json(path: &Path) -> Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))
 }
 
-struct Tensors(HashMap<String, Tensor>);
+pub(crate) struct Tensors(pub(crate) HashMap<String, Tensor>);
 
 impl Tensors {
-    fn take(&mut self, name: &str) -> Result<Tensor> {
+    pub(crate) fn take(&mut self, name: &str) -> Result<Tensor> {
         self.0
             .remove(name)
             .ok_or_else(|| ModelError::Invalid(format!("tensor '{name}' is missing")))
     }
 
-    fn opt(&mut self, name: &str) -> Option<Tensor> {
+    pub(crate) fn opt(&mut self, name: &str) -> Option<Tensor> {
         self.0.remove(name)
     }
 
-    fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
+    pub(crate) fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
         Ok(self.take(name)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
     }
 
@@ -42,7 +42,7 @@ impl Tensors {
             .transpose()
     }
 
-    fn linear(&mut self, prefix: &str) -> Result<Linear> {
+    pub(crate) fn linear(&mut self, prefix: &str) -> Result<Linear> {
         let w = self.take(&format!("{prefix}.weight"))?;
         let b = self.opt_vec(&format!("{prefix}.bias"))?;
         Linear::dense(w, b)

@@ -4,7 +4,7 @@
 //! requests finish within `--shutdown-timeout`, exit 0). Every start-up failure is a [`StartError`]
 //! that names the flag and the value at fault.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -195,11 +195,17 @@ pub struct Built {
     pub policy: Arc<CorsPolicy>,
     /// The API keys.
     pub keys: Arc<Keys>,
-    /// The KV cache's shape.
+    /// The KV cache (`None`: an encoder, which has none).
+    pub cache: Option<CacheFacts>,
+}
+
+/// The KV cache [`build`] sized, for the start-up log.
+pub struct CacheFacts {
+    /// Its shape.
     pub shape: CacheShape,
-    /// Blocks in the cache.
+    /// Blocks in it.
     pub num_blocks: usize,
-    /// Bytes of KV cache.
+    /// Its bytes.
     pub kv_bytes: u64,
 }
 
@@ -349,9 +355,11 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         state,
         policy,
         keys,
-        shape,
-        num_blocks,
-        kv_bytes,
+        cache: Some(CacheFacts {
+            shape,
+            num_blocks,
+            kv_bytes,
+        }),
     })
 }
 
@@ -368,6 +376,12 @@ async fn run(args: Args) -> Result<(), StartError> {
     kvgate_engine::device_available(args.device).map_err(StartError::Backend)?;
     let is_default = args.model.is_none();
     let path: PathBuf = match &args.model {
+        Some(p) if p.eq_ignore_ascii_case(crate::encoder_model::NAME) && !Path::new(p).exists() => {
+            tokio::task::spawn_blocking(|| crate::encoder_model::ensure_minilm(false))
+                .await
+                .map_err(|e| StartError::DefaultModel(e.to_string()))?
+                .map_err(|e| StartError::DefaultModel(e.to_string()))?
+        }
         Some(p) => PathBuf::from(p),
         None => tokio::task::spawn_blocking(|| default_model::ensure_default_model(false))
             .await
@@ -377,25 +391,6 @@ async fn run(args: Args) -> Result<(), StartError> {
     if !path.exists() {
         return Err(StartError::ModelMissing(path.display().to_string()));
     }
-    let opts = LoadOptions {
-        max_model_len: args.max_model_len,
-        int8_activations: args.activations == Activations::Int8,
-        f32_weights: false,
-    };
-    let p2 = path.clone();
-    let load_error = |msg: String| StartError::Load {
-        path: path.display().to_string(),
-        msg,
-    };
-    let loaded = tokio::task::spawn_blocking(move || load(&p2, &opts))
-        .await
-        .map_err(|e| load_error(e.to_string()))?
-        .map_err(|e| load_error(e.to_string()))?;
-    let (source, arch, layers) = (
-        loaded.source.clone(),
-        loaded.model.config().arch,
-        loaded.model.config().num_layers,
-    );
     let metrics = install_metrics();
     if let Some(h) = metrics.clone() {
         tokio::spawn(async move {
@@ -425,7 +420,34 @@ async fn run(args: Args) -> Result<(), StartError> {
         test_hooks: std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1"),
     };
     let int8 = args.activations == Activations::Int8;
-    let built = build(args, loaded, opts)?;
+    let (built, source, arch, layers) = if kvgate_model::encoder::is_encoder_dir(&path) {
+        let p2 = path.clone();
+        let built = tokio::task::spawn_blocking(move || crate::encoder_model::build_encoder(args, &p2, opts))
+            .await
+            .map_err(|e| StartError::Server(e.to_string()))??;
+        (built, path.display().to_string(), "bert (encoder)".to_string(), 0)
+    } else {
+        let lopts = LoadOptions {
+            max_model_len: args.max_model_len,
+            int8_activations: args.activations == Activations::Int8,
+            f32_weights: false,
+        };
+        let p2 = path.clone();
+        let load_error = |msg: String| StartError::Load {
+            path: path.display().to_string(),
+            msg,
+        };
+        let loaded = tokio::task::spawn_blocking(move || load(&p2, &lopts))
+            .await
+            .map_err(|e| load_error(e.to_string()))?
+            .map_err(|e| load_error(e.to_string()))?;
+        let (source, arch, layers) = (
+            loaded.source.clone(),
+            loaded.model.config().arch,
+            loaded.model.config().num_layers,
+        );
+        (build(args, loaded, opts)?, source, format!("{arch:?}"), layers)
+    };
     let addr = format!("{host}:{port}");
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -441,19 +463,22 @@ async fn run(args: Args) -> Result<(), StartError> {
     info!(
         model = %built.state.model_name(),
         source = %source,
-        arch = ?arch,
+        arch = %arch,
         layers,
         max_model_len,
         "model loaded"
     );
-    info!(
-        "KV cache: {} blocks x {block_size} tokens = {} tokens, dtype {}, {} bytes/block, {:.1} MiB",
-        built.num_blocks,
-        built.num_blocks * block_size,
-        built.shape.dtype(),
-        built.shape.bytes_per_block(),
-        built.kv_bytes as f64 / (1 << 20) as f64
-    );
+    match &built.cache {
+        Some(c) => info!(
+            "KV cache: {} blocks x {block_size} tokens = {} tokens, dtype {}, {} bytes/block, {:.1} MiB",
+            c.num_blocks,
+            c.num_blocks * block_size,
+            c.shape.dtype(),
+            c.shape.bytes_per_block(),
+            c.kv_bytes as f64 / (1 << 20) as f64
+        ),
+        None => info!("an embedding model (sentence encoder): /v1/embeddings only, no KV cache"),
+    }
     if int8 {
         info!("activations: int8 for completions (opt-in; decisions stay f32)");
     }

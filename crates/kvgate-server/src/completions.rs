@@ -148,6 +148,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/completions")?;
     let (sf, so, cf, value) = endpoint_body::<CompletionFields>(map)?;
     let model = st.check_model(sf.model.as_deref())?;
     let echo = cf.echo.unwrap_or(false);

@@ -60,7 +60,7 @@ pub fn cache_dir() -> Result<PathBuf, FetchError> {
         .ok_or(FetchError::NoCacheDir)
 }
 
-fn sha256_file(path: &Path) -> Result<String, FetchError> {
+pub(crate) fn sha256_file(path: &Path) -> Result<String, FetchError> {
     let mut f = std::fs::File::open(path).map_err(|e| FetchError::Io(path.display().to_string(), e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -76,11 +76,11 @@ fn sha256_file(path: &Path) -> Result<String, FetchError> {
     Ok(hex(&h.finalize()))
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn pip_command() -> Option<Vec<String>> {
+pub(crate) fn pip_command() -> Option<Vec<String>> {
     let candidates: [&[&str]; 4] = [&["python3", "-m", "pip"], &["pip3"], &["pip"], &["python", "-m", "pip"]];
     for c in candidates {
         let ok = Command::new(c[0])

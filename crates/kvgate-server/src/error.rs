@@ -252,7 +252,7 @@ impl From<EngineError> for ApiError {
                 ApiError::param("prompt", e.to_string())
             }
             EngineError::TooManyTokens { .. } => ApiError::param("max_tokens", e.to_string()),
-            EngineError::DoesNotFit { .. } => ApiError::bad(e.to_string()),
+            EngineError::DoesNotFit { .. } | EngineError::Unsupported(_) => ApiError::bad(e.to_string()),
             EngineError::QueueFull { .. } => ApiError::TooManyRequests {
                 message: e.to_string(),
                 retry_after: 1,

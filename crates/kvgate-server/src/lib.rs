@@ -11,6 +11,7 @@ mod completions;
 pub mod config;
 pub mod default_model;
 mod embeddings;
+pub mod encoder_model;
 mod error;
 mod events;
 pub mod infer;

@@ -283,6 +283,17 @@ impl AppState {
         r.map_err(|e| ApiError::param(field, e.to_string()))
     }
 
+    /// 400 when the served model does not generate (an embedding model), naming what it serves.
+    pub fn check_generates(&self, route: &str) -> Result<(), ApiError> {
+        if self.engine.generates() {
+            return Ok(());
+        }
+        Err(ApiError::bad(format!(
+            "the model '{}' is an embedding model (a sentence encoder): it serves /v1/embeddings, not {route}",
+            self.model_name()
+        )))
+    }
+
     /// Checks the content type and parses a JSON object body (415 / 413 / 400 as appropriate).
     pub fn json_body(
         &self,

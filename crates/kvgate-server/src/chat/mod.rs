@@ -185,6 +185,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/chat/completions")?;
     let (sf, so, cf, value) = endpoint_body::<ChatFields>(map)?;
     if cf.echo.is_some() {
         return Err(ApiError::param(

@@ -181,6 +181,7 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/responses")?;
     if st.settings.log_requests {
         let logged = Value::Object(map.clone());
         tracing::info!(body = %logged, "responses request");

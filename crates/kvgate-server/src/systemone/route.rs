@@ -63,6 +63,7 @@ async fn answer_request(
     let bytes = body.map_err(|e| st.body_error(e))?;
     let req = wire::parse(&bytes, st.settings.systemone_max_questions).map_err(ApiError::Unprocessable)?;
     let model = st.check_decision_model(req.model.as_deref())?;
+    st.check_generates("/v1/systemone")?;
     let mut spec = req.spec;
     // A state that cannot fit the context by its bytes is refused before any question renders and
     // tokenizes it (each read would).
