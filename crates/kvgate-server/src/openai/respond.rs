@@ -54,6 +54,12 @@ pub trait Shape: Send + 'static {
     /// Gives a chunk that has no usage this running usage.
     fn set_running_usage(chunk: &mut Self::Chunk, usage: UsageOut);
 
+    /// The chunks that end a stream stopped on request before its engine events ended (nothing by
+    /// default: only `/v1/responses` can be cancelled).
+    fn cancelled(&mut self) -> Vec<Self::Chunk> {
+        vec![]
+    }
+
     /// The whole answer: every choice (prompt-major), every prompt's logprobs, the summed usage.
     fn body(self, choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, usage: Usage) -> Self::Body;
 
@@ -100,7 +106,28 @@ pub async fn respond<S: Shape>(
     tagged: Vec<Tagged>,
     n: usize,
     stream: Option<StreamUsage>,
+    shape: S,
+) -> Result<Response, ApiError> {
+    respond_until(tagged, n, stream, shape, None).await
+}
+
+/// What stops a stream on request (`POST /v1/responses/{id}/cancel`).
+pub type Stop = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A stream's items: an engine event of a prompt, or the end of the events (all in, or stopped).
+enum Msg {
+    Event(usize, Event),
+    End,
+}
+
+/// As [`respond`]; a stream also ends when `stop` resolves first, with the shape's
+/// [`Shape::cancelled`] chunks (the engine requests are dropped, so aborted, with the stream).
+pub async fn respond_until<S: Shape>(
+    tagged: Vec<Tagged>,
+    n: usize,
+    stream: Option<StreamUsage>,
     mut shape: S,
+    stop: Option<Stop>,
 ) -> Result<Response, ApiError> {
     let Some(u) = stream else {
         let (choices, prompt_lps, usage) = collect(tagged, n).await?;
@@ -108,9 +135,28 @@ pub async fn respond<S: Shape>(
     };
     let prompts = tagged.len();
     let (mut done, mut emitted, mut usage) = (0usize, 0usize, Usage::default());
+    let mut over = false;
     let opening: Vec<(Option<&'static str>, String)> =
         shape.start().iter().map(|c| (S::event_name(c), to_json(c))).collect();
-    let events = merged(tagged).map(move |(pi, ev)| {
+    let msgs = merged(tagged).map(|(pi, ev)| Msg::Event(pi, ev));
+    let msgs = match stop {
+        Some(stop) => msgs.take_until(stop).boxed(),
+        None => msgs.boxed(),
+    };
+    let msgs = msgs.chain(futures::stream::once(async { Msg::End }));
+    let events = msgs.map(move |msg| {
+        let (pi, ev) = match msg {
+            Msg::Event(pi, ev) => (pi, ev),
+            // every prompt's terminal event already went out, or the stream was stopped
+            Msg::End if over => return vec![],
+            Msg::End => {
+                return shape
+                    .cancelled()
+                    .iter()
+                    .map(|c| (S::event_name(c), to_json(c)))
+                    .collect()
+            }
+        };
         let mut out = match ev {
             Event::Token {
                 choice,
@@ -134,15 +180,19 @@ pub async fn respond<S: Shape>(
             Event::Done(d) => {
                 usage.add(&d);
                 done += 1;
-                match done == prompts {
+                over = done == prompts;
+                match over {
                     true => shape.end(&usage, u.include),
                     false => vec![],
                 }
             }
-            Event::Error(e) => match shape.failed(&e) {
-                Some(out) => out,
-                None => return vec![(None, ApiError::from(e).body().to_string())],
-            },
+            Event::Error(e) => {
+                over = true;
+                match shape.failed(&e) {
+                    Some(out) => out,
+                    None => return vec![(None, ApiError::from(e).body().to_string())],
+                }
+            }
         };
         if u.continuous {
             for c in out.iter_mut() {

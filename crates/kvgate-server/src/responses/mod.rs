@@ -30,7 +30,7 @@ use crate::chat::render_with_tools;
 use crate::error::ApiError;
 use crate::events::{item_id, now_secs, submit_all};
 use crate::openai::request::{strict_body, SamplingFields};
-use crate::openai::respond::{respond, StreamUsage};
+use crate::openai::respond::{respond, respond_until, Stop, StreamUsage};
 use crate::reasoning::ReasoningSplit;
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
@@ -296,16 +296,22 @@ pub async fn create(
         prompt_tail,
     };
     let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
+    // `POST /v1/responses/{id}/cancel` may stop it, streamed or not
+    let cancelled = st.responses.running(tenant, &id);
     if c.stream {
         let stream = StreamUsage {
             include: false,
             continuous: false,
             prompt_tokens: prompt_len,
         };
-        return respond(tagged, 1, Some(stream), shape).await;
+        // the registration goes with the stream, however it ends (a client gone included)
+        let running = Running(st.clone(), id.clone());
+        let stop: Stop = Box::pin(async move {
+            let _running = running;
+            cancelled.notified().await
+        });
+        return respond_until(tagged, 1, Some(stream), shape, Some(stop)).await;
     }
-    // not streamed: `POST /v1/responses/{id}/cancel` may stop it
-    let cancelled = st.responses.running(tenant, &id);
     let out = tokio::select! {
         r = respond(tagged, 1, None, shape) => r,
         _ = cancelled.notified() => {
@@ -317,6 +323,15 @@ pub async fn create(
     };
     st.responses.ended(&id);
     out
+}
+
+/// A streamed response's registration for cancel, dropped with its stream.
+struct Running(Arc<AppState>, String);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.responses.ended(&self.1);
+    }
 }
 
 /// `GET /v1/responses/{id}`.

@@ -504,6 +504,20 @@ impl Shape for ResponsesShape {
         out
     }
 
+    /// Stopped by `POST /v1/responses/{id}/cancel`: the open items closed, status `cancelled` (stored
+    /// so, when stored), in a `response.incomplete` event (a stream always ends with one of the three).
+    fn cancelled(&mut self) -> Vec<StreamEvent> {
+        let mut out = vec![];
+        self.close_reasoning(&mut out);
+        self.close_text("incomplete", &mut out);
+        self.response.status = "cancelled";
+        self.store();
+        self.st.responses.ended(&self.response.id);
+        let snap = self.snapshot();
+        self.push(&mut out, ev("response.incomplete", json!({ "response": snap })));
+        out
+    }
+
     fn failed(&mut self, e: &EngineError) -> Option<Vec<StreamEvent>> {
         let mut out = vec![];
         self.close_reasoning(&mut out);
