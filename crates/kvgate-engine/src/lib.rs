@@ -10,7 +10,9 @@
 //! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass),
 //! `requests` (the request kinds behind one trait: completions sample, stop, detokenize and stream;
 //! decisions read label log-probs and answer once; embeddings pool hidden states), [`tier`] (the second KV tier: evicted blocks kept by
-//! content in host memory and a spill file, restored through the backend's copy interface), [`metrics`].
+//! content in host memory and a spill file, restored through the backend's copy interface), [`metrics`];
+//! and apart from all of it `encoder` ([`start_encoder`]: a sentence encoder's own thread, no KV cache,
+//! embeddings only, behind the same [`Inference`] seam).
 
 mod batch;
 mod block_pool;
