@@ -165,7 +165,48 @@ fn run() {
             bytes / t / 1e9
         );
     }
+    one_stream_attention();
     prefill_attention();
+}
+
+/// One decode row of one long sequence (Qwen2.5-0.5B's attention shape: 14 q / 2 kv heads): the step a
+/// single long stream runs per layer, where every core must share one sequence's K/V.
+fn one_stream_attention() {
+    println!("\n| attention, one stream (1 decode row, 14 q / 2 kv heads, head_dim 64) | context | time per layer | GB/s of K/V read |\n|---|---|---|---|");
+    for dtype in [KvDtype::F32, KvDtype::BF16, KvDtype::Fp8E4m3] {
+        for ctx in [4096usize, 12288] {
+            let shape = CacheShape::new(1, 2, 64, 16, dtype).unwrap();
+            let mut cache = KvCache::new(shape, ctx / 16);
+            let kv: Vec<f32> = (0..2 * 64).map(|i| ((i % 13) as f32 - 6.0) / 6.0).collect();
+            for t in 0..ctx {
+                cache.write(0, &[t], &kv, &kv);
+            }
+            let table: Vec<u32> = (0..(ctx / 16) as u32).collect();
+            let tables = [table.as_slice()];
+            let rows = [AttnRow {
+                table: 0,
+                pos: (ctx - 1) as u32,
+            }];
+            let q: Vec<f32> = (0..14 * 64).map(|i| ((i % 11) as f32 - 5.0) / 5.0).collect();
+            let mut out = vec![0f32; q.len()];
+            let p = AttnParams {
+                num_heads: 14,
+                num_kv_heads: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window: None,
+                softcap: None,
+            };
+            let query = AttnQuery {
+                q: &q,
+                rows: &rows,
+                tables: &tables,
+            };
+            let t = time(|| CpuAttention.attend(&cache, 0, &query, &p, &mut out), 0.5);
+            let bytes = ctx as f64 * 2.0 * 2.0 * dtype.bytes_per_vector(64) as f64;
+            println!("| {dtype} | {ctx} | {:.1} µs | {:.2} |", t * 1e6, bytes / t / 1e9);
+        }
+    }
 }
 
 /// A 512-row prefill chunk at positions 2,048..2,559 of one sequence (Qwen2.5-0.5B's attention shape:

@@ -1,6 +1,6 @@
 //! The vector arithmetic of attention, each with one fixed reduction order (so results never depend
 //! on batch shape or thread split): dot products (8-lane, plain or fused; eight at once, two queries ×
-//! four keys), the row softmax with a vectorised `exp`, and the weighted sums of V (AVX2 kernels where
+//! four keys), the exps of a partition of scores with a vectorised `exp`, and the weighted sums of V (AVX2 kernels where
 //! compiled in, the same arithmetic otherwise).
 
 /// Eight dot products `q · ks[j]` at once. Every result is computed by the same arithmetic whichever
@@ -57,10 +57,11 @@ mod avx2 {
         _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep)
     }
 
-    /// SAFETY (caller): avx2+fma available. Loads and stores stay inside `x` (full chunks of 8, then the
-    /// tail through a padded copy).
+    /// Replaces each `v` of `x` by `exp(v − max)` and returns their sum (8 lanes, then the lanes in a
+    /// fixed order). SAFETY (caller): avx2+fma available. Loads and stores stay inside `x` (full chunks
+    /// of 8, then the tail through a padded copy).
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn softmax(x: &mut [f32], max: f32) {
+    pub unsafe fn exp_sum(x: &mut [f32], max: f32) -> f32 {
         let m = _mm256_set1_ps(max);
         let mut sum = _mm256_setzero_ps();
         let full = x.len() / 8 * 8;
@@ -85,18 +86,7 @@ mod avx2 {
         let hi = _mm256_extractf128_ps(sum, 1);
         let s4 = _mm_add_ps(lo, hi);
         let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-        let total = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-        let inv = _mm256_set1_ps(1.0 / total);
-        let mut i = 0;
-        while i < full {
-            let p = x.as_mut_ptr().add(i);
-            _mm256_storeu_ps(p, _mm256_mul_ps(_mm256_loadu_ps(p), inv));
-            i += 8;
-        }
-        let inv = 1.0 / total;
-        for v in &mut x[full..] {
-            *v *= inv;
-        }
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)))
     }
 
     /// SAFETY (caller): avx2 available, `acc.len() % 8 == 0`, `xs.len() >= ws.len() · acc.len()`.
@@ -189,14 +179,14 @@ mod avx2 {
     }
 }
 
-/// In-place softmax of one row of scores with a vectorised `exp` (AVX2: a degree-6 polynomial after
-/// range reduction, within 2 ulp of `f32::exp`); every element goes through the same code path.
-pub fn softmax_inplace(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+/// Replaces each `v` of `x` by `exp(v − max)` and returns their sum, in a fixed order (a vectorised
+/// `exp` — AVX2: a degree-6 polynomial after range reduction, within 2 ulp of `f32::exp`; every
+/// element goes through the same code path): the unnormalized softmax of a partition of scores.
+pub(crate) fn exp_sum_inplace(x: &mut [f32], max: f32) -> f32 {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     {
         // SAFETY: avx2 and fma are enabled at compile time; the kernel only touches `x`.
-        unsafe { avx2::softmax(x, max) }
+        unsafe { avx2::exp_sum(x, max) }
     }
     #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
     {
@@ -205,8 +195,7 @@ pub fn softmax_inplace(x: &mut [f32]) {
             *v = (*v - max).exp();
             sum += *v;
         }
-        let inv = 1.0 / sum;
-        x.iter_mut().for_each(|v| *v *= inv);
+        sum
     }
 }
 

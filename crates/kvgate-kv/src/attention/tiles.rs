@@ -1,20 +1,34 @@
 //! [`CpuAttention`]'s `attend`: rows are gathered into tiles of up to [`TILE_ROWS`] consecutive rows
-//! reading the same block table (the rows of one sequence in a prefill chunk), and each (tile, KV head)
-//! task reads every K and V block it needs once for the whole tile instead of once per row: a
-//! 2,500-token prompt re-read its whole K/V for every row before.
+//! reading the same block table (the rows of one sequence in a prefill chunk), and each task reads every
+//! K and V block it needs once for the whole tile instead of once per row.
 //!
-//! Each row's arithmetic is exactly the untiled one: its scores by [`dot2x4`] (each score by
-//! [`super::dot8`]'s arithmetic, whichever keys and heads share the call), its softmax over its own scores, its output accumulated over positions in
-//! ascending order. So a row's output does not depend on its tile, its batch or the thread split.
+//! A row's attention runs over partitions of [`PART`] positions (aligned to multiples of it): per
+//! partition its scores, their max, the sum of their exps and the exp-weighted sum of the values (an
+//! online softmax: no score row longer than a partition, whatever the context), then the partitions
+//! folded in ascending order and divided by the sum once. A tile of a few rows (decode) spreads its
+//! partitions over the threads — one long stream uses every core (flash-decoding) — and a tile of many
+//! rows (prefill) folds them as it goes; both fold the same partials in the same order.
+//!
+//! Each row's arithmetic is fixed: its scores by [`dot2x4`] (each score by [`super::dot8`]'s
+//! arithmetic, whichever keys and heads share the call), each partition's exps and sums over its own
+//! scores, its values accumulated over positions in ascending order, the fold in partition order. So a
+//! row's output does not depend on its tile, its batch, or how the work is split across threads.
 
 use rayon::prelude::*;
 
-use super::{axpy_many, dot2x4, softmax_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
+use super::{axpy_many, dot2x4, exp_sum_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
 use crate::quant;
 use crate::storage::{KvCache, LayerCache, Which};
 
 /// Rows per tile.
 const TILE_ROWS: usize = 16;
+
+/// Positions per partition of a row's attention.
+const PART: usize = 256;
+
+/// A tile of at most this many rows spreads its partitions over tasks (decode rows); a larger one
+/// folds them in one task per KV head (prefill tiles: enough tasks already).
+const SPREAD_ROWS: usize = 2;
 
 /// Rows `lo..hi` of the batch that read one block table.
 fn tiles(query: &AttnQuery) -> Vec<(usize, usize)> {
@@ -38,8 +52,7 @@ fn blocks(lo: usize, hi: usize, bs: usize) -> impl Iterator<Item = (usize, usize
     })
 }
 
-/// Per-task buffers, kept per thread across tasks and calls: a long prompt's scores are megabytes,
-/// and a fresh allocation of that size costs page faults on every call.
+/// Per-task buffers, kept per thread across tasks and calls.
 #[derive(Default)]
 struct Scratch {
     decoded: Vec<f32>,
@@ -47,25 +60,18 @@ struct Scratch {
     scores: Vec<f32>,
 }
 
-/// One (tile, KV head) task: the outputs of the tile's rows for the group of query heads on `kvh`,
-/// `rows × group × head_dim`.
-#[allow(clippy::too_many_arguments)]
-fn tile_head(
-    lc: &LayerCache,
+/// What every task of one `attend` call reads.
+struct Ctx<'a> {
+    lc: &'a LayerCache,
     bs: usize,
-    query: &AttnQuery,
-    kbias: Option<&[f32]>,
-    p: &AttnParams,
-    (r0, r1): (usize, usize),
-    kvh: usize,
-    sc: &mut Scratch,
-) -> Vec<f32> {
-    let hd = p.head_dim;
-    let group = p.num_heads / p.num_kv_heads;
-    let row_len = p.num_heads * hd;
-    let table = query.tables[query.rows[r0].table as usize];
-    // Each row attends to positions start..=pos.
-    let span: Vec<(usize, usize)> = query.rows[r0..r1]
+    query: &'a AttnQuery<'a>,
+    kbias: Option<&'a [f32]>,
+    p: &'a AttnParams,
+}
+
+/// The positions `start..=pos` each row of tile `r0..r1` attends to.
+fn spans(query: &AttnQuery, p: &AttnParams, (r0, r1): (usize, usize)) -> Vec<(usize, usize)> {
+    query.rows[r0..r1]
         .iter()
         .map(|row| {
             let pos = row.pos as usize;
@@ -75,15 +81,91 @@ fn tile_head(
             };
             (start, pos)
         })
+        .collect()
+}
+
+/// Per (row, query head of the KV head's group): the max score `m`, the sum `l` of exp(score − m),
+/// and `acc` = Σ exp(score − m)·v (`head_dim` each) — of one partition, or folded over several.
+struct Partials {
+    m: Vec<f32>,
+    l: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl Partials {
+    /// Nothing seen yet (`m` = −∞, the identity of [`Partials::fold`]).
+    fn empty(n: usize, hd: usize) -> Partials {
+        Partials {
+            m: vec![f32::NEG_INFINITY; n],
+            l: vec![0.0; n],
+            acc: vec![0.0; n * hd],
+        }
+    }
+
+    /// Folds in the next partition's partials (each entry rescaled to the larger max).
+    fn fold(&mut self, next: &Partials) {
+        let hd = self.acc.len() / self.m.len().max(1);
+        for i in 0..self.m.len() {
+            if next.m[i] == f32::NEG_INFINITY {
+                continue;
+            }
+            let m = self.m[i].max(next.m[i]);
+            let (a, b) = ((self.m[i] - m).exp(), (next.m[i] - m).exp());
+            self.m[i] = m;
+            self.l[i] = self.l[i] * a + next.l[i] * b;
+            let (acc, add) = (&mut self.acc[i * hd..(i + 1) * hd], &next.acc[i * hd..(i + 1) * hd]);
+            acc.iter_mut().zip(add).for_each(|(x, y)| *x = *x * a + y * b);
+        }
+    }
+
+    /// The outputs: `acc / l` (rows × group × head_dim).
+    fn finish(mut self) -> Vec<f32> {
+        let hd = self.acc.len() / self.m.len().max(1);
+        for (i, &l) in self.l.iter().enumerate() {
+            let inv = if l > 0.0 { 1.0 / l } else { 0.0 };
+            self.acc[i * hd..(i + 1) * hd].iter_mut().for_each(|x| *x *= inv);
+        }
+        self.acc
+    }
+}
+
+/// The partials of tile `r0..r1` (with `span` its rows' ranges) for the query heads on `kvh`, over
+/// partition `part` (positions `part·PART .. (part+1)·PART − 1`); a row with no position there has
+/// `m` = −∞.
+#[allow(clippy::too_many_arguments)]
+fn partition(
+    cx: &Ctx,
+    (r0, r1): (usize, usize),
+    span: &[(usize, usize)],
+    kvh: usize,
+    part: usize,
+    sc: &mut Scratch,
+) -> Partials {
+    let p = cx.p;
+    let (hd, bs) = (p.head_dim, cx.bs);
+    let group = p.num_heads / p.num_kv_heads;
+    let row_len = p.num_heads * hd;
+    let table = cx.query.tables[cx.query.rows[r0].table as usize];
+    let mut out = Partials::empty((r1 - r0) * group, hd);
+    // Row i reads a..=b of this partition.
+    let (p0, p1) = (part * PART, part * PART + PART - 1);
+    let range: Vec<Option<(usize, usize)>> = span
+        .iter()
+        .map(|&(start, pos)| {
+            let (a, b) = (start.max(p0), pos.min(p1));
+            (a <= b).then_some((a, b))
+        })
         .collect();
-    let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
-    let hi = span.iter().map(|s| s.1).max().unwrap_or(0);
+    let Some(lo) = range.iter().flatten().map(|r| r.0).min() else {
+        return out;
+    };
+    let hi = range.iter().flatten().map(|r| r.1).max().unwrap_or(lo);
     // Scores of row i, query head g: scores[at[i] + g·n_i ..][..n_i].
-    let mut at = Vec::with_capacity(span.len());
+    let mut at = Vec::with_capacity(range.len());
     let mut total = 0;
-    for &(start, pos) in &span {
+    for r in &range {
         at.push(total);
-        total += group * (pos + 1 - start);
+        total += r.map_or(0, |(a, b)| group * (b + 1 - a));
     }
     sc.decoded.resize(bs * hd, 0.0);
     sc.zeros.resize(hd, 0.0);
@@ -92,22 +174,24 @@ fn tile_head(
     let Scratch { decoded, zeros, scores } = sc;
     let qrow = |i: usize, g: usize| {
         let o = (r0 + i) * row_len + (kvh * group + g) * hd;
-        &query.q[o..o + hd]
+        &cx.query.q[o..o + hd]
     };
     // The part of block `blk` (first..=last within it) that row i reads, if any.
-    let part = |i: usize, blk: usize, first: usize, last: usize| {
-        let (start, pos) = span[i];
-        let a = (blk * bs + first).max(start);
-        let b = (blk * bs + last).min(pos);
-        (a <= b).then(|| (a - blk * bs, b - blk * bs))
+    let piece = |i: usize, blk: usize, first: usize, last: usize| {
+        let (a, b) = range[i]?;
+        let (x, y) = ((blk * bs + first).max(a), (blk * bs + last).min(b));
+        (x <= y).then(|| (x - blk * bs, y - blk * bs))
     };
     for (blk, first, last) in blocks(lo, hi, bs) {
-        let keys = lc.block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, decoded);
-        for (i, &(start, pos)) in span.iter().enumerate() {
-            let Some((f, l)) = part(i, blk, first, last) else {
+        let keys = cx
+            .lc
+            .block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, decoded);
+        for i in 0..range.len() {
+            let Some((f, l)) = piece(i, blk, first, last) else {
                 continue;
             };
-            let n = pos + 1 - start;
+            let Some((a, b)) = range[i] else { continue };
+            let n = b + 1 - a;
             // Keys four at a time (a short group padded with zero keys) against query heads two at a
             // time (an odd last head paired with itself, its copy discarded).
             let mut j0 = f;
@@ -117,7 +201,7 @@ fn tile_head(
                 for (j, k) in ks.iter_mut().enumerate().take(cnt) {
                     *k = &keys[(j0 + j) * hd..(j0 + j + 1) * hd];
                 }
-                let idx = blk * bs + j0 - start;
+                let idx = blk * bs + j0 - a;
                 for g in (0..group).step_by(2) {
                     let g1 = (g + 1).min(group - 1);
                     let s8 = dot2x4(qrow(i, g), qrow(i, g1), &ks);
@@ -127,8 +211,8 @@ fn tile_head(
                         }
                         for (j, &v) in half.iter().enumerate().take(cnt) {
                             let mut s = v * p.scale;
-                            if let Some(b) = kbias {
-                                s += b[(r0 + i) * p.num_heads + kvh * group + h];
+                            if let Some(bias) = cx.kbias {
+                                s += bias[(r0 + i) * p.num_heads + kvh * group + h];
                             }
                             if let Some(cap) = p.softcap {
                                 s = cap * (s / cap).tanh();
@@ -141,29 +225,42 @@ fn tile_head(
             }
         }
     }
-    for (i, &(start, pos)) in span.iter().enumerate() {
-        let n = pos + 1 - start;
+    for (i, r) in range.iter().enumerate() {
+        let Some((a, b)) = *r else { continue };
+        let n = b + 1 - a;
         for g in 0..group {
-            softmax_inplace(&mut scores[at[i] + g * n..at[i] + (g + 1) * n]);
+            let s = &mut scores[at[i] + g * n..at[i] + (g + 1) * n];
+            let m = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            out.m[i * group + g] = m;
+            out.l[i * group + g] = exp_sum_inplace(s, m);
         }
     }
-    let mut out = vec![0f32; span.len() * group * hd];
     for (blk, first, last) in blocks(lo, hi, bs) {
-        let vals = lc.block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, decoded);
-        for (i, &(start, pos)) in span.iter().enumerate() {
-            let Some((f, l)) = part(i, blk, first, last) else {
+        let vals = cx
+            .lc
+            .block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, decoded);
+        for i in 0..range.len() {
+            let Some((f, l)) = piece(i, blk, first, last) else {
                 continue;
             };
-            let n = pos + 1 - start;
-            let o = &mut out[i * group * hd..(i + 1) * group * hd];
-            let idx = blk * bs + f - start;
+            let Some((a, b)) = range[i] else { continue };
+            let n = b + 1 - a;
+            let idx = blk * bs + f - a;
             for g in 0..group {
+                let k = i * group + g;
                 let ws = &scores[at[i] + g * n + idx..at[i] + g * n + idx + (l + 1 - f)];
-                axpy_many(&mut o[g * hd..(g + 1) * hd], ws, &vals[f * hd..(l + 1) * hd]);
+                axpy_many(&mut out.acc[k * hd..(k + 1) * hd], ws, &vals[f * hd..(l + 1) * hd]);
             }
         }
     }
     out
+}
+
+/// The partitions tile `r0..r1` reads.
+fn partitions(span: &[(usize, usize)]) -> std::ops::RangeInclusive<usize> {
+    let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
+    let hi = span.iter().map(|s| s.1).max().unwrap_or(0);
+    lo / PART..=hi / PART
 }
 
 impl AttentionBackend for CpuAttention {
@@ -230,24 +327,61 @@ fn attend_in_cache_basis(
     let row_len = p.num_heads * hd;
     debug_assert_eq!(query.q.len(), query.rows.len() * row_len);
     debug_assert_eq!(out.len(), query.rows.len() * row_len);
-    let lc = cache.layer(layer);
-    let bs = cache.shape().block_size;
-    let tiles = tiles(query);
-    let tasks: Vec<((usize, usize), usize)> = tiles
-        .iter()
-        .flat_map(|&t| (0..p.num_kv_heads).map(move |h| (t, h)))
-        .collect();
-    let parts: Vec<Vec<f32>> = tasks
+    let cx = Ctx {
+        lc: cache.layer(layer),
+        bs: cache.shape().block_size,
+        query,
+        kbias,
+        p,
+    };
+    let tiles: Vec<((usize, usize), Vec<(usize, usize)>)> =
+        tiles(query).into_iter().map(|t| (t, spans(query, p, t))).collect();
+    // A task: (tile, KV head, one partition — or every partition of the tile, folded in the task).
+    let mut tasks: Vec<(usize, usize, Option<usize>)> = vec![];
+    for (ti, ((r0, r1), span)) in tiles.iter().enumerate() {
+        let parts = partitions(span);
+        for kvh in 0..p.num_kv_heads {
+            if r1 - r0 <= SPREAD_ROWS && parts.end() > parts.start() {
+                tasks.extend(parts.clone().map(|k| (ti, kvh, Some(k))));
+            } else {
+                tasks.push((ti, kvh, None));
+            }
+        }
+    }
+    let results: Vec<Partials> = tasks
         .par_iter()
-        .map_init(Scratch::default, |sc, &(tile, kvh)| {
-            tile_head(lc, bs, query, kbias, p, tile, kvh, sc)
+        .map_init(Scratch::default, |sc, &(ti, kvh, part)| {
+            let (tile, span) = (&tiles[ti].0, &tiles[ti].1);
+            match part {
+                Some(k) => partition(&cx, *tile, span, kvh, k, sc),
+                None => {
+                    let mut acc = Partials::empty((tile.1 - tile.0) * group, hd);
+                    for k in partitions(span) {
+                        acc.fold(&partition(&cx, *tile, span, kvh, k, sc));
+                    }
+                    acc
+                }
+            }
         })
         .collect();
-    for (&((r0, _), kvh), part) in tasks.iter().zip(&parts) {
-        for (i, o) in part.chunks_exact(group * hd).enumerate() {
-            let at = (r0 + i) * row_len + kvh * group * hd;
+    // Spread partitions are folded here, in the order their tasks were made (ascending partitions).
+    let mut i = 0;
+    while i < tasks.len() {
+        let (ti, kvh, part) = tasks[i];
+        let mut j = i + 1;
+        while j < tasks.len() && part.is_some() && tasks[j].0 == ti && tasks[j].1 == kvh {
+            j += 1;
+        }
+        let (r0, r1) = tiles[ti].0;
+        let mut folded = Partials::empty((r1 - r0) * group, hd);
+        for r in &results[i..j] {
+            folded.fold(r);
+        }
+        for (row, o) in folded.finish().chunks_exact(group * hd).enumerate() {
+            let at = (r0 + row) * row_len + kvh * group * hd;
             out[at..at + group * hd].copy_from_slice(o);
         }
+        i = j;
     }
 }
 
@@ -316,6 +450,95 @@ mod tests {
                         "{dtype:?} {} {window:?} row {r}",
                         method.name()
                     );
+                }
+            }
+        }
+    }
+
+    /// Long rows (several partitions): a row folded inside a prefill tile's task, the same row alone
+    /// (its partitions spread over tasks) and in a two-row tile give the same bits, and match dense
+    /// attention computed in f64; with a window and a softcap too.
+    #[test]
+    fn partitions_fold_the_same_however_they_are_split() {
+        let mut rng = ChaCha8Rng::seed_from_u64(21);
+        for (window, softcap) in [(None, None), (Some(300), Some(20.0))] {
+            let shape = CacheShape::new(1, 2, 32, 16, KvDtype::F32).unwrap();
+            let p = AttnParams {
+                num_heads: 4,
+                num_kv_heads: 2,
+                head_dim: 32,
+                scale: 0.25,
+                window,
+                softcap,
+            };
+            let n = 900;
+            let mut cache = KvCache::new(shape, 64);
+            let (mut ks, mut vs) = (vec![], vec![]);
+            for slot in 0..n {
+                let k: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let v: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
+                cache.write(0, &[slot], &k, &v);
+                ks.push(k);
+                vs.push(v);
+            }
+            let table: Vec<u32> = (0..64).collect();
+            let tables = [table.as_slice()];
+            let row_len = 4 * 32;
+            let mut rows: Vec<AttnRow> = (0..20).map(|i| AttnRow { table: 0, pos: 600 + i }).collect();
+            rows.push(AttnRow { table: 0, pos: 899 });
+            let q: Vec<f32> = (0..rows.len() * row_len).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let attend = |rows: &[AttnRow], q: &[f32]| {
+                let mut out = vec![0f32; q.len()];
+                let query = AttnQuery {
+                    q,
+                    rows,
+                    tables: &tables,
+                };
+                CpuAttention.attend(&cache, 0, &query, &p, &mut out);
+                out
+            };
+            let all = attend(&rows, &q);
+            for (r, row) in rows.iter().enumerate() {
+                let qr = &q[r * row_len..(r + 1) * row_len];
+                let alone = attend(&[*row], qr);
+                assert_eq!(
+                    &all[r * row_len..(r + 1) * row_len],
+                    alone.as_slice(),
+                    "{window:?} row {r}"
+                );
+                // in a two-row tile (spread) with another row
+                let pair = attend(&[rows[0], *row], &[&q[..row_len], qr].concat());
+                assert_eq!(&pair[row_len..], alone.as_slice(), "{window:?} row {r} in a pair");
+                // dense attention in f64
+                let pos = row.pos as usize;
+                let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                for h in 0..4 {
+                    let kvh = h / 2;
+                    let qh = &qr[h * 32..(h + 1) * 32];
+                    let s: Vec<f64> = (start..=pos)
+                        .map(|t| {
+                            let d: f64 = qh
+                                .iter()
+                                .zip(&ks[t][kvh * 32..])
+                                .map(|(a, b)| *a as f64 * *b as f64)
+                                .sum();
+                            let x = d * 0.25;
+                            softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for d in 0..32 {
+                        let want: f64 = (start..=pos)
+                            .zip(&s)
+                            .map(|(t, x)| (x - m).exp() / z * vs[t][kvh * 32 + d] as f64)
+                            .sum();
+                        let got = alone[h * 32 + d] as f64;
+                        assert!(
+                            (got - want).abs() < 1e-5,
+                            "{window:?} row {r} head {h}: {got} vs {want}"
+                        );
+                    }
                 }
             }
         }
