@@ -334,8 +334,9 @@ fn attend_in_cache_basis(
         kbias,
         p,
     };
-    let tiles: Vec<((usize, usize), Vec<(usize, usize)>)> =
-        tiles(query).into_iter().map(|t| (t, spans(query, p, t))).collect();
+    // Each tile with its rows' position ranges.
+    type Tile = ((usize, usize), Vec<(usize, usize)>);
+    let tiles: Vec<Tile> = tiles(query).into_iter().map(|t| (t, spans(query, p, t))).collect();
     // A task: (tile, KV head, one partition — or every partition of the tile, folded in the task).
     let mut tasks: Vec<(usize, usize, Option<usize>)> = vec![];
     for (ti, ((r0, r1), span)) in tiles.iter().enumerate() {
