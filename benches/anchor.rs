@@ -197,7 +197,60 @@ fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
         let (rate, toks) = prefill(port, words, salt);
         rows.push((format!("prefill, ~{toks}-token prompt (tok/s)"), rate));
     }
+    // ANCHOR_LONG: long prompts (words, comma-separated, e.g. "3300,6600"): prefill, then decode after it
+    for words in std::env::var("ANCHOR_LONG")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|w| w.trim().parse::<usize>().ok())
+    {
+        *salt += 1;
+        let (ttft, decode, toks) = streamed(port, &fresh_prompt(words, *salt), 48);
+        rows.push((format!("prefill, ~{toks}-token prompt (tok/s)"), toks as f64 / ttft));
+        rows.push((format!("decode after a ~{toks}-token prompt (tok/s)"), decode));
+    }
     rows
+}
+
+/// One streamed completion of `n` tokens: (seconds to the first token, decode tok/s between the first
+/// and the last token, prompt tokens from the final usage chunk).
+fn streamed(port: u16, prompt: &str, n: usize) -> (f64, f64, usize) {
+    use std::io::BufRead;
+    let body = json!({
+        "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let t0 = Instant::now();
+    let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/completions"))
+        .config()
+        .timeout_global(Some(Duration::from_secs(3600)))
+        .build()
+        .send_json(&body)
+        .unwrap_or_else(|e| panic!("streamed completion on port {port}: {e}"));
+    let (mut first, mut last, mut tokens, mut prompt_tokens) = (None, 0.0, 0usize, 0usize);
+    for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
+        let Ok(line) = line else { break };
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
+            let t = t0.elapsed().as_secs_f64();
+            first.get_or_insert(t);
+            last = t;
+            tokens += 1;
+        }
+        if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
+            prompt_tokens = p as usize;
+        }
+    }
+    let first = first.unwrap_or(last);
+    (
+        first,
+        (tokens.max(2) - 1) as f64 / (last - first).max(1e-9),
+        prompt_tokens,
+    )
 }
 
 /// Copy bandwidth with two threads (each copies half of a 256 MiB buffer; read + write counted), GB/s.
