@@ -337,45 +337,60 @@ fn attend_in_cache_basis(
     // Each tile with its rows' position ranges.
     type Tile = ((usize, usize), Vec<(usize, usize)>);
     let tiles: Vec<Tile> = tiles(query).into_iter().map(|t| (t, spans(query, p, t))).collect();
-    // A task: (tile, KV head, one partition — or every partition of the tile, folded in the task).
-    let mut tasks: Vec<(usize, usize, Option<usize>)> = vec![];
+    // A task: (tile, KV head, a run of its partitions returned one by one — or every partition of the
+    // tile folded in the task). Spread tiles' partitions are cut into runs so that there are a few tasks
+    // per thread: a run computes each partition's partials exactly as a task of its own would.
+    let spread: usize = tiles
+        .iter()
+        .filter(|((r0, r1), span)| r1 - r0 <= SPREAD_ROWS && partitions(span).count() > 1)
+        .map(|(_, span)| partitions(span).count() * p.num_kv_heads)
+        .sum();
+    let runs_wanted = 4 * rayon::current_num_threads().max(1);
+    let run_len = spread.div_ceil(runs_wanted).max(1);
+    let mut tasks: Vec<(usize, usize, Option<std::ops::Range<usize>>)> = vec![];
     for (ti, ((r0, r1), span)) in tiles.iter().enumerate() {
         let parts = partitions(span);
         for kvh in 0..p.num_kv_heads {
             if r1 - r0 <= SPREAD_ROWS && parts.end() > parts.start() {
-                tasks.extend(parts.clone().map(|k| (ti, kvh, Some(k))));
+                let (lo, hi) = (*parts.start(), parts.end() + 1);
+                let mut k = lo;
+                while k < hi {
+                    tasks.push((ti, kvh, Some(k..(k + run_len).min(hi))));
+                    k += run_len;
+                }
             } else {
                 tasks.push((ti, kvh, None));
             }
         }
     }
-    let results: Vec<Partials> = tasks
+    let results: Vec<Vec<Partials>> = tasks
         .par_iter()
-        .map_init(Scratch::default, |sc, &(ti, kvh, part)| {
-            let (tile, span) = (&tiles[ti].0, &tiles[ti].1);
-            match part {
-                Some(k) => partition(&cx, *tile, span, kvh, k, sc),
+        .map_init(Scratch::default, |sc, (ti, kvh, run)| {
+            let (tile, span) = (&tiles[*ti].0, &tiles[*ti].1);
+            match run {
+                Some(run) => run.clone().map(|k| partition(&cx, *tile, span, *kvh, k, sc)).collect(),
                 None => {
                     let mut acc = Partials::empty((tile.1 - tile.0) * group, hd);
                     for k in partitions(span) {
-                        acc.fold(&partition(&cx, *tile, span, kvh, k, sc));
+                        acc.fold(&partition(&cx, *tile, span, *kvh, k, sc));
                     }
-                    acc
+                    vec![acc]
                 }
             }
         })
         .collect();
-    // Spread partitions are folded here, in the order their tasks were made (ascending partitions).
+    // Each (tile, KV head)'s partials folded here in ascending partitions (a folded task's one result
+    // folds into the empty state unchanged).
     let mut i = 0;
     while i < tasks.len() {
-        let (ti, kvh, part) = tasks[i];
+        let (ti, kvh) = (tasks[i].0, tasks[i].1);
         let mut j = i + 1;
-        while j < tasks.len() && part.is_some() && tasks[j].0 == ti && tasks[j].1 == kvh {
+        while j < tasks.len() && tasks[j].2.is_some() && tasks[j].0 == ti && tasks[j].1 == kvh {
             j += 1;
         }
         let (r0, r1) = tiles[ti].0;
         let mut folded = Partials::empty((r1 - r0) * group, hd);
-        for r in &results[i..j] {
+        for r in results[i..j].iter().flatten() {
             folded.fold(r);
         }
         for (row, o) in folded.finish().chunks_exact(group * hd).enumerate() {
