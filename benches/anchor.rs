@@ -16,7 +16,8 @@
 //! `ANCHOR_MODELS`); without it, kvgate's column is printed alone with a line saying why. `KVGATE_SERVE`
 //! measures another build of `serve` (before/after), `KVGATE_ARGS` adds `serve` flags, `ANCHOR_CASES=qwen` one model only. Run with
 //! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
-//! cargo bench --bench anchor`.
+//! cargo bench --bench anchor`. `ANCHOR_LONG=WORDS,…` adds long prompts (prefill to the first streamed
+//! token, decode after it), `ANCHOR_CTX` the context both servers get (default 4096).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,6 +36,14 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The context both servers serve per sequence (`ANCHOR_CTX`, default 4096; long prompts need more).
+fn ctx() -> usize {
+    std::env::var("ANCHOR_CTX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4096)
 }
 
 fn free_port() -> u16 {
@@ -63,7 +72,14 @@ fn kvgate(model: &Path) -> Proc {
     let serve = std::env::var_os("KVGATE_SERVE").unwrap_or_else(|| env!("CARGO_BIN_EXE_serve").into());
     let child = Command::new(serve)
         .args(["--model", model.to_str().unwrap(), "--port", &port.to_string()])
-        .args(["--threads", "2", "--kv-cache-memory", "2GiB", "--max-model-len", "4096"])
+        .args([
+            "--threads",
+            "2",
+            "--kv-cache-memory",
+            "2GiB",
+            "--max-model-len",
+            &ctx().to_string(),
+        ])
         // KVGATE_ARGS: extra `serve` flags (e.g. "--activations int8").
         .args(std::env::var("KVGATE_ARGS").unwrap_or_default().split_whitespace())
         .stdout(Stdio::null())
@@ -85,7 +101,7 @@ fn llama(server: &Path, model: &Path, slots: usize) -> Proc {
             "127.0.0.1",
         ])
         .args(["-t", "2", "-tb", "2", "-np", &slots.to_string()])
-        .args(["-c", &(4096 * slots).to_string(), "--no-warmup"])
+        .args(["-c", &(ctx() * slots).to_string(), "--no-warmup"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
