@@ -17,7 +17,10 @@
 //! measures another build of `serve` (before/after), `KVGATE_ARGS` adds `serve` flags, `ANCHOR_CASES=qwen` one model only. Run with
 //! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
 //! cargo bench --bench anchor`. `ANCHOR_LONG=WORDS,…` adds long prompts (prefill to the first streamed
-//! token, decode after it), `ANCHOR_CTX` the context both servers get (default 4096).
+//! token, decode after it), `ANCHOR_CTX` the context both servers get (default 4096),
+//! `ANCHOR_DECIDE=WORDS` decisions over a warm state of about WORDS words (kvgate alone). After the table:
+//! each single-stream decode row as a fraction of the bandwidth bound (bytes per step: weights plus the
+//! stream's KV, over the copy bandwidth measured in the same run).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -227,6 +230,54 @@ fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
     rows
 }
 
+/// Decisions over one warm state of about `words` words (kvgate only; llama.cpp has no decision API):
+/// seconds for 1 and 8 choice questions of 4 options, read `plain` and by default
+/// (`ordered+calibrated`, each question new, so its tokens and its content-free prior are computed),
+/// the median of 3. Returns the state's token count with the rows.
+fn decisions(port: u16, words: usize) -> (usize, Vec<(String, f64)>) {
+    let state = fresh_prompt(words, 424_242);
+    let ask = |k: usize, read: &str, rep: usize| {
+        let qs: serde_json::Map<String, Value> = (0..k)
+            .map(|i| {
+                let q = json!({"type": "choice",
+                    "instructions": format!("Which team should take report {rep}-{i} ({read})?"),
+                    "criteria": {"billing": "payments and invoices", "shipping": "orders in transit",
+                                 "returns": "refunds", "security": "accounts and access"}});
+                (format!("q{i}"), q)
+            })
+            .collect();
+        let body = json!({"state": state, "questions": qs, "x_read": read});
+        let t0 = Instant::now();
+        let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/systemone"))
+            .config()
+            .timeout_global(Some(Duration::from_secs(3600)))
+            .build()
+            .send_json(&body)
+            .unwrap_or_else(|e| panic!("decision on port {port}: {e}"));
+        let v: Value = r.body_mut().read_json().unwrap();
+        (
+            t0.elapsed().as_secs_f64(),
+            v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize,
+        )
+    };
+    let (cold, _) = ask(1, "plain", 0);
+    let mut rows = vec![("cold: the state computed, 1 question, plain".to_string(), cold)];
+    let mut tokens = 0;
+    for k in [1usize, 8] {
+        for read in ["plain", "ordered+calibrated"] {
+            let times: Vec<f64> = (1..=3)
+                .map(|rep| {
+                    let (t, n) = ask(k, read, rep + 10 * k);
+                    tokens = n / k.max(1);
+                    t
+                })
+                .collect();
+            rows.push((format!("warm: {k} question(s), {read}"), median(times)));
+        }
+    }
+    (tokens, rows)
+}
+
 /// One streamed completion of `n` tokens: (seconds to the first token, decode tok/s between the first
 /// and the last token, prompt tokens from the final usage chunk).
 fn streamed(port: u16, prompt: &str, n: usize) -> (f64, f64, usize) {
@@ -288,20 +339,44 @@ fn copy_bandwidth() -> f64 {
     best
 }
 
-/// Bytes of weights kvgate reads per decoded token (every matmul weight once; the embedding is one row).
-fn weight_bytes_per_token(model: &Path) -> Option<f64> {
+/// What one decode step of one stream reads.
+struct StepBytes {
+    /// Every matmul weight once, the embedding one row.
+    weights: f64,
+    /// KV bytes per context token in kvgate's cache (its dtype from `KVGATE_ARGS`, else float32).
+    kv_per_token: f64,
+    kv_dtype: &'static str,
+    /// The same in f16 (llama.cpp's default cache).
+    kv_per_token_f16: f64,
+}
+
+fn bytes_per_step(model: &Path) -> Option<StepBytes> {
+    let args = std::env::var("KVGATE_ARGS").unwrap_or_default();
     let m = kvgate_model::load(
         model,
         &kvgate_model::LoadOptions {
             max_model_len: Some(4096),
-            int8_activations: std::env::var("KVGATE_ARGS").is_ok_and(|a| a.contains("int8")),
+            int8_activations: args.contains("int8"),
             f32_weights: false,
         },
     )
     .ok()?;
     let c = m.model.config();
     let w = m.model.weights();
-    Some((w.bytes() - w.embed.rows.len() * 4 + c.hidden_size * 4) as f64)
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let dtype = words
+        .iter()
+        .position(|a| *a == "--kv-cache-dtype")
+        .and_then(|i| words.get(i + 1))
+        .and_then(|d| kvgate_kv::KvDtype::parse(d).ok().flatten())
+        .unwrap_or(kvgate_kv::KvDtype::F32);
+    let vectors = (2 * c.num_layers * c.num_kv_heads) as f64;
+    Some(StepBytes {
+        weights: (w.bytes() - w.embed.rows.len() * 4 + c.hidden_size * 4) as f64,
+        kv_per_token: vectors * dtype.bytes_per_vector(c.head_dim) as f64,
+        kv_dtype: dtype.name(),
+        kv_per_token_f16: vectors * (2 * c.head_dim) as f64,
+    })
 }
 
 fn cpu_flags() -> String {
@@ -383,6 +458,11 @@ fn main() {
                 theirs.push(measure(l.port, streams, &mut salt));
             }
         }
+        // ANCHOR_DECIDE=WORDS: decisions over a warm state of about WORDS words, on kvgate alone.
+        let decide_rows = std::env::var("ANCHOR_DECIDE")
+            .ok()
+            .and_then(|w| w.trim().parse::<usize>().ok())
+            .map(|w| decisions(k.port, w));
         drop((k, l));
         let rows: Vec<Row> = (0..ours[0].len())
             .map(|i| Row {
@@ -394,7 +474,11 @@ fn main() {
             .collect();
         println!("\n{name} ({})\n", path.display());
         println!("| workload | kvgate | llama.cpp | ratio | per round |\n|---|---|---|---|---|");
-        let decode_1 = rows.first().map(|r| (r.ours, r.theirs));
+        let decode_rows: Vec<(String, f64, Option<f64>)> = rows
+            .iter()
+            .filter(|r| r.name.starts_with("decode, 1 stream") || r.name.starts_with("decode after"))
+            .map(|r| (r.name.clone(), r.ours, r.theirs))
+            .collect();
         for r in rows {
             match r.theirs {
                 Some(t) => {
@@ -411,21 +495,50 @@ fn main() {
                 None => println!("| {} | {:.1} | — | — | — |", r.name, r.ours),
             }
         }
-        // What bounds single-stream decode: the weights kvgate streams per token at the copy bandwidth.
-        if let (Some(bytes), Some((ours, theirs))) = (weight_bytes_per_token(&path), decode_1) {
+        // What bounds single-stream decode: the bytes one step reads (every weight once, the stream's
+        // whole KV) at the copy bandwidth measured now. decode_1's context is ~16 prompt + ~80 generated
+        // tokens on average; after a long prompt, the prompt plus ~24.
+        if let Some(b) = bytes_per_step(&path) {
             let bw = copy_bandwidth();
-            let limit = bw * 1e9 / bytes;
             let file = std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64);
-            print!(
-                "\nsingle-stream decode bound: kvgate reads {:.1} MB of weights per token (the GGUF file is {:.1} MB); \
-                 copy bandwidth {bw:.1} GB/s (2 threads) → at most {limit:.0} tok/s; kvgate reaches {:.0}%",
-                bytes / 1e6,
+            println!(
+                "\nsingle-stream decode against the bandwidth bound (copy bandwidth {bw:.1} GB/s, 2 threads, measured now; \
+                 kvgate reads {:.1} MB of weights per token and {:.0} KB of KV per context token ({}); llama.cpp its \
+                 {:.1} MB GGUF and {:.0} KB of f16 KV)\n",
+                b.weights / 1e6,
+                b.kv_per_token / 1e3,
+                b.kv_dtype,
                 file / 1e6,
-                100.0 * ours / limit
+                b.kv_per_token_f16 / 1e3
             );
-            match theirs {
-                Some(t) => println!(" (llama.cpp: {t:.1} tok/s reading the GGUF's own formats)"),
-                None => println!(),
+            println!("| decode row | context | kvgate MB/step | kvgate bound tok/s | kvgate % of bound | llama.cpp % of its bound |\n|---|---|---|---|---|---|");
+            for (name, ours, theirs) in &decode_rows {
+                let ctx = if name.starts_with("decode, 1 stream") {
+                    96.0
+                } else {
+                    name.split('~')
+                        .nth(1)
+                        .and_then(|x| x.split('-').next())
+                        .and_then(|x| x.parse::<f64>().ok())
+                        .map_or(96.0, |n| n + 24.0)
+                };
+                let mine = b.weights + ctx * b.kv_per_token;
+                let limit = bw * 1e9 / mine;
+                let theirs_pct = theirs.map_or("—".to_string(), |t| {
+                    format!("{:.0}%", 100.0 * t / (bw * 1e9 / (file + ctx * b.kv_per_token_f16)))
+                });
+                println!(
+                    "| {name} | {ctx:.0} | {:.1} | {limit:.0} | {:.0}% | {theirs_pct} |",
+                    mine / 1e6,
+                    100.0 * ours / limit
+                );
+            }
+        }
+        if let Some((tokens, rows)) = decide_rows {
+            println!("\ndecisions over a warm state (kvgate; ~{tokens} prompt tokens per read, usage)\n");
+            println!("| decision | seconds |\n|---|---|");
+            for (name, t) in rows {
+                println!("| {name} | {t:.3} |");
             }
         }
     }

@@ -173,7 +173,7 @@ fn run() {
 /// single long stream runs per layer, where every core must share one sequence's K/V.
 fn one_stream_attention() {
     println!("\n| attention, one stream (1 decode row, 14 q / 2 kv heads, head_dim 64) | context | time per layer | GB/s of K/V read |\n|---|---|---|---|");
-    for dtype in [KvDtype::F32, KvDtype::BF16, KvDtype::Fp8E4m3] {
+    for dtype in [KvDtype::F32, KvDtype::BF16, KvDtype::Int8, KvDtype::Fp8E4m3] {
         for ctx in [4096usize, 12288] {
             let shape = CacheShape::new(1, 2, 64, 16, dtype).unwrap();
             let mut cache = KvCache::new(shape, ctx / 16);

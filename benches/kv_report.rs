@@ -32,7 +32,7 @@ fn start(dtype: &str, method: &str) -> Serve {
         "--decision-temperature",
         "1",
     ];
-    if !matches!(dtype, "float32" | "bfloat16" | "float16") {
+    if !matches!(dtype, "float32" | "bfloat16" | "float16" | "int8") {
         args.push("--calculate-kv-scales");
     }
     common::start(&args)

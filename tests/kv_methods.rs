@@ -27,8 +27,9 @@ fn every_method_serves_and_prefix_hits_read_what_was_written() {
     // a prompt of several full blocks, so the second request reuses them
     let prompt = "the quick brown fox jumps over the lazy dog and then it runs far away into the forest ".repeat(3);
     let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3});
-    for dtype in ["fp8_e4m3", "fp8_e5m2", "nvfp4"] {
-        for method in kvgate_kv::KvQuant::ALL.map(|q| q.name()) {
+    for dtype in ["fp8_e4m3", "fp8_e5m2", "nvfp4", "int8"] {
+        let d = kvgate_kv::KvDtype::parse(dtype).unwrap().unwrap();
+        for method in kvgate_kv::KvQuant::methods_for(d).iter().map(|q| q.name()) {
             let s = InProcess::tiny(&["--kv-cache-dtype", dtype, "--kv-cache-method", method]);
             let (st, cold) = post(&s, "/v1/completions", &body);
             assert_eq!(st, 200, "{dtype} {method}: {cold}");
@@ -67,7 +68,20 @@ fn a_method_the_dtype_cannot_take_is_a_startup_error() {
         assert!(
             err.contains(&format!("--kv-cache-method {method}"))
                 && err.contains(dtype)
-                && err.contains("fp8 and nvfp4"),
+                && err.contains("fp8, nvfp4 and int8"),
+            "{err}"
+        );
+    }
+    // int8 has its own scales already: the fp8 `fine` methods do not apply
+    for method in ["fine", "both+smooth"] {
+        let err = TestServer::try_tiny_with(
+            &["--kv-cache-dtype", "int8", "--kv-cache-method", method],
+            TinySpec::default(),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("int8 {method} started"));
+        assert!(
+            err.contains(&format!("--kv-cache-method {method}")) && err.contains("its own scales"),
             "{err}"
         );
     }

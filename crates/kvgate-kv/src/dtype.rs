@@ -14,6 +14,10 @@ pub enum KvDtype {
     F16,
     /// bfloat16.
     BF16,
+    /// Symmetric int8 with an f16 scale per group of [`INT8_GROUP`] elements (chosen per group by least
+    /// squared error near `amax/127`): no calibration; at `head_dim` 64, 68 bytes a vector against
+    /// bfloat16's 128.
+    Int8,
     /// FP8 E4M3 ("fn": max ±448, no infinities, one NaN code), with a per-layer scale.
     Fp8E4m3,
     /// FP8 E5M2 (max ±57344), with a per-layer scale.
@@ -22,15 +26,19 @@ pub enum KvDtype {
     Nvfp4,
 }
 
+/// Elements that share one int8 scale (an f16); a `head_dim` not a multiple of it ends in a shorter group.
+pub const INT8_GROUP: usize = 32;
+
 /// Elements that share one NVFP4 scale byte.
 pub const NVFP4_GROUP: usize = 16;
 
 impl KvDtype {
     /// Every dtype, in the order reports list them.
-    pub const ALL: [KvDtype; 6] = [
+    pub const ALL: [KvDtype; 7] = [
         KvDtype::F32,
         KvDtype::BF16,
         KvDtype::F16,
+        KvDtype::Int8,
         KvDtype::Fp8E4m3,
         KvDtype::Fp8E5m2,
         KvDtype::Nvfp4,
@@ -44,6 +52,7 @@ impl KvDtype {
             "float32" | "f32" | "fp32" => KvDtype::F32,
             "float16" | "f16" | "fp16" | "half" => KvDtype::F16,
             "bfloat16" | "bf16" => KvDtype::BF16,
+            "int8" | "i8" => KvDtype::Int8,
             "fp8" | "fp8_e4m3" => KvDtype::Fp8E4m3,
             "fp8_e5m2" => KvDtype::Fp8E5m2,
             "nvfp4" => KvDtype::Nvfp4,
@@ -57,10 +66,17 @@ impl KvDtype {
             KvDtype::F32 => "float32",
             KvDtype::F16 => "float16",
             KvDtype::BF16 => "bfloat16",
+            KvDtype::Int8 => "int8",
             KvDtype::Fp8E4m3 => "fp8_e4m3",
             KvDtype::Fp8E5m2 => "fp8_e5m2",
             KvDtype::Nvfp4 => "nvfp4",
         }
+    }
+
+    /// Whether the dtype is quantized (stored with scales and written with a [`crate::KvQuant`] method):
+    /// the per-layer scaled ones and int8.
+    pub fn is_quantized(self) -> bool {
+        self.is_scaled() || self == KvDtype::Int8
     }
 
     /// Whether the dtype uses per-layer scales (`k_scale` / `v_scale`).
@@ -73,15 +89,16 @@ impl KvDtype {
         match self {
             KvDtype::F32 => 4 * head_dim,
             KvDtype::F16 | KvDtype::BF16 => 2 * head_dim,
-            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => head_dim,
+            KvDtype::Int8 | KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => head_dim,
             KvDtype::Nvfp4 => head_dim / 2,
         }
     }
 
-    /// Bytes of scale data for one vector of `head_dim` elements (only NVFP4 has per-group scales).
+    /// Bytes of scale data for one vector of `head_dim` elements (NVFP4's and int8's per-group scales).
     pub fn scale_bytes(self, head_dim: usize) -> usize {
         match self {
             KvDtype::Nvfp4 => head_dim / NVFP4_GROUP,
+            KvDtype::Int8 => 2 * head_dim.div_ceil(INT8_GROUP),
             _ => 0,
         }
     }
@@ -129,6 +146,8 @@ mod tests {
         assert_eq!(KvDtype::Fp8E4m3.bytes_per_vector(64), 64);
         assert_eq!(KvDtype::Fp8E5m2.bytes_per_vector(64), 64);
         assert_eq!(KvDtype::Nvfp4.bytes_per_vector(64), 36);
+        assert_eq!(KvDtype::Int8.bytes_per_vector(64), 68);
+        assert_eq!(KvDtype::Int8.bytes_per_vector(40), 44);
     }
 
     #[test]

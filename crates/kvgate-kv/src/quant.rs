@@ -83,23 +83,35 @@ impl KvQuant {
         method(Rotation::Hadamard, Scales::Fine, true),
     ];
 
-    /// The methods a cache of `dtype` can be written with: all eight for the quantized dtypes, plain for
-    /// the float ones.
+    /// The methods of an int8 cache: its scales are always per vector, so only rotation and offsets
+    /// vary (`plain`, `rotation`, `smooth`, `rotation+smooth`).
+    pub const INT8: [KvQuant; 4] = [
+        KvQuant::PLAIN,
+        method(Rotation::Hadamard, Scales::Layer, false),
+        method(Rotation::None, Scales::Layer, true),
+        method(Rotation::Hadamard, Scales::Layer, true),
+    ];
+
+    /// The methods a cache of `dtype` can be written with: all eight for fp8 and nvfp4, the four of
+    /// [`KvQuant::INT8`] for int8, plain for the float ones.
     pub fn methods_for(dtype: KvDtype) -> &'static [KvQuant] {
         if dtype.is_scaled() {
             &KvQuant::ALL
+        } else if dtype == KvDtype::Int8 {
+            &KvQuant::INT8
         } else {
             &KvQuant::ALL[..1]
         }
     }
 
     /// The method `--kv-cache-method auto` picks for `dtype`, chosen by `cargo bench --bench kv_report`
-    /// (README, "KV cache"): fp8 `rotation+smooth` and nvfp4 `both+smooth` (the least drift of their
-    /// rows), plain for the float dtypes, which have nothing to gain.
+    /// (README, "KV cache"): fp8 and int8 `rotation+smooth`, nvfp4 `both+smooth` (the least drift of
+    /// their rows), plain for the float dtypes, which have nothing to gain.
     pub fn default_for(dtype: KvDtype) -> KvQuant {
         match dtype {
             KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => KvQuant::ALL[5],
             KvDtype::Nvfp4 => KvQuant::ALL[7],
+            KvDtype::Int8 => KvQuant::INT8[3],
             _ => KvQuant::PLAIN,
         }
     }
@@ -133,10 +145,19 @@ impl KvQuant {
         if self == KvQuant::PLAIN {
             return Ok(());
         }
-        if !dtype.is_scaled() {
+        if !dtype.is_quantized() {
             return Err(KvError::Unsupported {
                 dtype: dtype.name(),
-                reason: format!("the {} method applies to fp8 and nvfp4 caches only", self.name()),
+                reason: format!("the {} method applies to fp8, nvfp4 and int8 caches only", self.name()),
+            });
+        }
+        if dtype == KvDtype::Int8 && self.scales == Scales::Fine {
+            return Err(KvError::Unsupported {
+                dtype: dtype.name(),
+                reason: format!(
+                    "the {} method: int8 always has its own scales (an f16 per 32 elements; use plain, rotation, smooth or rotation+smooth)",
+                    self.name()
+                ),
             });
         }
         if self.rotation == Rotation::Hadamard && hadamard_block(head_dim) < 16 {
@@ -234,6 +255,54 @@ pub fn unrotate(x: &mut [f32], signs: &[u32]) {
     for (v, &s) in x.iter_mut().zip(signs) {
         *v = f32::from_bits((*v * n).to_bits() ^ s);
     }
+}
+
+/// int8: encodes one group into `q` and returns its f16 scale: among the scales `amax·c/127` for a few
+/// clipping factors `c` ≤ 1 (each rounded to f16, as the decoder reads it), the one of least squared
+/// error (ties: the larger). A zero or non-finite group stores scale 0 and codes 0.
+pub fn int8_encode_group(x: &[f32], q: &mut [u8]) -> half::f16 {
+    let amax = x.iter().fold(0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+    if !(amax > 0.0 && amax.is_finite()) {
+        q.iter_mut().for_each(|c| *c = 0);
+        return half::f16::ZERO;
+    }
+    // to the nearest code (ties to even: adding and removing 1.5·2²³ rounds in the FPU's mode), kept
+    // within ±127; branch-free f32, so the loops vectorise
+    const MAGIC: f32 = 12_582_912.0;
+    let code = |v: f32, inv: f32| ((v * inv + MAGIC) - MAGIC).clamp(-127.0, 127.0);
+    let mut best = (f32::INFINITY, half::f16::ZERO);
+    for c in [1.0f32, 0.95, 0.9, 0.85, 0.8] {
+        let s = half::f16::from_f32(amax * c / 127.0);
+        let sf = s.to_f32();
+        if !(sf > 0.0 && sf.is_finite()) {
+            continue;
+        }
+        let inv = 1.0 / sf;
+        // eight partial sums (independent lanes), folded in a fixed order
+        let mut lanes = [0f32; 8];
+        let chunks = x.chunks_exact(8);
+        let rest = chunks.remainder();
+        for ch in chunks {
+            for (l, &v) in lanes.iter_mut().zip(ch) {
+                let e = code(v, inv) * sf - v;
+                *l += e * e;
+            }
+        }
+        for (l, &v) in lanes.iter_mut().zip(rest) {
+            let e = code(v, inv) * sf - v;
+            *l += e * e;
+        }
+        let err = lanes.iter().sum::<f32>();
+        if err < best.0 {
+            best = (err, s);
+        }
+    }
+    let sf = best.1.to_f32();
+    let inv = if sf > 0.0 { 1.0 / sf } else { 0.0 };
+    for (c, &v) in q.iter_mut().zip(x) {
+        *c = code(v, inv) as i8 as u8;
+    }
+    best.1
 }
 
 /// fp8 `fine`: the exponent `e` of the vector's scale `2^e`, the least with `amax ≤ max·2^e` (`max` =
@@ -389,5 +458,36 @@ mod tests {
             fine_total += e_fine;
         }
         assert!(fine_total < 0.9 * plain_total, "{fine_total} vs {plain_total}");
+    }
+
+    #[test]
+    fn int8_search_is_never_worse_than_amax_and_zero_stays_zero() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for trial in 0..200 {
+            let x: Vec<f32> = (0..32)
+                .map(|i| rng.random_range(-1.0f32..1.0) * if i == trial % 32 { 9.0 } else { 1.0 })
+                .collect();
+            let mut q = [0u8; 32];
+            let s = int8_encode_group(&x, &mut q).to_f32();
+            let err: f32 = q
+                .iter()
+                .zip(&x)
+                .map(|(&c, &v)| (f32::from(c as i8) * s - v).powi(2))
+                .sum();
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let s1 = half::f16::from_f32(amax / 127.0).to_f32();
+            let err1: f32 = x
+                .iter()
+                .map(|&v| ((v / s1).round().clamp(-127.0, 127.0) * s1 - v).powi(2))
+                .sum();
+            assert!(err <= err1, "{err} > {err1}");
+            // every element within one step of its value
+            for (&c, &v) in q.iter().zip(&x) {
+                assert!((f32::from(c as i8) * s - v).abs() <= s.max(amax - 127.0 * s) + 1e-6);
+            }
+        }
+        let mut q = [7u8; 4];
+        assert_eq!(int8_encode_group(&[0.0; 4], &mut q), half::f16::ZERO);
+        assert_eq!(q, [0; 4]);
     }
 }

@@ -325,8 +325,10 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         "bytes_per_block" => shape.bytes_per_block().to_string(),
         "device" => args.device.to_string())
     .set(1.0);
-    if scaled {
-        let how = if loaded.kv_scales.is_some() {
+    if dtype.is_quantized() {
+        let how = if !scaled {
+            "an f16 scale per 32 elements of every stored vector"
+        } else if loaded.kv_scales.is_some() {
             "k/v scales from the checkpoint"
         } else if args.calculate_kv_scales {
             "k/v scales calibrated from the first prefill"

@@ -10,7 +10,7 @@ use half::{bf16, f16};
 
 use crate::codec::fp8::{f32_to_e4m3, f32_to_e5m2};
 use crate::codec::nvfp4::{nvfp4_decode_group, nvfp4_encode_group, nvfp4_encode_with_scale};
-use crate::dtype::{KvDtype, NVFP4_GROUP};
+use crate::dtype::{KvDtype, INT8_GROUP, NVFP4_GROUP};
 use crate::error::KvError;
 use crate::layout::CacheShape;
 use crate::quant::{self, Rotation, Scales};
@@ -150,6 +150,18 @@ impl LayerCache {
             Buf::Bytes(b) => {
                 let (d, sc) = s.byte_offsets(block, head, token);
                 match s.dtype {
+                    KvDtype::Int8 => {
+                        for (g, (o, q)) in out
+                            .chunks_mut(INT8_GROUP)
+                            .zip(b[d..d + hd].chunks(INT8_GROUP))
+                            .enumerate()
+                        {
+                            let s = f16::from_le_bytes([b[sc + 2 * g], b[sc + 2 * g + 1]]).to_f32();
+                            for (y, &q) in o.iter_mut().zip(q) {
+                                *y = f32::from(q as i8) * s;
+                            }
+                        }
+                    }
                     KvDtype::Fp8E4m3 => {
                         // The 7 magnitude bits placed at f32's exponent/mantissa boundary give the value
                         // times 2^-120 (e4m3 subnormals land on f32 subnormals, exactly); the sign is
@@ -267,6 +279,14 @@ impl LayerCache {
                     inv = quant::pow2(-e);
                 }
                 match s.dtype {
+                    KvDtype::Int8 => {
+                        // scales after the data (sc > d)
+                        let (data, scales) = b.split_at_mut(sc);
+                        let groups = data[d..d + hd].chunks_mut(INT8_GROUP).zip(x.chunks(INT8_GROUP));
+                        for ((q, xs), s) in groups.zip(scales.chunks_exact_mut(2)) {
+                            s.copy_from_slice(&quant::int8_encode_group(xs, q).to_le_bytes());
+                        }
+                    }
                     KvDtype::Fp8E4m3 => {
                         for (q, &v) in b[d..d + hd].iter_mut().zip(x) {
                             *q = f32_to_e4m3(v * inv);

@@ -78,11 +78,11 @@ pub struct Args {
     #[arg(long, env = "KVGATE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
 
-    /// KV-cache dtype: auto, float32, bfloat16, float16, fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
+    /// KV-cache dtype: auto, float32, bfloat16, float16, int8 (an f16 scale per 32 elements), fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
     #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
 
-    /// How fp8/nvfp4 caches are written: auto (the dtype's default), plain (per-layer scales), rotation (Hadamard before quantizing), fine (per-vector fp8 scales, least-squares nvfp4 group scales), both (rotation and fine), smooth (K/V channel offsets from the first prefill), rotation+smooth, fine+smooth, both+smooth
+    /// How fp8/nvfp4/int8 caches are written: auto (the dtype's default), plain (per-layer scales; int8: its own per 32 elements), rotation (Hadamard before quantizing), fine (per-vector fp8 scales, least-squares nvfp4 group scales), both (rotation and fine), smooth (K/V channel offsets from the first prefill), rotation+smooth, fine+smooth, both+smooth
     #[arg(long, env = "KVGATE_KV_CACHE_METHOD", default_value = "auto")]
     pub kv_cache_method: KvCacheMethod,
 
