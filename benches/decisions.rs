@@ -3,7 +3,8 @@
 //! trip a router makes — the routing question asked as a chat completion (max_tokens 5, parse the
 //! answer) then the follow-up completion, versus `/v1/systemone` then the same follow-up.
 //! `cargo bench --bench decisions` prints a table; `KVGATE_BENCH_QUICK=1` stops after the first section
-//! (decision latency for 1, 8 and 32 questions, cold and warm).
+//! (decision latency for 1, 8 and 32 questions, cold and warm); `DECISIONS_CHOICE=1` runs only the choice
+//! section, and stops after it.
 
 use std::time::Instant;
 
@@ -42,7 +43,13 @@ fn main() {
     let state = state_text();
     post(port, "/v1/completions", &json!({"prompt": "warm up", "max_tokens": 4}));
     let mut rows: Vec<(String, String)> = vec![];
-    for k in [1usize, 8, 32] {
+    // DECISIONS_CHOICE=1: only the choice section (plain versus ordered and calibrated reads)
+    let sizes: &[usize] = if std::env::var_os("DECISIONS_CHOICE").is_some() {
+        &[]
+    } else {
+        &[1, 8, 32]
+    };
+    for &k in sizes {
         let qs: serde_json::Map<String, Value> = (0..k)
             .map(|i| {
                 (
@@ -81,6 +88,7 @@ fn main() {
     if std::env::var_os("KVGATE_BENCH_QUICK").is_some() {
         return print_table(rows);
     }
+    let choice_only = std::env::var_os("DECISIONS_CHOICE").is_some();
     // A choice read plain (one read, as listed) versus ordered (a canonical order and more orders of it,
     // each one more forked read of the question), on a warm state: what order-invariance costs. And
     // calibrated on top: its content-free prior read alongside (a question shape never seen), or taken
@@ -90,20 +98,28 @@ fn main() {
             .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
             .collect();
         let mut cost = vec![];
-        let methods: [(&str, usize, bool); 6] = [
+        // orders 0: the request leaves `x_orders` out (the served model's default: one order on the
+        // default model)
+        let methods: [(&str, usize, bool); 8] = [
             ("plain", 1, false),
             ("ordered", 8, false),
             ("ordered", 2, false),
             ("ordered+calibrated", 8, false),
             ("ordered+calibrated", 2, false),
             ("ordered+calibrated", 2, true),
+            ("ordered+calibrated", 0, false),
+            ("ordered+calibrated", 0, true),
         ];
         for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
             // a new question each time over the same (warm) state: the question's tokens are computed
             let req = |rep: usize, state: &str| {
-                json!({"state": state, "x_read": read, "x_orders": orders, "cache_salt": format!("choice{n}"),
+                let mut r = json!({"state": state, "x_read": read, "cache_salt": format!("choice{n}"),
                        "questions": {"q": {"type": "choice", "criteria": criteria,
-                                           "instructions": format!("Which team handles the late orders of batch {mi}-{rep}?")}}})
+                                           "instructions": format!("Which team handles the late orders of batch {mi}-{rep}?")}}});
+                if *orders > 0 {
+                    r["x_orders"] = json!(orders);
+                }
+                r
             };
             post(port, "/v1/systemone", &req(0, &state)); // warms the state
             let mut warm = vec![];
@@ -124,6 +140,8 @@ fn main() {
             "ordered+calibrated, all orders, new question shape",
             "ordered+calibrated, 2 orders, new question shape",
             "ordered+calibrated, 2 orders, question asked before",
+            "ordered+calibrated (default orders), new question shape",
+            "ordered+calibrated (default orders), question asked before",
         ];
         for (i, name) in names.iter().enumerate() {
             rows.push((
@@ -131,6 +149,9 @@ fn main() {
                 format!("{:.3} s ({:.2}x plain)", cost[i], cost[i] / cost[0]),
             ));
         }
+    }
+    if choice_only {
+        return print_table(rows);
     }
     // The router's round trip.
     let conversation = |salt: usize| {

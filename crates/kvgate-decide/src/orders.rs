@@ -6,7 +6,7 @@
 //! best calibrated method on the default model (accuracy 0.425 vs plain 0.385, ECE 0.086 vs 0.244).
 //!
 //! The options are put in one canonical order (by name, case-folded), then read in `x_orders` (1 to
-//! [`MAX_ORDERS`], default all) orders of it: evenly spaced rotations, or for 2 the canonical order
+//! [`MAX_ORDERS`]; default: the number fitted for the served model, else all) orders of it: evenly spaced rotations, or for 2 the canonical order
 //! and its reverse; each is one more forked read of the question (the state is computed once for
 //! all), and the per-option probabilities of the reads are averaged. Two requests that list the same
 //! options in different orders read exactly the same texts, so their answers are identical, not
@@ -17,7 +17,8 @@
 /// Orders read per choice question at most (`x_orders` may ask for 1 to this many).
 pub const MAX_ORDERS: usize = 8;
 
-/// Orders read per choice question by default.
+/// Orders read per choice question by default for a model without a fitted number
+/// (`crate::temperature::fitted_for`; `--decision-orders` overrides both).
 pub const DEFAULT_ORDERS: usize = MAX_ORDERS;
 
 /// A request's read method.

@@ -153,7 +153,7 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
         let variants: Vec<(Option<Vec<usize>>, Question)> = match q {
             Question::Choice { instructions, options } => {
                 let names: Vec<String> = options.iter().map(|(n, _)| n.clone()).collect();
-                option_orders(&names, req.read, req.orders)
+                option_orders(&names, req.read, req.orders.unwrap_or(st.orders))
                     .into_iter()
                     .map(|order| {
                         let listed = order.iter().map(|&i| options[i].clone()).collect();

@@ -67,6 +67,8 @@ pub struct DecisionService {
     pub(crate) labels: LabelTable,
     pub(crate) priors: PriorCache,
     pub(crate) temperature: DecisionTemperature,
+    /// Option orders per choice when a request does not say (`x_orders`).
+    pub(crate) orders: usize,
     pub(crate) model_name: String,
 }
 
@@ -78,6 +80,7 @@ impl DecisionService {
         tokenizer: Arc<Tokenizer>,
         chat: Option<Arc<ChatTemplate>>,
         temperature: DecisionTemperature,
+        orders: usize,
         model_name: String,
     ) -> DecisionService {
         DecisionService {
@@ -87,6 +90,7 @@ impl DecisionService {
             chat,
             priors: PriorCache::default(),
             temperature,
+            orders: orders.clamp(1, crate::orders::MAX_ORDERS),
             model_name,
         }
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kvgate_model::prompt::Message;
 use serde_json::Value;
 
-use crate::orders::{ReadMethod, DEFAULT_ORDERS};
+use crate::orders::ReadMethod;
 
 /// Text given as a string, or structured content (object/array, rendered as JSON text).
 #[derive(Debug, Clone, PartialEq)]
@@ -92,8 +92,8 @@ pub struct DecisionSpec {
     pub cache_salt: Option<String>,
     /// How choices are read (`x_read`).
     pub read: ReadMethod,
-    /// Option orders read per choice when ordered (`x_orders`).
-    pub orders: usize,
+    /// Option orders read per choice when ordered (`x_orders`; none: the service's default for its model).
+    pub orders: Option<usize>,
     /// Who asks (the API key's index when several keys are configured): its `keep_alive` pins count
     /// against its own cap.
     pub tenant: Option<u32>,
@@ -109,7 +109,7 @@ impl DecisionSpec {
             keep_alive: None,
             cache_salt: None,
             read: ReadMethod::DEFAULT,
-            orders: DEFAULT_ORDERS,
+            orders: None,
             tenant: None,
         }
     }

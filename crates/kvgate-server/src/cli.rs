@@ -19,7 +19,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
 use crate::config::{
-    self, Activations, AdmissionPolicy, Args, ByteSize, ConfigError, KvCacheDtype, KvCacheMethod, LogFormat,
+    self, Activations, AdmissionPolicy, Args, ByteSize, ConfigError, DecisionTemperatureSetting, KvCacheDtype,
+    KvCacheMethod, LogFormat,
 };
 use crate::middleware::{CorsPolicy, Keys};
 use crate::state::{AppState, ServedModel};
@@ -258,6 +259,28 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         int8_activations: args.activations == Activations::Int8,
     };
     let vocab_size = mc.vocab_size;
+    let fitted = kvgate_decide::temperature::fitted_for(kvgate_decide::temperature::ModelShape {
+        hidden: mc.hidden_size,
+        layers: mc.num_layers,
+        vocab: mc.vocab_size,
+    });
+    if let Some(f) = fitted {
+        let how = match args.decision_temperature {
+            DecisionTemperatureSetting::Auto => "used (--decision-temperature auto)",
+            DecisionTemperatureSetting::Fixed(_) => "overridden by --decision-temperature",
+        };
+        info!(
+            "decision calibration fitted for {}: temperatures {} ({how}), {} option order(s) per choice{}",
+            f.model,
+            f.temperature,
+            f.orders,
+            if args.decision_orders.is_some() {
+                " (overridden by --decision-orders)"
+            } else {
+                ""
+            }
+        );
+    }
     let backend = kvgate_engine::open_backend(loaded.model, &spec).map_err(|e| match e {
         BackendError::Cache(err @ KvError::TooSmall { bytes, .. }) => StartError::KvMemory { bytes, err },
         e => StartError::Backend(e),
@@ -349,6 +372,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         eos_token_ids,
         vocab_size,
         served_names,
+        fitted: fitted.map(|f| (f.temperature, f.orders)),
     };
     let state = AppState::new(Arc::new(engine), model, args, opts.metrics);
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);

@@ -108,6 +108,7 @@ pub fn build_encoder(args: Args, dir: &Path, opts: BuildOptions) -> Result<Built
         eos_token_ids: vec![],
         vocab_size,
         served_names,
+        fitted: None,
     };
     let state = AppState::new(Arc::new(engine), model, args, opts.metrics);
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::http::{header, HeaderMap};
-use kvgate_decide::DecisionService;
+use kvgate_decide::{DecisionService, DecisionTemperature};
 use kvgate_grammar::Grammars;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -60,6 +60,9 @@ pub struct ServedModel {
     pub vocab_size: usize,
     /// Names the API answers to; the first is reported.
     pub served_names: Vec<String>,
+    /// Decision temperatures and default option orders fitted for this model
+    /// (`kvgate_decide::temperature::fitted_for`), if it is a fitted one.
+    pub fitted: Option<(DecisionTemperature, usize)>,
 }
 
 /// Tokenization runs on the blocking pool, a few at a time (the cores), with a bounded queue; text is
@@ -122,13 +125,18 @@ impl AppState {
             eos_token_ids,
             vocab_size,
             served_names,
+            fitted,
         } = model;
         let chat = chat.map(Arc::new);
         let decisions = Arc::new(DecisionService::new(
             engine.clone(),
             tokenizer.clone(),
             chat.clone(),
-            args.decision_temperature,
+            args.decision_temperature.resolve(fitted.map(|f| f.0)),
+            args.decision_orders
+                .map(usize::from)
+                .or(fitted.map(|f| f.1))
+                .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
             served_names[0].clone(),
         ));
         AppState {

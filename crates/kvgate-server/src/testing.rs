@@ -66,6 +66,7 @@ impl TestServer {
             eos_token_ids: loaded.eos_token_ids,
             vocab_size: loaded.model.config().vocab_size,
             served_names: vec![loaded.name],
+            fitted: None,
         };
         let state = AppState::new(engine, model, args, None);
         let (router, state, _, _) = assemble(state, true);

@@ -233,3 +233,29 @@ fn block_bytes_round_trip_each_dtype() {
         assert!(b.read_block(3, &mut again).is_err());
     }
 }
+
+/// int8 at a head_dim that is not a multiple of its group (40 = 32 + 8): each group has its own scale,
+/// so a small group next to a large one keeps its precision.
+#[test]
+fn int8_groups_keep_their_own_scales() {
+    let shape = CacheShape::new(1, 1, 40, 4, KvDtype::Int8).unwrap();
+    assert_eq!(shape.bytes_per_vector(), 40 + 4);
+    let mut c = KvCache::new(shape, 2);
+    // a large first group, a tiny second one
+    let k: Vec<f32> = (0..40)
+        .map(|i| {
+            if i < 32 {
+                (i as f32 - 16.0) * 10.0
+            } else {
+                (i as f32 - 36.0) * 1e-3
+            }
+        })
+        .collect();
+    c.write(0, &[5], &k, &k);
+    let mut scratch = vec![0f32; 40];
+    let got = c.layer(0).vector(Which::K, 1, 0, 1, &mut scratch).to_vec();
+    for (i, (g, w)) in got.iter().zip(&k).enumerate() {
+        let step = if i < 32 { 160.0 / 127.0 } else { 4e-3 / 127.0 };
+        assert!((g - w).abs() <= 0.51 * step + 1e-9, "{i}: {g} vs {w}");
+    }
+}

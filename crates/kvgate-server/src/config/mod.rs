@@ -11,9 +11,11 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use serde::{Deserialize, Serialize};
 
-use kvgate_decide::DecisionTemperature;
 pub use kvgate_engine::Device;
-pub use values::{Activations, AdmissionPolicy, ByteSize, KvCacheDtype, KvCacheMethod, LogFormat, PoolingSetting};
+pub use values::{
+    Activations, AdmissionPolicy, ByteSize, DecisionTemperatureSetting, KvCacheDtype, KvCacheMethod, LogFormat,
+    PoolingSetting,
+};
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
 #[derive(Debug, Clone, Parser, Serialize, Deserialize, PartialEq)]
@@ -224,9 +226,15 @@ pub struct Args {
     pub systemone_max_questions: usize,
 
     /// Temperature of System One answers per question type (noul=T,choice=T,score=T, or one T):
-    /// T > 1 softens, T < 1 sharpens; the answer itself never changes
-    #[arg(long, env = "KVGATE_DECISION_TEMPERATURE", default_value_t = DecisionTemperature::DEFAULT)]
-    pub decision_temperature: DecisionTemperature,
+    /// T > 1 softens, T < 1 sharpens; the answer itself never changes. auto: the temperatures fitted for
+    /// the served model when it is a fitted one, else noul=1,choice=0.35,score=1
+    #[arg(long, env = "KVGATE_DECISION_TEMPERATURE", default_value = "auto")]
+    pub decision_temperature: DecisionTemperatureSetting,
+
+    /// Option orders a choice is read in when a request does not say (x_orders, 1-8); default: the
+    /// number fitted for the served model when it is a fitted one, else every rotation (up to 8)
+    #[arg(long, env = "KVGATE_DECISION_ORDERS", value_parser = clap::value_parser!(u8).range(1..=8))]
+    pub decision_orders: Option<u8>,
 
     /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
     #[arg(long, env = "KVGATE_MODEL_ALIAS", num_args = 0.., value_delimiter = ',', default_value = "jev-latest,jev-preview")]

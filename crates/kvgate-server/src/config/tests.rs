@@ -119,3 +119,22 @@ fn file_below_flags() {
         "unknown keys are refused"
     );
 }
+
+#[test]
+fn decision_temperature_is_auto_unless_given() {
+    use kvgate_decide::DecisionTemperature;
+    let a = load(["serve"]).unwrap();
+    assert_eq!(a.decision_temperature, DecisionTemperatureSetting::Auto);
+    let fitted: DecisionTemperature = "noul=1,choice=0.5,score=2".parse().unwrap();
+    assert_eq!(a.decision_temperature.resolve(Some(fitted)), fitted);
+    assert_eq!(a.decision_temperature.resolve(None), DecisionTemperature::DEFAULT);
+    let b = load(["serve", "--decision-temperature", "choice=0.7"]).unwrap();
+    let fixed = b.decision_temperature.resolve(Some(fitted));
+    assert_eq!(
+        (fixed.noul, fixed.choice, fixed.score),
+        (1.0, 0.7, 1.0),
+        "a given one wins"
+    );
+    assert_eq!(DecisionTemperatureSetting::Auto.to_string(), "auto");
+    assert!(load(["serve", "--decision-temperature", "warm"]).is_err());
+}

@@ -4,6 +4,7 @@
 //! and the TOML file all use.
 
 use clap::ValueEnum;
+use kvgate_decide::DecisionTemperature;
 use kvgate_kv::{KvDtype, KvQuant};
 use serde::{Deserialize, Serialize};
 
@@ -59,6 +60,47 @@ macro_rules! value_enum_setting {
 pub(crate) fn parse_setting<T: std::str::FromStr<Err = String>>(s: &str) -> Result<T, String> {
     s.parse()
 }
+
+/// `--decision-temperature`: `auto` (the temperatures fitted for the served model when it is one of
+/// [`kvgate_decide::temperature::fitted_for`]'s, else [`DecisionTemperature::DEFAULT`]) or fixed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DecisionTemperatureSetting {
+    /// Fitted for the model, else the generic default.
+    Auto,
+    /// These.
+    Fixed(DecisionTemperature),
+}
+
+impl DecisionTemperatureSetting {
+    /// The temperatures for a model with these fitted ones (if any).
+    pub fn resolve(self, fitted: Option<DecisionTemperature>) -> DecisionTemperature {
+        match self {
+            DecisionTemperatureSetting::Auto => fitted.unwrap_or(DecisionTemperature::DEFAULT),
+            DecisionTemperatureSetting::Fixed(t) => t,
+        }
+    }
+}
+
+impl std::str::FromStr for DecisionTemperatureSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(DecisionTemperatureSetting::Auto);
+        }
+        s.parse().map(DecisionTemperatureSetting::Fixed)
+    }
+}
+
+impl std::fmt::Display for DecisionTemperatureSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecisionTemperatureSetting::Auto => f.write_str("auto"),
+            DecisionTemperatureSetting::Fixed(t) => t.fmt(f),
+        }
+    }
+}
+string_setting!(DecisionTemperatureSetting);
 
 /// `--kv-cache-dtype`: `auto` (the model's choice) or a fixed dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use kvgate_decide::orders::{ReadMethod, DEFAULT_ORDERS, MAX_ORDERS};
+use kvgate_decide::orders::{ReadMethod, MAX_ORDERS};
 use kvgate_decide::spec::{Content, DecisionSpec, Question, State, MAX_KEEP_ALIVE};
 use serde_json::{Map, Value};
 
@@ -28,12 +28,12 @@ fn read_method(v: Option<&Value>) -> Result<ReadMethod, String> {
     }
 }
 
-/// Parses `x_orders` (absent or null: [`DEFAULT_ORDERS`]).
-fn orders(v: Option<&Value>) -> Result<usize, String> {
+/// Parses `x_orders` (absent or null: none, the served model's default).
+fn orders(v: Option<&Value>) -> Result<Option<usize>, String> {
     match v {
-        None | Some(Value::Null) => Ok(DEFAULT_ORDERS),
+        None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_u64() {
-            Some(k) if (1..=MAX_ORDERS as u64).contains(&k) => Ok(k as usize),
+            Some(k) if (1..=MAX_ORDERS as u64).contains(&k) => Ok(Some(k as usize)),
             _ => Err(format!("Input should be an integer from 1 to {MAX_ORDERS}")),
         },
         Some(_) => Err("Input should be a valid integer".into()),
@@ -423,7 +423,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
     });
     let orders = orders(obj.get("x_orders")).unwrap_or_else(|msg| {
         e.push("int_type", &["x_orders"], msg, &obj["x_orders"]);
-        DEFAULT_ORDERS
+        None
     });
     if !e.0.is_empty() {
         return Err(e.0);
@@ -563,8 +563,8 @@ mod tests {
         }
         assert!(read_method(Some(&Value::from("shuffled"))).is_err());
         assert_eq!(read_method(None), Ok(ReadMethod::DEFAULT));
-        assert_eq!(orders(Some(&Value::from(2))), Ok(2));
-        assert_eq!(orders(None), Ok(DEFAULT_ORDERS));
+        assert_eq!(orders(Some(&Value::from(2))), Ok(Some(2)));
+        assert_eq!(orders(None), Ok(None));
         for bad in [Value::from(0), Value::from(9), Value::from(1.5), Value::from("2")] {
             assert!(orders(Some(&bad)).is_err(), "{bad}");
         }
