@@ -260,22 +260,28 @@ fn decisions(port: u16, words: usize) -> (usize, Vec<(String, f64)>) {
             v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize,
         )
     };
-    let (cold, _) = ask(1, "plain", 0);
-    let mut rows = vec![("cold: the state computed, 1 question, plain".to_string(), cold)];
-    let mut tokens = 0;
+    let (cold, state_tokens) = ask(1, "plain", 0);
+    let mut rows = vec![(
+        format!("cold: the state computed, 1 question, plain ({state_tokens} tokens computed)"),
+        cold,
+    )];
     for k in [1usize, 8] {
         for read in ["plain", "ordered+calibrated"] {
+            let mut computed = 0;
             let times: Vec<f64> = (1..=3)
                 .map(|rep| {
                     let (t, n) = ask(k, read, rep + 10 * k);
-                    tokens = n / k.max(1);
+                    computed = n;
                     t
                 })
                 .collect();
-            rows.push((format!("warm: {k} question(s), {read}"), median(times)));
+            rows.push((
+                format!("warm: {k} question(s), {read} ({computed} tokens computed)"),
+                median(times),
+            ));
         }
     }
-    (tokens, rows)
+    (state_tokens, rows)
 }
 
 /// One streamed completion of `n` tokens: (seconds to the first token, decode tok/s between the first
@@ -535,7 +541,7 @@ fn main() {
             }
         }
         if let Some((tokens, rows)) = decide_rows {
-            println!("\ndecisions over a warm state (kvgate; ~{tokens} prompt tokens per read, usage)\n");
+            println!("\ndecisions over a warm state (kvgate; ~{tokens} tokens computed cold)\n");
             println!("| decision | seconds |\n|---|---|");
             for (name, t) in rows {
                 println!("| {name} | {t:.3} |");
