@@ -101,10 +101,9 @@ const FITTED: [(ModelShape, Fitted); 2] = [
     ),
     (
         // Qwen2.5-0.5B (Instruct, Coder). All rotations: one order's choice accuracy is 34/80 against
-        // 55/80. Choices: averaging the orders leaves them underconfident
-        // (ECE 0.389 at T = 1, 0.184 held out at the fitted 0.07, still above 0.10); yes/no: 0.099
-        // at T = 1, 0.614
-        // fitted; scores: 0.075 at T = 1, 0.131 fitted.
+        // 55/80. Choices: averaging the orders leaves them underconfident (ECE 0.389 at T = 1, 0.184
+        // held out at the fitted 0.07, still above 0.10); yes/no: 0.099 at T = 1, 0.614 fitted;
+        // scores: 0.075 at T = 1, 0.131 fitted.
         ModelShape {
             hidden: 896,
             layers: 24,

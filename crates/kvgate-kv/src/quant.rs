@@ -83,8 +83,8 @@ impl KvQuant {
         method(Rotation::Hadamard, Scales::Fine, true),
     ];
 
-    /// The methods of an int8 cache: its scales are always per vector, so only rotation and offsets
-    /// vary (`plain`, `rotation`, `smooth`, `rotation+smooth`).
+    /// The methods of an int8 cache: its scales are always its own (an f16 per 32 elements), so only
+    /// rotation and offsets vary (`plain`, `rotation`, `smooth`, `rotation+smooth`).
     pub const INT8: [KvQuant; 4] = [
         KvQuant::PLAIN,
         method(Rotation::Hadamard, Scales::Layer, false),

@@ -372,7 +372,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
         eos_token_ids,
         vocab_size,
         served_names,
-        fitted: fitted.map(|f| (f.temperature, f.orders)),
+        fitted,
     };
     let state = AppState::new(Arc::new(engine), model, args, opts.metrics);
     let (router, state, policy, keys) = assemble(state, opts.test_hooks);

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use axum::http::{header, HeaderMap};
-use kvgate_decide::{DecisionService, DecisionTemperature};
+use kvgate_decide::temperature::Fitted;
+use kvgate_decide::DecisionService;
 use kvgate_grammar::Grammars;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -60,9 +61,8 @@ pub struct ServedModel {
     pub vocab_size: usize,
     /// Names the API answers to; the first is reported.
     pub served_names: Vec<String>,
-    /// Decision temperatures and default option orders fitted for this model
-    /// (`kvgate_decide::temperature::fitted_for`), if it is a fitted one.
-    pub fitted: Option<(DecisionTemperature, usize)>,
+    /// Decision temperatures and default option orders fitted for this model, if it is a fitted one.
+    pub fitted: Option<Fitted>,
 }
 
 /// Tokenization runs on the blocking pool, a few at a time (the cores), with a bounded queue; text is
@@ -132,10 +132,10 @@ impl AppState {
             engine.clone(),
             tokenizer.clone(),
             chat.clone(),
-            args.decision_temperature.resolve(fitted.map(|f| f.0)),
+            args.decision_temperature.resolve(fitted.map(|f| f.temperature)),
             args.decision_orders
                 .map(usize::from)
-                .or(fitted.map(|f| f.1))
+                .or(fitted.map(|f| f.orders))
                 .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
             served_names[0].clone(),
         ));
