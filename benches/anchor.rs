@@ -83,7 +83,7 @@ fn kvgate(model: &Path) -> Proc {
             "--max-model-len",
             &ctx().to_string(),
         ])
-        // KVGATE_ARGS: extra `serve` flags (e.g. "--activations int8").
+        // KVGATE_ARGS: extra `serve` flags (e.g. "--activations f32").
         .args(std::env::var("KVGATE_ARGS").unwrap_or_default().split_whitespace())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -362,7 +362,8 @@ fn bytes_per_step(model: &Path) -> Option<StepBytes> {
         model,
         &kvgate_model::LoadOptions {
             max_model_len: Some(4096),
-            int8_activations: args.contains("int8"),
+            // serve's default is 8-bit activations
+            int8_activations: !args.contains("--activations f32"),
             f32_weights: false,
         },
     )

@@ -44,7 +44,7 @@ fn main() {
 }
 
 /// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows (with
-/// `int8`, every row through the opt-in 8-bit-activation kernel, quantization included).
+/// `int8`, every row through the 8-bit-activation kernel (completions' default), quantization included).
 fn matmul_rows(name: &str, w: &QMatrix, batch: &[usize], int8: bool) {
     if !selected(name) {
         return;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent f32 forward pass of the real-weight test GGUFs (qwen2, gemma3), written in numpy from the
+"""An independent f32 forward pass of the real-weight test GGUFs (llama, qwen2, gemma3), written in numpy from the
 Hugging Face definitions and run on the GGUF's own weights dequantized by `gguf` (llama.cpp's Python
 package): exact activations, f32 KV, no fusion. It is the oracle that separates kvgate's arithmetic from
 llama.cpp's 8-bit activations and f16 KV cache: scripts/logprobs-fixture.py calls `reference(path)` and
@@ -41,8 +41,18 @@ class Reference:
         ms = (x.astype(np.float64) ** 2).mean(-1, keepdims=True)
         return (x / np.sqrt(ms + self.eps)).astype(np.float32) * w
 
-    def rope(self, x, pos, base):  # Hugging Face's rotate_half pairing (i, i + d/2)
+    def rope(self, x, pos, base):
+        """Hugging Face's rotate_half pairing (i, i + d/2); for llama, whose GGUF converter permutes Q and
+        K rows so llama.cpp can rotate adjacent pairs, the pairing (2i, 2i + 1) on those rows."""
         d = self.head_dim
+        if self.arch == "llama":
+            inv = 1.0 / (base ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
+            ang = np.outer(pos, inv)
+            c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+            x1, x2 = x[..., 0::2], x[..., 1::2]
+            out = np.empty_like(x)
+            out[..., 0::2], out[..., 1::2] = x1 * c - x2 * s, x2 * c + x1 * s
+            return out.astype(np.float32)
         inv = 1.0 / (base ** (np.arange(0, d // 2, dtype=np.float64) * 2 / d))
         ang = np.outer(pos, inv)
         c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]

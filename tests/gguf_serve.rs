@@ -49,6 +49,7 @@ fn gemma_serves_completions_refuses_chat_and_slides_exactly() {
         .iter()
         .map(|t| t["logprob"].as_f64().unwrap() as f32)
         .collect();
+    // exact arithmetic (completions default to 8-bit activations), to compare with the exact forward
     let s = Server::start(&[
         "--model",
         &model,
@@ -56,6 +57,8 @@ fn gemma_serves_completions_refuses_chat_and_slides_exactly() {
         "64",
         "--max-model-len",
         "2048",
+        "--activations",
+        "f32",
     ]);
     let body = json!({"prompt": long["prompt"], "max_tokens": 1, "temperature": 0, "logprobs": 5});
     let (st, cold) = s.post("/v1/completions", &body);

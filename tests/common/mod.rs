@@ -374,7 +374,7 @@ pub fn ids(v: &Value) -> Vec<u32> {
 }
 
 /// The next-token log-probabilities after `ids`, from one prefill of the model alone (f32 KV in blocks
-/// of 16; `int8` takes the opt-in 8-bit-activation kernels).
+/// of 16; `int8` takes the 8-bit-activation kernels).
 #[allow(dead_code)]
 pub fn next_token_logprobs(model: &kvgate_model::Model, ids: &[u32], int8: bool) -> Vec<f32> {
     let shape = model.config().cache_shape(16, kvgate_kv::KvDtype::F32).unwrap();

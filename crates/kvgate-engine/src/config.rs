@@ -39,9 +39,10 @@ pub struct EngineConfig {
     pub model_name: String,
     /// The CPU backend's setting [`start`] opens it with: completions (never decisions) compute their
     /// matmuls from 8-bit activations where the weight format has the integer kernel
-    /// (`kvgate_model::QMatrix::matmul_rows`): opt-in, faster, not f32 accuracy. The engine itself only
-    /// sees the backend's [`Backend::fast_path`]: completions are marked [`Precision::Fast`] and their
-    /// KV blocks cached apart, so no request ever reads blocks computed in the other mode.
+    /// (`kvgate_model::QMatrix::matmul_rows`): faster, not f32 accuracy (`serve` turns it on by default;
+    /// off here). The engine itself only sees the backend's [`Backend::fast_path`]: completions are
+    /// marked [`Precision::Fast`] and their KV blocks keyed apart; they read exact blocks (a decision's
+    /// state), exact reads never read theirs (`crate::salts::Salts`).
     pub int8_activations: bool,
     /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
     pub max_pinned_blocks: Option<usize>,

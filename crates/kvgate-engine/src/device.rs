@@ -16,7 +16,7 @@ pub struct BackendSpec {
     pub shape: CacheShape,
     /// How much cache.
     pub memory: KvMemory,
-    /// The CPU's opt-in 8-bit-activation path for completions (`--activations int8`).
+    /// The CPU's 8-bit-activation path for completions (`--activations int8`, serve's default).
     pub int8_activations: bool,
 }
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use kvgate_backend::BlockCopy;
 
 use crate::block_pool::{BlockId, BlockPool, BlockRef};
+pub(crate) use crate::salts::Salts;
 use crate::tier::{BlockMeta, ChainKey, SecondTier};
 
 /// A sequence's block table and how much of it is registered in the prefix cache.
@@ -186,17 +187,26 @@ impl KvManager {
     }
 
     /// Continues a match past the hot pool: while the tier holds the next block and a block is free,
-    /// takes one, gives it the identity and plans its restore.
-    fn match_tier(&mut self, sb: &mut SeqBlocks, tokens: &[u32], max_blocks: usize, extra: &str) {
+    /// takes one, gives it the identity and plans its restore. `exact` says whether the walk may still
+    /// take blocks under the exact-path key (see [`Salts`]).
+    fn match_tier(&mut self, sb: &mut SeqBlocks, tokens: &[u32], max_blocks: usize, salts: Salts, mut exact: bool) {
         let bs = self.block_size;
         while sb.live.len() < max_blocks.min(tokens.len() / bs) && self.pool.num_free() > 0 {
             let i = sb.live.len();
             let toks = &tokens[i * bs..(i + 1) * bs];
-            let key = sb.last_chain.child(toks, extra);
             let Some(tier) = self.tier.as_mut() else { return };
-            let Some((bytes, _)) = tier.fetch(key, sb.last_chain, toks) else {
+            let mut found = None;
+            for (extra, is_exact) in salts.candidates(exact) {
+                let key = sb.last_chain.child(toks, extra);
+                if let Some((bytes, _)) = tier.fetch(key, sb.last_chain, toks) {
+                    found = Some((extra, key, bytes, is_exact));
+                    break;
+                }
+            }
+            let Some((extra, key, bytes, is_exact)) = found else {
                 return;
             };
+            exact = is_exact;
             let Some(b) = self.allocate() else { return };
             let holder = self.pool.register(b, sb.last_ref, sb.last_chain, toks, extra);
             debug_assert_eq!(holder, b, "the hot pool missed this block");
@@ -205,6 +215,38 @@ impl KvManager {
             sb.last_ref = self.pool.block_ref(b);
             sb.last_chain = key;
             sb.registered += 1;
+        }
+    }
+
+    /// The longest run of leading full blocks of `tokens` (at most `max`) the hot pool holds under
+    /// `salts`, and whether the walk ended still on exact-path blocks: the greedy walk that takes
+    /// exact-path blocks while it can and then the sequence's own, or the walk over its own key alone,
+    /// whichever is longer (the first among equals).
+    fn hot_walk(&self, tokens: &[u32], max: usize, salts: Salts) -> (Vec<BlockId>, bool) {
+        let bs = self.block_size;
+        let walk = |mut exact: bool| {
+            let (mut found, mut parent) = (vec![], None);
+            while found.len() < max.min(tokens.len() / bs) {
+                let toks = &tokens[found.len() * bs..(found.len() + 1) * bs];
+                let hit = salts
+                    .candidates(exact)
+                    .find_map(|(extra, is_exact)| Some((self.pool.lookup(parent, toks, extra)?, is_exact)));
+                let Some((b, is_exact)) = hit else { break };
+                exact = is_exact;
+                parent = self.pool.block_ref(b);
+                found.push(b);
+            }
+            (found, exact)
+        };
+        let first = walk(salts.exact.is_some());
+        if salts.exact.is_none() {
+            return first;
+        }
+        let own = walk(false);
+        if own.0.len() > first.0.len() {
+            own
+        } else {
+            first
         }
     }
 
@@ -224,9 +266,10 @@ impl KvManager {
         self.stats.hits += hits;
     }
 
-    /// Finds the longest run of cached full blocks of `tokens` (at most `max_blocks`), takes a reference
-    /// on each, and returns them as a new table. Counts `tokens.len()` queried tokens if `count`.
-    pub fn match_prefix(&mut self, tokens: &[u32], max_blocks: usize, extra: &str, count: bool) -> SeqBlocks {
+    /// Finds the longest run of cached full blocks of `tokens` (at most `max_blocks`) under `salts`,
+    /// takes a reference on each, and returns them as a new table. Counts `tokens.len()` queried tokens
+    /// if `count`.
+    pub fn match_prefix(&mut self, tokens: &[u32], max_blocks: usize, salts: Salts, count: bool) -> SeqBlocks {
         let mut sb = SeqBlocks::default();
         if count {
             self.stats.queries += tokens.len() as u64;
@@ -234,60 +277,48 @@ impl KvManager {
         if !self.prefix_caching {
             return sb;
         }
-        let bs = self.block_size;
-        for i in 0..max_blocks.min(tokens.len() / bs) {
-            match self.pool.lookup(sb.last_ref, &tokens[i * bs..(i + 1) * bs], extra) {
-                Some(b) => {
-                    self.pool.incref(b);
-                    sb.live.push(b);
-                    sb.last_ref = self.pool.block_ref(b);
-                    sb.last_chain = self.pool.chain_of(b).unwrap_or_default();
-                    sb.registered += 1;
-                }
-                None => break,
-            }
+        let (found, exact) = self.hot_walk(tokens, max_blocks, salts);
+        for b in found {
+            self.pool.incref(b);
+            sb.live.push(b);
+            sb.last_ref = self.pool.block_ref(b);
+            sb.last_chain = self.pool.chain_of(b).unwrap_or_default();
+            sb.registered += 1;
         }
         if self.tier.is_some() {
-            self.match_tier(&mut sb, tokens, max_blocks, extra);
+            self.match_tier(&mut sb, tokens, max_blocks, salts, exact);
         }
         if count {
-            self.stats.hits += (sb.live.len() * bs) as u64;
+            self.stats.hits += (sb.live.len() * self.block_size) as u64;
         }
         sb
     }
 
-    /// The leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds, without
-    /// taking them: what admission ranks waiting requests by. The second number counts the blocks past
-    /// them that the second tier holds (restorable instead of recomputed).
-    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, extra: &str) -> (Vec<BlockId>, usize) {
-        let mut found = vec![];
+    /// The leading full blocks of `tokens` (at most `max_blocks`) the prefix cache holds under `salts`,
+    /// without taking them: what admission ranks waiting requests by. The second number counts the
+    /// blocks past them that the second tier holds (restorable instead of recomputed).
+    pub fn probe_prefix(&self, tokens: &[u32], max_blocks: usize, salts: Salts) -> (Vec<BlockId>, usize) {
         if !self.prefix_caching {
-            return (found, 0);
+            return (vec![], 0);
         }
         let bs = self.block_size;
         let max = max_blocks.min(tokens.len() / bs);
-        let (mut parent, mut chain) = (None, ChainKey::ROOT);
-        while found.len() < max {
-            let n = found.len();
-            match self.pool.lookup(parent, &tokens[n * bs..(n + 1) * bs], extra) {
-                Some(b) => {
-                    parent = self.pool.block_ref(b);
-                    chain = self.pool.chain_of(b).unwrap_or_default();
-                    found.push(b);
-                }
-                None => break,
-            }
-        }
+        let (found, mut exact) = self.hot_walk(tokens, max, salts);
+        let mut chain = found
+            .last()
+            .and_then(|&b| self.pool.chain_of(b))
+            .unwrap_or(ChainKey::ROOT);
         let mut in_tier = 0;
         if let Some(t) = &self.tier {
             while found.len() + in_tier < max {
                 let i = found.len() + in_tier;
                 let toks = &tokens[i * bs..(i + 1) * bs];
-                let key = chain.child(toks, extra);
-                if !t.holds(key, chain, toks) {
-                    break;
-                }
-                chain = key;
+                let hit = salts.candidates(exact).find_map(|(extra, is_exact)| {
+                    let key = chain.child(toks, extra);
+                    t.holds(key, chain, toks).then_some((key, is_exact))
+                });
+                let Some((key, is_exact)) = hit else { break };
+                (chain, exact) = (key, is_exact);
                 in_tier += 1;
             }
         }
@@ -424,14 +455,14 @@ mod tests {
     fn prefix_hits_then_cow_on_fork() {
         let mut m = KvManager::new(BlockPool::new(8), 4, true);
         let toks: Vec<u32> = (0..10).collect();
-        let mut a = m.match_prefix(&toks, 2, "", true);
+        let mut a = m.match_prefix(&toks, 2, Salts::one(""), true);
         assert!(a.is_empty());
         let mut copies = vec![];
         assert!(m.reserve(&mut a, 0, 10, &mut copies));
         assert_eq!(a.len(), 3);
         m.commit(&mut a, &toks, 10, "", false);
         // a second sequence with the same 8-token prefix hits two blocks
-        let mut b = m.match_prefix(&toks, 2, "", true);
+        let mut b = m.match_prefix(&toks, 2, Salts::one(""), true);
         assert_eq!(b.live(), &a.live()[..2]);
         assert_eq!(m.stats(), PrefixStats { queries: 20, hits: 8 });
         // fork a, then writing at position 10 (partial block 2) copies it
@@ -454,6 +485,51 @@ mod tests {
     }
 
     #[test]
+    fn fast_sequences_read_exact_blocks_and_exact_ones_never_read_fast_ones() {
+        let mut m = KvManager::new(BlockPool::new(32), 4, true);
+        let fast = Salts {
+            own: "\u{1}f\u{1}",
+            exact: Some(""),
+        };
+        let run = |m: &mut KvManager, toks: &[u32], salts: Salts| {
+            let mut sb = m.match_prefix(toks, usize::MAX, salts, false);
+            let hit = sb.len() * 4;
+            assert!(m.reserve(&mut sb, hit, toks.len(), &mut vec![]));
+            m.commit(&mut sb, toks, toks.len(), salts.own, false);
+            (sb, hit)
+        };
+        let t: Vec<u32> = (0..12).collect();
+        let tu: Vec<u32> = (0..20).collect();
+        // an exact sequence (a decision's state) computes three blocks
+        let (mut a, _) = run(&mut m, &t, Salts::one(""));
+        // a fast one over the same state reads them, then registers its own two
+        let (mut b, hit) = run(&mut m, &tu, fast);
+        assert_eq!(hit, 12);
+        assert_eq!(&b.live()[..3], a.live());
+        // an exact read of the longer prompt finds the exact three only
+        let probe = |m: &KvManager, toks: &[u32], salts| m.probe_prefix(toks, usize::MAX, salts).0;
+        assert_eq!(probe(&m, &tu, Salts::one("")), a.live());
+        // a fast read finds all five; a fast sequence alone (no exact key) finds none
+        assert_eq!(probe(&m, &tu, fast), b.live());
+        assert!(probe(&m, &tu, Salts::one(fast.own)).is_empty());
+        // a fast chain longer than the exact one wins over the greedy walk
+        let v: Vec<u32> = (100..116).collect();
+        let (mut c, _) = run(&mut m, &v, fast);
+        let (mut d, _) = run(&mut m, &v[..8], Salts::one(""));
+        assert_eq!(probe(&m, &v, Salts::one("")), d.live());
+        assert_eq!(probe(&m, &v, fast), c.live());
+        let e = m.match_prefix(&v, usize::MAX, fast, true);
+        assert_eq!(e.live(), c.live());
+        for sb in [&mut a, &mut b, &mut c, &mut d] {
+            m.release(sb);
+        }
+        let mut e = e;
+        m.release(&mut e);
+        assert_eq!(m.pool().counts().used, 0);
+        m.pool().check_invariants();
+    }
+
+    #[test]
     fn slid_blocks_are_given_back_and_stay_matchable() {
         let mut m = KvManager::new(BlockPool::new(8), 4, true);
         let toks: Vec<u32> = (0..20).collect();
@@ -471,7 +547,7 @@ mod tests {
         assert_eq!(m.release_slid(&mut a, 20, 6), 0, "idempotent");
         assert_eq!(m.pool().counts().used, 2);
         // the given-back blocks are still in the prefix cache: the whole prefix matches
-        let mut b = m.match_prefix(&toks, 5, "", true);
+        let mut b = m.match_prefix(&toks, 5, Salts::one(""), true);
         assert_eq!(b.len(), 5);
         m.release(&mut b);
         m.release(&mut a);

@@ -31,6 +31,7 @@ mod pacing;
 mod registry;
 mod request;
 mod requests;
+mod salts;
 mod sampling;
 mod scheduler;
 mod text;

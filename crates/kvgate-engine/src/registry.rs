@@ -93,6 +93,9 @@ pub(crate) struct Group {
     pub(crate) order: u64,
     /// Prefix-cache isolation key.
     pub(crate) salt: String,
+    /// For a fast-path completion, the exact path's key: it may also read those blocks (see
+    /// [`crate::kv_manager::Salts`]).
+    pub(crate) exact_salt: Option<String>,
     /// Live sequences.
     pub(crate) seqs: Vec<SeqId>,
     pub(crate) kind: GroupKind,
@@ -167,6 +170,7 @@ impl Registry {
             Group {
                 order: self.next_order,
                 salt,
+                exact_salt: None,
                 seqs: vec![],
                 kind,
                 running: false,

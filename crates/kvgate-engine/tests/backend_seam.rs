@@ -211,6 +211,17 @@ fn the_factory_sizes_the_cache_and_refuses_devices_without_a_backend() {
     };
     let b = open_backend(tiny().model, &bytes).unwrap();
     assert_eq!(b.capacity().num_blocks, 3);
+    assert_eq!(
+        b.fast_path(),
+        None,
+        "f32 weights have no integer kernel: nothing to key apart"
+    );
+    let quantized = tiny_model(TinySpec {
+        quantized: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let b = open_backend(quantized.model, &bytes).unwrap();
     assert_eq!(b.fast_path(), Some("int8-activations"));
     let small = BackendSpec {
         memory: KvMemory::Bytes(1),

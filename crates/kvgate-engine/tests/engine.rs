@@ -127,7 +127,7 @@ fn quantized_weights_are_batch_invariant_too() {
 }
 
 #[test]
-fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
+fn int8_activations_are_batch_invariant_and_cached_one_way() {
     rt().block_on(async {
         let mk = |int8| {
             engine(Opts {
@@ -144,13 +144,36 @@ fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
             alone,
             "int8 completions are batch-invariant"
         );
-        assert_ne!(
-            run_all(&f, &ps, 16, false).await,
-            alone,
-            "the int8 engine computes differently"
-        );
+        // the same greedy tokens on this model, other logprobs: the int8 path ran
+        let first_logprobs = |h: &EngineHandle| {
+            let mut s = h
+                .generate(GenerateRequest {
+                    prompt: ps[0].clone(),
+                    params: SamplingParams {
+                        logprobs: Some(5),
+                        ..greedy(1)
+                    },
+                    cache_salt: Some("logprobs".into()),
+                    retain: None,
+                })
+                .unwrap();
+            async move {
+                loop {
+                    if let Event::Token { logprob: Some(l), .. } = s.next().await.unwrap() {
+                        return l.top;
+                    }
+                }
+            }
+        };
+        let (lf, lq) = (first_logprobs(&f).await, first_logprobs(&q).await);
+        assert_ne!(lf, lq, "the int8 engine computes differently");
+        for ((tf, pf), (tq, pq)) in lf.iter().zip(&lq) {
+            assert_eq!(tf, tq);
+            assert!((pf - pq).abs() < 0.05, "int8 logprob {pq} vs f32 {pf}");
+        }
         // A decision over a prefix an int8 completion just computed: f32 (equal to the f32 engine's,
-        // bit for bit) and no block of the other mode is reused; int8 completions do share blocks.
+        // bit for bit) and no int8 block is reused; int8 completions share blocks, and read the exact
+        // blocks a decision computed (its state, warm for the follow-up).
         let fresh = tok
             .encode(
                 "Another opening, about rivers and mountains, that nothing before shared.",
@@ -189,6 +212,52 @@ fn int8_activations_are_opt_in_batch_invariant_and_cached_apart() {
             decide(&f).await.0,
             "decisions compute in f32 whatever the engine's mode"
         );
+        // the follow-up completion over the decided state: the decision's exact blocks are warm for it
+        // (the state's full blocks; its own suffix computes on the int8 path)
+        let state = tok
+            .encode(
+                "A third opening, about lighthouses and the sea, that nothing before shared at all.",
+                false,
+            )
+            .unwrap();
+        let decide_on = |h: &EngineHandle, prompt: Vec<u32>| {
+            let labels = vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()];
+            let s = h.decide(DecideRequest {
+                reads: vec![DecisionRead { prompt, labels }],
+                cache_salt: None,
+                keep_alive: None,
+                tenant: None,
+            });
+            async move { s.unwrap().outcome().await.unwrap().usage }
+        };
+        let mut read = state.clone();
+        read.extend(tok.encode(" Is it calm? Answer yes or no.", false).unwrap());
+        assert_eq!(decide_on(&q, read).await.cached_tokens, 0);
+        let mut follow = state.clone();
+        follow.extend(tok.encode(" Then the keeper", false).unwrap());
+        let (_, warm) = collect(
+            &q,
+            GenerateRequest {
+                prompt: follow.clone(),
+                params: greedy(2),
+                cache_salt: None,
+                retain: None,
+            },
+        )
+        .await;
+        let full = state.len() / 4 * 4; // blocks of 4 tokens
+        assert!(full > 0);
+        assert_eq!(
+            warm.cached_tokens,
+            full,
+            "the follow-up reads the decision's blocks ({} state tokens)",
+            state.len()
+        );
+        // and a second decision over the completion's int8 blocks still reads only exact ones
+        let mut again = follow.clone();
+        again.extend(tok.encode(" Is it calm? Answer yes or no.", false).unwrap());
+        let cached = decide_on(&q, again).await.cached_tokens;
+        assert_eq!(cached, full, "a decision reads exact blocks only");
         assert_pool_clean(&q).await;
     });
 }

@@ -1,7 +1,7 @@
 //! The CPU backend: the model's shared layer code over a host [`KvCache`] with the CPU paged attention
 //! of `kvgate-kv`, behind the `kvgate_backend` seam. The forward pass runs inside the rayon compute
 //! pool (one hand-off per step, not one per parallel region: the engine thread is not a pool worker).
-//! Its one device-specific setting is the opt-in 8-bit-activation path for
+//! Its one device-specific setting is the 8-bit-activation path (on by default in `serve`) for
 //! [`Precision::Fast`](kvgate_backend::Precision) rows; it sizes its cache from the host's available
 //! memory when asked for the default.
 
@@ -189,8 +189,10 @@ impl Backend for CpuBackend {
         self.model.config().attention_span()
     }
 
+    /// The 8-bit-activation path when it is on and some weight has its kernel (on f32 or 2/3-bit
+    /// weights it would compute exactly what the exact path does, so there is no fast path to key apart).
     fn fast_path(&self) -> Option<&'static str> {
-        self.settings.int8_activations.then_some(INT8_PATH)
+        (self.settings.int8_activations && self.model.weights().has_int8()).then_some(INT8_PATH)
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {

@@ -48,6 +48,11 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// Whether its weight has the 8-bit-activation kernel ([`QMatrix::has_int8`]).
+    pub fn has_int8(&self) -> bool {
+        matches!(&self.weight, Weight::Packed(p) if p.has_int8())
+    }
+
     /// A layer over a quantized tensor of shape `(out, in)`.
     pub fn quantized(q: Arc<QTensor>, bias: Option<Vec<f32>>) -> Result<Linear> {
         Self::quantized_for(q, bias, false)
@@ -197,7 +202,7 @@ impl Linear {
     }
 
     /// As [`Linear::forward`], with the rows flagged in `int8` (one flag per row, or empty) through the
-    /// opt-in 8-bit-activation kernel where the weight has one ([`QMatrix::has_int8`]); other weights
+    /// 8-bit-activation kernel where the weight has one ([`QMatrix::has_int8`]); other weights
     /// and unflagged rows compute exactly as `forward` does.
     pub fn forward_rows(&self, x: &[f32], rows: usize, int8: &[bool]) -> Result<Vec<f32>> {
         debug_assert_eq!(x.len(), rows * self.in_dim);

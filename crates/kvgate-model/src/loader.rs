@@ -56,7 +56,7 @@ pub struct LoadedModel {
 pub struct LoadOptions {
     /// Serve at most this many tokens per sequence (default: the model's context length).
     pub max_model_len: Option<usize>,
-    /// Lay weights out for the opt-in 8-bit-activation mode (5-bit GGUF formats stay 5-bit; see
+    /// Lay weights out for the 8-bit-activation mode (5-bit GGUF formats stay 5-bit; see
     /// [`crate::Linear::quantized_for`]): the same weights, their products rounded differently in f32.
     pub int8_activations: bool,
     /// Every GGUF weight dequantized to f32 and multiplied in plain f32 (a reference: the same weight

@@ -142,7 +142,7 @@ impl Model {
     }
 
     /// As [`Model::forward`], with the rows of [`kvgate_backend::Precision::Fast`] sequences through
-    /// the opt-in 8-bit-activation kernels (see [`crate::QMatrix::matmul_rows`]); every other row as
+    /// the 8-bit-activation kernels (see [`crate::QMatrix::matmul_rows`]); every other row as
     /// `forward` computes it, bit for bit.
     pub fn forward_int8<A: AttentionBackend>(&self, b: &Batch, cache: &mut A::Cache, attn: &A) -> Result<Vec<f32>> {
         Ok(self.forward_inner(b, cache, attn, true, None)?.logits)

@@ -3,7 +3,7 @@
 //!
 //! Its tokenizer is byte-level BPE with the 256 byte tokens, a handful of merges (so that decision labels
 //! such as `yes`, `no`, ` A` are single tokens, as on real models) and ChatML special tokens; its chat
-//! template is ChatML. Weights are either f32 or quantized to Q8_0 (to exercise candle's quantized path).
+//! template is ChatML. Weights are either f32 or quantized (the MLP to Q4_0, the rest to Q8_0: both integer kernels).
 
 use std::sync::Arc;
 
@@ -106,7 +106,7 @@ pub struct TinySpec {
     pub seed: u64,
     /// Layers.
     pub layers: usize,
-    /// Quantize the projection weights to Q8_0.
+    /// Quantize the projection weights: the MLP's to Q4_0, the others to Q8_0.
     pub quantized: bool,
     /// Context length.
     pub max_len: usize,
@@ -166,14 +166,16 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel> {
     let mut mat = |rows: usize, cols: usize, scale: f32| -> Vec<f32> {
         (0..rows * cols).map(|_| rng.random_range(-scale..scale)).collect()
     };
-    let lin = |w: Vec<f32>, rows: usize, cols: usize| -> Result<Linear> {
+    let lin_as = |w: Vec<f32>, rows: usize, cols: usize, dtype: GgmlDType| -> Result<Linear> {
         let t = Tensor::from_vec(w, (rows, cols), &Device::Cpu)?;
         if spec.quantized {
-            Linear::quantized(Arc::new(QTensor::quantize(&t, GgmlDType::Q8_0)?), None)
+            Linear::quantized(Arc::new(QTensor::quantize(&t, dtype)?), None)
         } else {
             Linear::dense(t, None)
         }
     };
+    let lin = |w: Vec<f32>, rows: usize, cols: usize| lin_as(w, rows, cols, GgmlDType::Q8_0);
+    let lin4 = |w: Vec<f32>, rows: usize, cols: usize| lin_as(w, rows, cols, GgmlDType::Q4_0);
     let s_in = 1.0 / (hidden as f32).sqrt() * 1.7;
     let s_mid = 1.0 / (inter as f32).sqrt() * 1.7;
     let mut layers = Vec::new();
@@ -189,9 +191,9 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel> {
             post_attn_norm: None,
             ffn_norm: vec![1.0; hidden],
             post_ffn_norm: None,
-            gate: lin(mat(inter, hidden, s_in), inter, hidden)?,
-            up: lin(mat(inter, hidden, s_in), inter, hidden)?,
-            down: lin(mat(hidden, inter, s_mid), hidden, inter)?,
+            gate: lin4(mat(inter, hidden, s_in), inter, hidden)?,
+            up: lin4(mat(inter, hidden, s_in), inter, hidden)?,
+            down: lin4(mat(hidden, inter, s_mid), hidden, inter)?,
         });
     }
     let embed = mat(vocab, hidden, 1.0);

@@ -71,6 +71,16 @@ pub struct Weights {
 }
 
 impl Weights {
+    /// Whether any matmul has the 8-bit-activation kernel (so the fast path computes differently).
+    pub fn has_int8(&self) -> bool {
+        self.lm_head.has_int8()
+            || self.layers.iter().any(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .any(|m| m.has_int8())
+            })
+    }
+
     /// Bytes of weight data held.
     pub fn bytes(&self) -> usize {
         let lin = |l: &Linear| l.weight_bytes();

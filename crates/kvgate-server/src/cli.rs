@@ -505,9 +505,14 @@ async fn run(args: Args) -> Result<(), StartError> {
         ),
         None => info!("an embedding model (sentence encoder): /v1/embeddings only, no KV cache"),
     }
-    if int8 {
-        info!("activations: int8 for completions (opt-in; decisions stay f32)");
-    }
+    info!(
+        "activations: {}",
+        if int8 {
+            "int8 for completions where the weights have the integer kernel (decisions stay f32)"
+        } else {
+            "f32"
+        }
+    );
     info!("{}", built.policy.describe());
     info!(
         "auth: {}",

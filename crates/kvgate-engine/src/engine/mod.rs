@@ -279,14 +279,15 @@ impl Engine {
     fn command(&mut self, c: Command) -> bool {
         match c {
             Command::Generate(id, req, tx) => {
-                // Blocks computed on the backend's fast path never match exactly computed ones (or the
-                // reverse).
-                let salt = req.cache_salt.as_deref().unwrap_or("");
-                let salt = match self.backend.fast_path() {
-                    Some(path) => format!("\u{1}{path}\u{1}{salt}"),
-                    None => salt.to_string(),
+                // Blocks computed on the backend's fast path are keyed apart: an exact read (a
+                // decision) never reads them; a fast completion reads exact blocks first (a decision's
+                // warm state) and continues on its own.
+                let exact = req.cache_salt.clone().unwrap_or_default();
+                let (salt, exact) = match self.backend.fast_path() {
+                    Some(path) => (format!("\u{1}{path}\u{1}{exact}"), Some(exact)),
+                    None => (exact, None),
                 };
-                let (g, kind) = generate::admit(&mut self.sched, *req, &salt, tx);
+                let (g, kind) = generate::admit(&mut self.sched, *req, &salt, exact.as_deref(), tx);
                 self.register(id, g, kind);
             }
             Command::Decide(id, req, reply) => {

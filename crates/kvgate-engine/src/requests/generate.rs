@@ -69,15 +69,21 @@ struct GenState {
     retain: Option<Retain>,
 }
 
-/// Queues a completion in the scheduler (its blocks keyed by `salt`) and returns its group and state.
+/// Queues a completion in the scheduler (its blocks keyed by `salt`; on the fast path it also reads the
+/// exact path's blocks, keyed by `exact`) and returns its group and state.
 pub(crate) fn admit(
     sched: &mut Scheduler,
     req: GenerateRequest,
     salt: &str,
+    exact: Option<&str>,
     tx: tmpsc::UnboundedSender<Event>,
 ) -> (GroupId, Box<dyn RequestKind>) {
     let all = req.params.prompt_logprobs.is_some();
     let (g, seq) = sched.add_generate(req.prompt.clone(), salt, all);
+    if let Some(exact) = exact {
+        // the group was just created: this cannot fail
+        let _ = sched.read_exact_blocks(g, exact);
+    }
     let mut state = GenState::new(seq, req.prompt, req.params, tx);
     state.retain = req.retain;
     (g, Box::new(state))

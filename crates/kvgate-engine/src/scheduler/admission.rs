@@ -10,6 +10,7 @@
 //! one on).
 
 use super::{Result, Scheduler};
+use crate::kv_manager::Salts;
 use crate::registry::{GroupId, SeqId};
 
 /// How waiting requests are admitted.
@@ -73,7 +74,11 @@ impl Scheduler {
         let (Ok(s), Ok(grp)) = (self.reg.seq(sid), self.reg.group(g)) else {
             return (vec![], 0);
         };
-        self.kv.probe_prefix(&s.tokens, self.matchable_blocks(s), &grp.salt)
+        let salts = Salts {
+            own: &grp.salt,
+            exact: grp.exact_salt.as_deref(),
+        };
+        self.kv.probe_prefix(&s.tokens, self.matchable_blocks(s), salts)
     }
 
     /// The index in `waiting` of the group to admit next. In arrival order, the front. Cache-aware,

@@ -199,6 +199,13 @@ impl Scheduler {
         (g, s)
     }
 
+    /// Lets a queued completion computed on the backend's fast path also read the blocks the exact path
+    /// computed under `salt` (see [`crate::kv_manager::Salts`]).
+    pub fn read_exact_blocks(&mut self, g: GroupId, salt: &str) -> Result<()> {
+        self.reg.group_mut(g)?.exact_salt = Some(salt.to_string());
+        Ok(())
+    }
+
     /// Forks `n` new sequences off `seq`, sharing its blocks (copy-on-write on their first write).
     pub fn fork(&mut self, seq: SeqId, n: usize) -> Result<Vec<SeqId>> {
         let s = self.reg.seq(seq)?;

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use super::plan::{Chunk, Logits, Plan, Planned, StepState};
 use super::{Result, Scheduler};
+use crate::kv_manager::Salts;
 use crate::registry::{GroupId, Registry, SchedError, Seq, SeqId};
 use kvgate_backend::BlockCopy;
 
@@ -58,9 +59,13 @@ impl Scheduler {
         if s.matched {
             return Ok(0);
         }
-        let salt = self.reg.group(s.group)?.salt.clone();
+        let grp = self.reg.group(s.group)?;
         let max_blocks = self.matchable_blocks(s);
-        let sb = self.kv.match_prefix(&s.tokens, max_blocks, &salt, false);
+        let salts = Salts {
+            own: &grp.salt,
+            exact: grp.exact_salt.as_deref(),
+        };
+        let sb = self.kv.match_prefix(&s.tokens, max_blocks, salts, false);
         let hit = sb.len() * self.cfg.block_size;
         let s = self.reg.seq_mut(sid)?;
         s.blocks = sb;

@@ -1,8 +1,11 @@
-//! Activations quantized to 8 bits for the opt-in integer kernels ([`super::kernel_int`]): each row's
-//! inputs in groups of 32, each group scaled by its own `amax / 127` and rounded to the nearest integer
-//! in `-127..=127` (llama.cpp's `q8_0` for activations). A row's quantization depends on that row alone,
-//! so the integer path keeps batch invariance; it is not f32 accuracy (the rounding error of a group is
-//! up to `amax / 254` per input), which is why it is opt-in.
+//! Activations quantized for the integer kernels ([`super::kernel_int`]): each row's inputs in groups of
+//! 32, each group scaled by its own `amax / M` and rounded to the nearest integer in `-M..=M`. For 4-bit
+//! weights (whose kernel multiplies bytes) M = 127, llama.cpp's `q8_0` for activations; for 8-bit weights
+//! (whose kernel multiplies 16-bit lanes, `vpmaddwd`) M = 32767 at the same speed, 258× finer: those
+//! matmuls (the LM heads of the GGUFs, Q6_K/Q8_0 layers) are then f32-accurate to ~1e-5. A row's
+//! quantization depends on that row alone, so the integer path keeps batch invariance; the 4-bit side is
+//! not f32 accuracy (the rounding error of a group is up to `amax / 254` per input), which is why decisions
+//! never take it.
 
 use rayon::prelude::*;
 
@@ -18,33 +21,49 @@ pub(super) struct QuantRows {
     pub(super) sums: Vec<f32>,
 }
 
-/// The 8-bit values of one group of 32 inputs; returns its scale and `scale · Σ q` (ties round to
-/// even, as the vector instructions round).
+/// An integer code type: bytes (max 127) or 16-bit lanes (max 32767).
+pub(super) trait Code: Copy + Default + Send {
+    /// The largest code magnitude.
+    const MAX: f32;
+    /// The code of an integer within ±MAX.
+    fn of(v: i32) -> Self;
+}
+
+impl Code for i8 {
+    const MAX: f32 = 127.0;
+    fn of(v: i32) -> i8 {
+        v as i8
+    }
+}
+
+impl Code for i16 {
+    const MAX: f32 = 32767.0;
+    fn of(v: i32) -> i16 {
+        v as i16
+    }
+}
+
+/// The codes of one group of 32 inputs; returns its scale and `scale · Σ q` (ties round to even, as the
+/// vector instructions round).
 #[inline]
-fn group<T: From<i8>>(x: &[f32], out: &mut [T]) -> (f32, f32) {
+fn group<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let (d, id) = if amax > 0.0 {
-        (amax / 127.0, 127.0 / amax)
+        (amax / T::MAX, T::MAX / amax)
     } else {
         (0.0, 0.0)
     };
     let mut sum = 0i32;
     for (o, v) in out.iter_mut().zip(x) {
-        let q = (v * id).round_ties_even().clamp(-127.0, 127.0) as i8;
-        sum += q as i32;
-        *o = T::from(q);
+        let q = (v * id).round_ties_even().clamp(-T::MAX, T::MAX) as i32;
+        sum += q;
+        *o = T::of(q);
     }
     (d, sum as f32 * d)
 }
 
 /// Quantizes the marked rows of `x` into `q` (`rows × k`), `sx` and `sums` (`rows × k/32`).
-fn quantize<T: From<i8> + Copy + Default + Send>(
-    x: &[f32],
-    k: usize,
-    which: &[bool],
-    sx: &mut [f32],
-    sums: &mut [f32],
-) -> Vec<T> {
+fn quantize<T: Code>(x: &[f32], k: usize, which: &[bool], sx: &mut [f32], sums: &mut [f32]) -> Vec<T> {
     let groups = k / QK;
     let mut q = vec![T::default(); which.len() * k];
     q.par_chunks_mut(k)
@@ -65,7 +84,7 @@ fn quantize<T: From<i8> + Copy + Default + Send>(
 
 impl QuantRows {
     /// Quantizes the rows of `x` (`rows × k`, `k` a multiple of 32) marked in `which` (others are
-    /// left zero and never read); `wide` stores 16-bit values, otherwise bytes.
+    /// left zero and never read); `wide` stores 16-bit codes (within ±32767), otherwise bytes (±127).
     pub(super) fn new(x: &[f32], k: usize, which: &[bool], wide: bool) -> QuantRows {
         let mut sx = vec![0f32; which.len() * (k / QK)];
         let mut sums = sx.clone();
@@ -109,14 +128,18 @@ mod tests {
         x[1] = 1.0;
         x[40] = 0.5;
         let q = QuantRows::new(&x, 64, &[true], true);
-        assert_eq!(q.sx, vec![2.54 / 127.0, 0.5 / 127.0]);
+        assert_eq!(q.sx, vec![2.54 / 32767.0, 0.5 / 32767.0]);
         assert_eq!(
             (q.value(64, 0, 0), q.value(64, 0, 1), q.value(64, 0, 40)),
-            (-127, 50, 127)
+            (-32767, 12900, 32767)
         );
         assert_eq!(q.value(64, 0, 2), 0);
         let b = QuantRows::new(&x, 64, &[true], false);
-        assert_eq!(b.q8[..2], [-127, 50]);
+        assert_eq!(b.sx, vec![2.54 / 127.0, 0.5 / 127.0]);
+        assert_eq!(
+            (b.value(64, 0, 0), b.value(64, 0, 1), b.value(64, 0, 40)),
+            (-127, 50, 127)
+        );
         // an all-zero group has scale 0 and zeros
         assert_eq!(QuantRows::new(&[0.0; 32], 32, &[true], true).sx, vec![0.0]);
     }

@@ -1,4 +1,4 @@
-//! The integer microkernel of the opt-in 8-bit-activation mode ([`super::QMatrix::matmul_rows`] with
+//! The integer microkernel of the 8-bit-activation mode (completions' default) ([`super::QMatrix::matmul_rows`] with
 //! rows marked integer): the same panels, records and tiles as [`super::kernel`], with the block's
 //! dot products done exactly in integers against activations quantized per 32 inputs
 //! ([`super::acts`]), then one fixed f32 sequence per block:
@@ -8,8 +8,8 @@
 //! 4-bit weights: `vpmaddubsw` of the unsigned nibbles (four consecutive inputs of a column per 32-bit
 //! lane, see `QMatrix::q4_at`) with the signed activation bytes; a block's 16-bit partial sums stay
 //! below `16 · 15 · 127 = 30,480`, so they are exact without widening until the block ends. 8-bit weights:
-//! a byte shuffle pairs each column's consecutive inputs, `vpmaddwd` against 16-bit activations (no
-//! saturation possible). Integer sums are exact in any order, so AVX2, AVX-512 and the scalar loop give
+//! a byte shuffle pairs each column's consecutive inputs, `vpmaddwd` against 16-bit activation codes
+//! (within ±32767: a block's 32 products stay below 2³¹ in the 32-bit lanes, no saturation possible). Integer sums are exact in any order, so AVX2, AVX-512 and the scalar loop give
 //! the same bits (tested), and a row's result depends on that row alone.
 
 use super::acts::QuantRows;

@@ -2,7 +2,7 @@
 //! Q6_K through [`crate::repack`]; F16/BF16): the weight stays 4-, 5-, 8- or 16-bit. By default the
 //! activations stay f32 (they are not quantized, unlike llama.cpp's and candle's `q8_1` path), so the
 //! result equals a matmul against the dequantized weights up to f32 rounding while reading a quarter of
-//! the bytes. Rows flagged for the opt-in 8-bit-activation mode ([`QMatrix::matmul_rows`]) go through
+//! the bytes. Rows flagged for the 8-bit-activation mode (completions' default) ([`QMatrix::matmul_rows`]) go through
 //! the integer kernel instead ([`kernel_int`], activations quantized per 32 inputs as llama.cpp does).
 //!
 //! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
@@ -429,7 +429,7 @@ impl QMatrix {
         self.matmul_rows(x, rows, &[])
     }
 
-    /// Whether the opt-in 8-bit-activation kernel exists for this matrix (4- and 8-bit quants).
+    /// Whether the 8-bit-activation (integer) kernel exists for this matrix (4- and 8-bit quants).
     pub fn has_int8(&self) -> bool {
         matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5) && self.k.is_multiple_of(QK)
     }

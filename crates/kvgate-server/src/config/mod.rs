@@ -204,9 +204,10 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,
 
-    /// Precision of completions' matmul activations: f32, or int8 (opt-in: faster on 4/8-bit GGUF
-    /// weights, as llama.cpp computes; decisions always stay f32)
-    #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "f32", value_parser = values::parse_setting::<Activations>)]
+    /// Precision of completions' matmul activations: int8 (the default: faster on 4/8-bit GGUF weights,
+    /// llama.cpp's arithmetic, 16-bit codes against 8-bit weights) or f32 (exact); decisions always stay
+    /// f32
+    #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "int8", value_parser = values::parse_setting::<Activations>)]
     pub activations: Activations,
 
     /// Compute threads [default: all cores]

@@ -192,12 +192,13 @@ string_setting!(KvCacheMethod);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(try_from = "String", into = "String")]
 pub enum Activations {
-    /// f32 activations (the default: every result equals a matmul against the dequantized weights up
-    /// to f32 rounding).
+    /// f32 activations (exact: every result equals a matmul against the dequantized weights up to
+    /// f32 rounding).
     #[value(name = "f32", alias = "float32")]
     F32,
-    /// 8-bit activations (per 32 inputs) and integer dot products for 4- and 8-bit weights, as
-    /// llama.cpp computes; completions only, decisions stay f32.
+    /// The default: integer dot products for 4- and 8-bit weights from activations quantized per 32
+    /// inputs (to 8 bits against 4-bit weights, as llama.cpp computes; to 16 bits against 8-bit ones);
+    /// completions only, decisions stay f32.
     #[value(name = "int8", alias = "q8")]
     Int8,
 }
