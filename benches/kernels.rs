@@ -110,6 +110,10 @@ fn run() {
         .collect();
     let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
     matmul_rows("bf16", &w, &[1, 16, 512], false);
+    // KERNELS=prefill: this table alone
+    if selected("prefill attention") {
+        prefill_attention();
+    }
     if !selected("attention") {
         return;
     }
@@ -166,7 +170,6 @@ fn run() {
         );
     }
     one_stream_attention();
-    prefill_attention();
 }
 
 /// One decode row of one long sequence (Qwen2.5-0.5B's attention shape: 14 q / 2 kv heads): the step a

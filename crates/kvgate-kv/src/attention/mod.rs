@@ -13,7 +13,7 @@ mod tiles;
 
 #[cfg(test)]
 pub use simd::dot8;
-pub(crate) use simd::{axpy_many, exp_sum_inplace};
+pub(crate) use simd::{axpy_many, axpy_many2, exp_sum_inplace};
 pub use simd::{dot, dot2x4, dot_fused};
 
 /// One query row: which block table it reads and the position of its token.

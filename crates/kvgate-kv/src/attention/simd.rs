@@ -2,6 +2,10 @@
 //! on batch shape or thread split): dot products (8-lane, plain or fused; eight at once, two queries ×
 //! four keys), the exps of a partition of scores with a vectorised `exp`, and the weighted sums of V (AVX2 kernels where
 //! compiled in, the same arithmetic otherwise).
+//!
+//! On a machine with AVX-512 (detected once at run time; `KVGATE_NO_AVX512` turns it off) the weighted
+//! sums of V take 16-lane registers, two query heads per pass over the values, with the AVX2 path's
+//! per-element arithmetic: the same bits on every x86 machine, as the matmul kernels.
 
 /// Eight dot products `q · ks[j]` at once. Every result is computed by the same arithmetic whichever
 /// slot `j` it is in (AVX2: a fixed 8-lane accumulation and a fixed `hadd` tree; otherwise [`dot`]).
@@ -29,6 +33,78 @@ pub fn dot2x4(q0: &[f32], q1: &[f32], ks: &[&[f32]; 4]) -> [f32; 8] {
         return unsafe { avx2::dot2x4(q0, q1, ks) };
     }
     std::array::from_fn(|j| dot(if j < 4 { q0 } else { q1 }, ks[j % 4]))
+}
+
+/// Whether this machine takes the AVX-512 kernels (detected once; `KVGATE_NO_AVX512` turns them off).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var_os("KVGATE_NO_AVX512").is_none() && std::arch::is_x86_feature_detected!("avx512f")
+});
+
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// `avx2::axpy_many`'s arithmetic (per element a multiply then an add, unfused, `j` ascending) in
+    /// 16-lane registers: the same bits. SAFETY (caller): avx512f available, `acc.len() % 16 == 0`,
+    /// `xs.len() >= ws.len() · acc.len()`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
+        let len = acc.len();
+        let (ap, xp) = (acc.as_mut_ptr(), xs.as_ptr());
+        let mut c = 0;
+        while c + 64 <= len {
+            let mut a = [_mm512_setzero_ps(); 4];
+            for (i, v) in a.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(ap.add(c + 16 * i));
+            }
+            for (j, &w) in ws.iter().enumerate() {
+                let wv = _mm512_set1_ps(w);
+                for (i, v) in a.iter_mut().enumerate() {
+                    let x = _mm512_loadu_ps(xp.add(j * len + c + 16 * i));
+                    *v = _mm512_add_ps(*v, _mm512_mul_ps(wv, x));
+                }
+            }
+            for (i, v) in a.iter().enumerate() {
+                _mm512_storeu_ps(ap.add(c + 16 * i), *v);
+            }
+            c += 64;
+        }
+        while c < len {
+            let mut v = _mm512_loadu_ps(ap.add(c));
+            for (j, &w) in ws.iter().enumerate() {
+                v = _mm512_add_ps(
+                    v,
+                    _mm512_mul_ps(_mm512_set1_ps(w), _mm512_loadu_ps(xp.add(j * len + c))),
+                );
+            }
+            _mm512_storeu_ps(ap.add(c), v);
+            c += 16;
+        }
+    }
+
+    /// [`axpy_many`] for two accumulators over the same vectors (two query heads of one KV head): each
+    /// output by exactly the arithmetic of its own call, with eight independent add chains instead of
+    /// four and each `xs` vector loaded once for both. SAFETY (caller): as [`axpy_many`], for both,
+    /// `len == 64`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub unsafe fn axpy_many2(a0: &mut [f32], a1: &mut [f32], w0: &[f32], w1: &[f32], xs: &[f32]) {
+        let (p0, p1, xp) = (a0.as_mut_ptr(), a1.as_mut_ptr(), xs.as_ptr());
+        let mut r0: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(p0.add(16 * i)));
+        let mut r1: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(p1.add(16 * i)));
+        for (j, (&x0, &x1)) in w0.iter().zip(w1).enumerate() {
+            let (b0, b1) = (_mm512_set1_ps(x0), _mm512_set1_ps(x1));
+            for i in 0..4 {
+                let x = _mm512_loadu_ps(xp.add(j * 64 + 16 * i));
+                r0[i] = _mm512_add_ps(r0[i], _mm512_mul_ps(b0, x));
+                r1[i] = _mm512_add_ps(r1[i], _mm512_mul_ps(b1, x));
+            }
+        }
+        for i in 0..4 {
+            _mm512_storeu_ps(p0.add(16 * i), r0[i]);
+            _mm512_storeu_ps(p1.add(16 * i), r1[i]);
+        }
+    }
 }
 
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
@@ -162,7 +238,7 @@ mod avx2 {
     /// Lane `j` of the result is the sum of `acc[j]`'s eight lanes by a fixed tree:
     /// `((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))`.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn reduce8(acc: &[__m256; 8]) -> [f32; 8] {
+    pub(super) unsafe fn reduce8(acc: &[__m256; 8]) -> [f32; 8] {
         let t0 = _mm256_hadd_ps(acc[0], acc[1]);
         let t1 = _mm256_hadd_ps(acc[2], acc[3]);
         let t2 = _mm256_hadd_ps(acc[4], acc[5]);
@@ -236,10 +312,16 @@ fn dot_lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
 
 /// `acc += Σ_j ws[j] · xs[j·len .. (j+1)·len]` for `j` ascending, with `len = acc.len()`: per element
 /// exactly the sequence of [`axpy`] calls (a multiply then an add, unfused), with the accumulator kept
-/// in registers across the `j`s (AVX2) instead of loaded and stored for each.
+/// in registers across the `j`s (AVX2) instead of loaded and stored for each; on AVX-512 machines (a
+/// `len` that is a multiple of 16) in 16-lane registers, the same bits.
 pub(crate) fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
     let len = acc.len();
     debug_assert!(xs.len() >= ws.len() * len);
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if len.is_multiple_of(16) && *AVX512 {
+        // SAFETY: AVX-512F was detected at run time; `xs` as below.
+        return unsafe { avx512::axpy_many(acc, ws, xs) };
+    }
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     if len.is_multiple_of(8) {
         // SAFETY: avx2 is enabled at compile time; `xs` holds `ws.len()` vectors of `len` (asserted
@@ -251,9 +333,60 @@ pub(crate) fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
     }
 }
 
+/// [`axpy_many`] into two accumulators over the same `xs` (`w0`, `w1` of equal length): each result
+/// exactly its own [`axpy_many`] call's, bit for bit (one pass over `xs` for both where a kernel has it).
+pub(crate) fn axpy_many2(a0: &mut [f32], a1: &mut [f32], w0: &[f32], w1: &[f32], xs: &[f32]) {
+    debug_assert_eq!(w0.len(), w1.len());
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    if a0.len() == 64 && a1.len() == 64 && *AVX512 {
+        debug_assert!(xs.len() >= w0.len() * 64);
+        // SAFETY: AVX-512F was detected at run time; both accumulators hold 64 elements and `xs` holds
+        // `w0.len()` vectors of 64 (whole decoded blocks, guaranteed by the callers).
+        return unsafe { avx512::axpy_many2(a0, a1, w0, w1, xs) };
+    }
+    axpy_many(a0, w0, xs);
+    axpy_many(a1, w1, xs);
+}
+
 #[inline]
 pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
         *a += w * b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The weighted sums of V give the AVX2 path's bits on every path this machine has (AVX-512's one-
+    /// and two-head kernels included), for the head_dims kvgate serves.
+    #[test]
+    fn weighted_sums_give_the_same_bits_on_every_path() {
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        for (len, n) in [(64usize, 16usize), (64, 3), (128, 16), (80, 5), (32, 1)] {
+            let xs: Vec<f32> = (0..len * n).map(|_| next()).collect();
+            let (w0, w1): (Vec<f32>, Vec<f32>) = (0..n).map(|_| (next(), next())).unzip();
+            let a: Vec<f32> = (0..len).map(|_| next()).collect();
+            let b: Vec<f32> = (0..len).map(|_| next()).collect();
+            // the reference: one axpy per vector, unfused, j ascending
+            let (mut r0, mut r1) = (a.clone(), b.clone());
+            for j in 0..n {
+                axpy(&mut r0, w0[j], &xs[j * len..(j + 1) * len]);
+                axpy(&mut r1, w1[j], &xs[j * len..(j + 1) * len]);
+            }
+            let mut one = a.clone();
+            axpy_many(&mut one, &w0, &xs);
+            let (mut t0, mut t1) = (a.clone(), b.clone());
+            axpy_many2(&mut t0, &mut t1, &w0, &w1, &xs);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&one), bits(&r0), "len {len}");
+            assert_eq!(bits(&t0), bits(&r0), "len {len}");
+            assert_eq!(bits(&t1), bits(&r1), "len {len}");
+        }
     }
 }

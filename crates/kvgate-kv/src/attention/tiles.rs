@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use super::{axpy_many, dot2x4, exp_sum_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
+use super::{axpy_many, axpy_many2, dot2x4, exp_sum_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
 use crate::quant;
 use crate::storage::{KvCache, LayerCache, Which};
 
@@ -182,6 +182,8 @@ fn partition(
         let (x, y) = ((blk * bs + first).max(a), (blk * bs + last).min(b));
         (x <= y).then(|| (x - blk * bs, y - blk * bs))
     };
+    // scores are only scaled (no K-offset bias, no softcap): the common case, without per-score checks
+    let plain = cx.kbias.is_none() && p.softcap.is_none();
     for (blk, first, last) in blocks(lo, hi, bs) {
         let keys = cx
             .lc
@@ -209,7 +211,12 @@ fn partition(
                         if h >= group {
                             continue;
                         }
-                        for (j, &v) in half.iter().enumerate().take(cnt) {
+                        let dst = &mut scores[at[i] + h * n + idx..][..cnt];
+                        if plain {
+                            dst.iter_mut().zip(half).for_each(|(d, &v)| *d = v * p.scale);
+                            continue;
+                        }
+                        for (d, &v) in dst.iter_mut().zip(half) {
                             let mut s = v * p.scale;
                             if let Some(bias) = cx.kbias {
                                 s += bias[(r0 + i) * p.num_heads + kvh * group + h];
@@ -217,7 +224,7 @@ fn partition(
                             if let Some(cap) = p.softcap {
                                 s = cap * (s / cap).tanh();
                             }
-                            scores[at[i] + h * n + idx + j] = s;
+                            *d = s;
                         }
                     }
                 }
@@ -246,10 +253,19 @@ fn partition(
             let Some((a, b)) = range[i] else { continue };
             let n = b + 1 - a;
             let idx = blk * bs + f - a;
-            for g in 0..group {
+            let xs = &vals[f * hd..(l + 1) * hd];
+            let ws = |g: usize| &scores[at[i] + g * n + idx..at[i] + g * n + idx + (l + 1 - f)];
+            // query heads two at a time over the same values (each head's sums exactly its own)
+            let mut g = 0;
+            while g + 1 < group {
                 let k = i * group + g;
-                let ws = &scores[at[i] + g * n + idx..at[i] + g * n + idx + (l + 1 - f)];
-                axpy_many(&mut out.acc[k * hd..(k + 1) * hd], ws, &vals[f * hd..(l + 1) * hd]);
+                let (a0, a1) = out.acc[k * hd..(k + 2) * hd].split_at_mut(hd);
+                axpy_many2(a0, a1, ws(g), ws(g + 1), xs);
+                g += 2;
+            }
+            if g < group {
+                let k = i * group + g;
+                axpy_many(&mut out.acc[k * hd..(k + 1) * hd], ws(g), xs);
             }
         }
     }
