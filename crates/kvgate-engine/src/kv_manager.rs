@@ -224,8 +224,9 @@ impl KvManager {
     /// whichever is longer (the first among equals).
     fn hot_walk(&self, tokens: &[u32], max: usize, salts: Salts) -> (Vec<BlockId>, bool) {
         let bs = self.block_size;
+        // returns the blocks, whether the walk ended on exact blocks, and whether it started on them
         let walk = |mut exact: bool| {
-            let (mut found, mut parent) = (vec![], None);
+            let (mut found, mut parent, mut started) = (vec![], None, false);
             while found.len() < max.min(tokens.len() / bs) {
                 let toks = &tokens[found.len() * bs..(found.len() + 1) * bs];
                 let hit = salts
@@ -233,20 +234,22 @@ impl KvManager {
                     .find_map(|(extra, is_exact)| Some((self.pool.lookup(parent, toks, extra)?, is_exact)));
                 let Some((b, is_exact)) = hit else { break };
                 exact = is_exact;
+                started |= found.is_empty() && is_exact;
                 parent = self.pool.block_ref(b);
                 found.push(b);
             }
-            (found, exact)
+            (found, exact, started)
         };
-        let first = walk(salts.exact.is_some());
-        if salts.exact.is_none() {
-            return first;
+        let (found, exact, started) = walk(salts.exact.is_some());
+        // the own-key walk can only differ when the first one started on exact blocks
+        if !started {
+            return (found, exact);
         }
-        let own = walk(false);
-        if own.0.len() > first.0.len() {
-            own
+        let (own, own_exact, _) = walk(false);
+        if own.len() > found.len() {
+            (own, own_exact)
         } else {
-            first
+            (found, exact)
         }
     }
 

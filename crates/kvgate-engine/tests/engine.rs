@@ -190,9 +190,8 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
         let (_, again) = collect(&q, req()).await;
         assert_eq!(first.cached_tokens, 0);
         assert!(again.cached_tokens > 0, "int8 completions share their blocks");
-        let decide = |h: &EngineHandle| {
-            let mut prompt = fresh.clone();
-            prompt.extend(tok.encode(" Is it urgent? Answer yes or no.", false).unwrap());
+        // a yes/no decision over `prompt`: its reads and usage
+        let decide_on = |h: &EngineHandle, prompt: Vec<u32>| {
             let labels = vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()];
             let s = h.decide(DecideRequest {
                 reads: vec![DecisionRead { prompt, labels }],
@@ -204,6 +203,11 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
                 let o = s.unwrap().outcome().await.unwrap();
                 (o.reads, o.usage)
             }
+        };
+        let decide = |h: &EngineHandle| {
+            let mut prompt = fresh.clone();
+            prompt.extend(tok.encode(" Is it urgent? Answer yes or no.", false).unwrap());
+            decide_on(h, prompt)
         };
         let (on_q, usage) = decide(&q).await;
         assert_eq!(usage.cached_tokens, 0, "a decision never reads int8-computed blocks");
@@ -220,19 +224,9 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
                 false,
             )
             .unwrap();
-        let decide_on = |h: &EngineHandle, prompt: Vec<u32>| {
-            let labels = vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()];
-            let s = h.decide(DecideRequest {
-                reads: vec![DecisionRead { prompt, labels }],
-                cache_salt: None,
-                keep_alive: None,
-                tenant: None,
-            });
-            async move { s.unwrap().outcome().await.unwrap().usage }
-        };
         let mut read = state.clone();
         read.extend(tok.encode(" Is it calm? Answer yes or no.", false).unwrap());
-        assert_eq!(decide_on(&q, read).await.cached_tokens, 0);
+        assert_eq!(decide_on(&q, read).await.1.cached_tokens, 0);
         let mut follow = state.clone();
         follow.extend(tok.encode(" Then the keeper", false).unwrap());
         let (_, warm) = collect(
@@ -256,7 +250,7 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
         // and a second decision over the completion's int8 blocks still reads only exact ones
         let mut again = follow.clone();
         again.extend(tok.encode(" Is it calm? Answer yes or no.", false).unwrap());
-        let cached = decide_on(&q, again).await.cached_tokens;
+        let cached = decide_on(&q, again).await.1.cached_tokens;
         assert_eq!(cached, full, "a decision reads exact blocks only");
         assert_pool_clean(&q).await;
     });

@@ -28,6 +28,8 @@ pub struct CpuBackend {
     model: Model,
     cache: KvCache,
     settings: CpuSettings,
+    /// [`Backend::fast_path`], fixed at construction.
+    fast: Option<&'static str>,
     budget_bytes: u64,
     /// xxh3 of the model's configuration and embedding (see [`model_fingerprint`]).
     model_fingerprint: u64,
@@ -56,6 +58,7 @@ impl CpuBackend {
         CpuBackend {
             cache: KvCache::new(shape, num_blocks),
             settings: CpuSettings::default(),
+            fast: None,
             budget_bytes: num_blocks as u64 * shape.bytes_per_block() as u64,
             model_fingerprint: model_fingerprint(&model),
             model,
@@ -71,9 +74,13 @@ impl CpuBackend {
         settings: CpuSettings,
     ) -> Result<CpuBackend, BackendError> {
         let (num_blocks, budget_bytes) = memory.resolve(&shape, Self::default_kv_memory)?;
+        // the 8-bit path when it is on and some weight has its kernel (on f32 or 2/3-bit weights it
+        // would compute what the exact path does: no fast path to key apart)
+        let fast = (settings.int8_activations && model.weights().has_int8()).then_some(INT8_PATH);
         Ok(CpuBackend {
             cache: KvCache::new(shape, num_blocks),
             settings,
+            fast,
             budget_bytes,
             model_fingerprint: model_fingerprint(&model),
             model,
@@ -189,10 +196,9 @@ impl Backend for CpuBackend {
         self.model.config().attention_span()
     }
 
-    /// The 8-bit-activation path when it is on and some weight has its kernel (on f32 or 2/3-bit
-    /// weights it would compute exactly what the exact path does, so there is no fast path to key apart).
+    /// The 8-bit-activation path when it is on and some weight has its kernel (decided at construction).
     fn fast_path(&self) -> Option<&'static str> {
-        (self.settings.int8_activations && self.model.weights().has_int8()).then_some(INT8_PATH)
+        self.fast
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
