@@ -255,10 +255,11 @@ fn decisions(port: u16, words: usize) -> (usize, Vec<(String, f64)>) {
             .send_json(&body)
             .unwrap_or_else(|e| panic!("decision on port {port}: {e}"));
         let v: Value = r.body_mut().read_json().unwrap();
-        (
-            t0.elapsed().as_secs_f64(),
-            v["usage"]["prompt_tokens"].as_u64().unwrap_or(0) as usize,
-        )
+        // Jev usage: tokens computed = input tokens less the cached ones.
+        let usage = &v["usage"];
+        let input = usage["input_tokens"].as_u64().unwrap_or(0);
+        let cached = usage["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        (t0.elapsed().as_secs_f64(), input.saturating_sub(cached) as usize)
     };
     let (cold, state_tokens) = ask(1, "plain", 0);
     let mut rows = vec![(

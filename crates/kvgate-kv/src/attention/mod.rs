@@ -8,6 +8,8 @@
 //! however the work is split across threads. The caller writes a step's new K/V into the cache before calling
 //! [`AttentionBackend::attend`], so rows of a prefill chunk see their own and earlier tokens.
 
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod lanes;
 mod simd;
 mod tiles;
 

@@ -5,7 +5,9 @@
 //!
 //! On a machine with AVX-512 (detected once at run time; `KVGATE_NO_AVX512` turns it off) the weighted
 //! sums of V take 16-lane registers, two query heads per pass over the values, with the AVX2 path's
-//! per-element arithmetic: the same bits on every x86 machine, as the matmul kernels.
+//! per-element arithmetic: the same bits on every x86 machine, as the matmul kernels. Every weighted
+//! sum is one fused multiply-add per term, positions ascending, whatever the path (the lanes path of
+//! prefill tiles included).
 
 /// Eight dot products `q · ks[j]` at once. Every result is computed by the same arithmetic whichever
 /// slot `j` it is in (AVX2: a fixed 8-lane accumulation and a fixed `hadd` tree; otherwise [`dot`]).
@@ -37,7 +39,7 @@ pub fn dot2x4(q0: &[f32], q1: &[f32], ks: &[&[f32]; 4]) -> [f32; 8] {
 
 /// Whether this machine takes the AVX-512 kernels (detected once; `KVGATE_NO_AVX512` turns them off).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+pub(super) static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
     std::env::var_os("KVGATE_NO_AVX512").is_none() && std::arch::is_x86_feature_detected!("avx512f")
 });
 
@@ -45,7 +47,7 @@ static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    /// `avx2::axpy_many`'s arithmetic (per element a multiply then an add, unfused, `j` ascending) in
+    /// `avx2::axpy_many`'s arithmetic (per element one fused multiply-add per term, `j` ascending) in
     /// 16-lane registers: the same bits. SAFETY (caller): avx512f available, `acc.len() % 16 == 0`,
     /// `xs.len() >= ws.len() · acc.len()`.
     #[target_feature(enable = "avx512f,avx2,fma")]
@@ -62,7 +64,7 @@ mod avx512 {
                 let wv = _mm512_set1_ps(w);
                 for (i, v) in a.iter_mut().enumerate() {
                     let x = _mm512_loadu_ps(xp.add(j * len + c + 16 * i));
-                    *v = _mm512_add_ps(*v, _mm512_mul_ps(wv, x));
+                    *v = _mm512_fmadd_ps(wv, x, *v);
                 }
             }
             for (i, v) in a.iter().enumerate() {
@@ -73,10 +75,7 @@ mod avx512 {
         while c < len {
             let mut v = _mm512_loadu_ps(ap.add(c));
             for (j, &w) in ws.iter().enumerate() {
-                v = _mm512_add_ps(
-                    v,
-                    _mm512_mul_ps(_mm512_set1_ps(w), _mm512_loadu_ps(xp.add(j * len + c))),
-                );
+                v = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(xp.add(j * len + c)), v);
             }
             _mm512_storeu_ps(ap.add(c), v);
             c += 16;
@@ -96,8 +95,8 @@ mod avx512 {
             let (b0, b1) = (_mm512_set1_ps(x0), _mm512_set1_ps(x1));
             for i in 0..4 {
                 let x = _mm512_loadu_ps(xp.add(j * 64 + 16 * i));
-                r0[i] = _mm512_add_ps(r0[i], _mm512_mul_ps(b0, x));
-                r1[i] = _mm512_add_ps(r1[i], _mm512_mul_ps(b1, x));
+                r0[i] = _mm512_fmadd_ps(b0, x, r0[i]);
+                r1[i] = _mm512_fmadd_ps(b1, x, r1[i]);
             }
         }
         for i in 0..4 {
@@ -165,6 +164,20 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)))
     }
 
+    /// SAFETY (caller): avx2+fma available, `x.len() % 8 == 0`, `m.len() >= x.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub(x: &mut [f32], m: &[f32]) {
+        let mut i = 0;
+        while i < x.len() {
+            let e = exp8(_mm256_sub_ps(
+                _mm256_loadu_ps(x.as_ptr().add(i)),
+                _mm256_loadu_ps(m.as_ptr().add(i)),
+            ));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), e);
+            i += 8;
+        }
+    }
+
     /// SAFETY (caller): avx2 available, `acc.len() % 8 == 0`, `xs.len() >= ws.len() · acc.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
@@ -181,7 +194,7 @@ mod avx2 {
                 let wv = _mm256_set1_ps(w);
                 for (i, v) in a.iter_mut().enumerate() {
                     let x = _mm256_loadu_ps(xp.add(j * len + c + 8 * i));
-                    *v = _mm256_add_ps(*v, _mm256_mul_ps(wv, x));
+                    *v = _mm256_fmadd_ps(wv, x, *v);
                 }
             }
             for (i, v) in a.iter().enumerate() {
@@ -192,10 +205,7 @@ mod avx2 {
         while c < len {
             let mut v = _mm256_loadu_ps(ap.add(c));
             for (j, &w) in ws.iter().enumerate() {
-                v = _mm256_add_ps(
-                    v,
-                    _mm256_mul_ps(_mm256_set1_ps(w), _mm256_loadu_ps(xp.add(j * len + c))),
-                );
+                v = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(xp.add(j * len + c)), v);
             }
             _mm256_storeu_ps(ap.add(c), v);
             c += 8;
@@ -275,6 +285,15 @@ pub(crate) fn exp_sum_inplace(x: &mut [f32], max: f32) -> f32 {
     }
 }
 
+/// `x[i] = exp(x[i] − m[i])`, element by element, by exactly [`exp_sum_inplace`]'s `exp` (the lanes
+/// path's exps of a position's scores, one per query). `x.len() % 8 == 0`, `m` at least as long.
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub(super) fn exp_sub(x: &mut [f32], m: &[f32]) {
+    assert!(x.len().is_multiple_of(8) && m.len() >= x.len());
+    // SAFETY: avx2 and fma are enabled at compile time; lengths asserted above.
+    unsafe { avx2::exp_sub(x, m) }
+}
+
 /// Dot product with a fixed 8-lane reduction order (vectorizes; deterministic for a given length);
 /// each lane multiplies then adds (unfused).
 #[inline]
@@ -311,7 +330,7 @@ fn dot_lanes<const FUSED: bool>(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `acc += Σ_j ws[j] · xs[j·len .. (j+1)·len]` for `j` ascending, with `len = acc.len()`: per element
-/// exactly the sequence of [`axpy`] calls (a multiply then an add, unfused), with the accumulator kept
+/// exactly the sequence of [`axpy`] calls (one fused multiply-add per term), with the accumulator kept
 /// in registers across the `j`s (AVX2) instead of loaded and stored for each; on AVX-512 machines (a
 /// `len` that is a multiple of 16) in 16-lane registers, the same bits.
 pub(crate) fn axpy_many(acc: &mut [f32], ws: &[f32], xs: &[f32]) {
@@ -351,7 +370,7 @@ pub(crate) fn axpy_many2(a0: &mut [f32], a1: &mut [f32], w0: &[f32], w1: &[f32],
 #[inline]
 pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
     for (a, b) in acc.iter_mut().zip(x) {
-        *a += w * b;
+        *a = w.mul_add(*b, *a);
     }
 }
 
@@ -373,7 +392,7 @@ mod tests {
             let (w0, w1): (Vec<f32>, Vec<f32>) = (0..n).map(|_| (next(), next())).unzip();
             let a: Vec<f32> = (0..len).map(|_| next()).collect();
             let b: Vec<f32> = (0..len).map(|_| next()).collect();
-            // the reference: one axpy per vector, unfused, j ascending
+            // the reference: one axpy per vector, fused, j ascending
             let (mut r0, mut r1) = (a.clone(), b.clone());
             for j in 0..n {
                 axpy(&mut r0, w0[j], &xs[j * len..(j + 1) * len]);

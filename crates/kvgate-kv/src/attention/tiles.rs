@@ -9,10 +9,13 @@
 //! partitions over the threads — one long stream uses every core (flash-decoding) — and a tile of many
 //! rows (prefill) folds them as it goes; both fold the same partials in the same order.
 //!
+//! On x86 a tile of many rows takes the lanes path (`lanes.rs`: query vectors in the vector lanes).
+//!
 //! Each row's arithmetic is fixed: its scores by [`dot2x4`] (each score by [`super::dot8`]'s
 //! arithmetic, whichever keys and heads share the call), each partition's exps and sums over its own
-//! scores, its values accumulated over positions in ascending order, the fold in partition order. So a
-//! row's output does not depend on its tile, its batch, or how the work is split across threads.
+//! scores (position `pos` in lane `pos mod 8`), its values accumulated over positions in ascending
+//! order (one fused multiply-add each), the fold in partition order. So a row's output does not depend
+//! on its tile, its batch, its path, or how the work is split across threads.
 
 use rayon::prelude::*;
 
@@ -24,7 +27,7 @@ use crate::storage::{KvCache, LayerCache, Which};
 const TILE_ROWS: usize = 16;
 
 /// Positions per partition of a row's attention.
-const PART: usize = 256;
+pub(super) const PART: usize = 256;
 
 /// A tile of at most this many rows spreads its partitions over tasks (decode rows); a larger one
 /// folds them in one task per KV head (prefill tiles: enough tasks already).
@@ -45,7 +48,7 @@ fn tiles(query: &AttnQuery) -> Vec<(usize, usize)> {
 
 /// The blocks covering positions `lo..=hi`: `(block index, first, last)` with `first..=last` the
 /// offsets inside the block.
-fn blocks(lo: usize, hi: usize, bs: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+pub(super) fn blocks(lo: usize, hi: usize, bs: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     (lo / bs..=hi / bs).map(move |blk| {
         let first = if blk == lo / bs { lo % bs } else { 0 };
         (blk, first, (hi - blk * bs).min(bs - 1))
@@ -58,15 +61,17 @@ struct Scratch {
     decoded: Vec<f32>,
     zeros: Vec<f32>,
     scores: Vec<f32>,
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    lanes: super::lanes::LaneScratch,
 }
 
 /// What every task of one `attend` call reads.
-struct Ctx<'a> {
-    lc: &'a LayerCache,
-    bs: usize,
-    query: &'a AttnQuery<'a>,
-    kbias: Option<&'a [f32]>,
-    p: &'a AttnParams,
+pub(super) struct Ctx<'a> {
+    pub(super) lc: &'a LayerCache,
+    pub(super) bs: usize,
+    pub(super) query: &'a AttnQuery<'a>,
+    pub(super) kbias: Option<&'a [f32]>,
+    pub(super) p: &'a AttnParams,
 }
 
 /// The positions `start..=pos` each row of tile `r0..r1` attends to.
@@ -86,15 +91,15 @@ fn spans(query: &AttnQuery, p: &AttnParams, (r0, r1): (usize, usize)) -> Vec<(us
 
 /// Per (row, query head of the KV head's group): the max score `m`, the sum `l` of exp(score − m),
 /// and `acc` = Σ exp(score − m)·v (`head_dim` each) — of one partition, or folded over several.
-struct Partials {
-    m: Vec<f32>,
-    l: Vec<f32>,
-    acc: Vec<f32>,
+pub(super) struct Partials {
+    pub(super) m: Vec<f32>,
+    pub(super) l: Vec<f32>,
+    pub(super) acc: Vec<f32>,
 }
 
 impl Partials {
     /// Nothing seen yet (`m` = −∞, the identity of [`Partials::fold`]).
-    fn empty(n: usize, hd: usize) -> Partials {
+    pub(super) fn empty(n: usize, hd: usize) -> Partials {
         Partials {
             m: vec![f32::NEG_INFINITY; n],
             l: vec![0.0; n],
@@ -147,31 +152,27 @@ fn partition(
     let row_len = p.num_heads * hd;
     let table = cx.query.tables[cx.query.rows[r0].table as usize];
     let mut out = Partials::empty((r1 - r0) * group, hd);
-    // Row i reads a..=b of this partition.
-    let (p0, p1) = (part * PART, part * PART + PART - 1);
-    let range: Vec<Option<(usize, usize)>> = span
-        .iter()
-        .map(|&(start, pos)| {
-            let (a, b) = (start.max(p0), pos.min(p1));
-            (a <= b).then_some((a, b))
-        })
-        .collect();
+    let range = ranges(span, part);
     let Some(lo) = range.iter().flatten().map(|r| r.0).min() else {
         return out;
     };
     let hi = range.iter().flatten().map(|r| r.1).max().unwrap_or(lo);
-    // Scores of row i, query head g: scores[at[i] + g·n_i ..][..n_i].
+    // Scores of row i, query head g: scores[at[i] + g·n_i ..][..n_i], from the multiple of 8 positions
+    // at or below the row's first (−∞ before it): a position's exp sums in lane `pos mod 8`, as in the
+    // lanes path.
     let mut at = Vec::with_capacity(range.len());
     let mut total = 0;
     for r in &range {
         at.push(total);
-        total += r.map_or(0, |(a, b)| group * (b + 1 - a));
+        total += r.map_or(0, |(a, b)| group * (b + 1 - a / 8 * 8));
     }
     sc.decoded.resize(bs * hd, 0.0);
     sc.zeros.resize(hd, 0.0);
     sc.scores.clear();
-    sc.scores.resize(total, 0.0);
-    let Scratch { decoded, zeros, scores } = sc;
+    sc.scores.resize(total, f32::NEG_INFINITY);
+    let Scratch {
+        decoded, zeros, scores, ..
+    } = sc;
     let qrow = |i: usize, g: usize| {
         let o = (r0 + i) * row_len + (kvh * group + g) * hd;
         &cx.query.q[o..o + hd]
@@ -193,6 +194,7 @@ fn partition(
                 continue;
             };
             let Some((a, b)) = range[i] else { continue };
+            let a = a / 8 * 8;
             let n = b + 1 - a;
             // Keys four at a time (a short group padded with zero keys) against query heads two at a
             // time (an odd last head paired with itself, its copy discarded).
@@ -234,7 +236,7 @@ fn partition(
     }
     for (i, r) in range.iter().enumerate() {
         let Some((a, b)) = *r else { continue };
-        let n = b + 1 - a;
+        let n = b + 1 - a / 8 * 8;
         for g in 0..group {
             let s = &mut scores[at[i] + g * n..at[i] + (g + 1) * n];
             let m = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
@@ -251,8 +253,8 @@ fn partition(
                 continue;
             };
             let Some((a, b)) = range[i] else { continue };
-            let n = b + 1 - a;
-            let idx = blk * bs + f - a;
+            let n = b + 1 - a / 8 * 8;
+            let idx = blk * bs + f - a / 8 * 8;
             let xs = &vals[f * hd..(l + 1) * hd];
             let ws = |g: usize| &scores[at[i] + g * n + idx..at[i] + g * n + idx + (l + 1 - f)];
             // query heads two at a time over the same values (each head's sums exactly its own)
@@ -270,6 +272,17 @@ fn partition(
         }
     }
     out
+}
+
+/// The positions `a..=b` of partition `part` each row reads (rows' spans clipped to it), if any.
+fn ranges(span: &[(usize, usize)], part: usize) -> Vec<Option<(usize, usize)>> {
+    let (p0, p1) = (part * PART, part * PART + PART - 1);
+    span.iter()
+        .map(|&(start, pos)| {
+            let (a, b) = (start.max(p0), pos.min(p1));
+            (a <= b).then_some((a, b))
+        })
+        .collect()
 }
 
 /// The partitions tile `r0..r1` reads.
@@ -387,6 +400,15 @@ fn attend_in_cache_basis(
                 Some(run) => run.clone().map(|k| partition(&cx, *tile, span, *kvh, k, sc)).collect(),
                 None => {
                     let mut acc = Partials::empty((tile.1 - tile.0) * group, hd);
+                    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+                    if tile.1 - tile.0 > SPREAD_ROWS && super::lanes::eligible(hd) {
+                        let nqp = super::lanes::transpose_queries(&cx, *tile, *kvh, &mut sc.lanes);
+                        for k in partitions(span) {
+                            let range = ranges(span, k);
+                            acc.fold(&super::lanes::partition(&cx, *tile, &range, *kvh, nqp, &mut sc.lanes));
+                        }
+                        return vec![acc];
+                    }
                     for k in partitions(span) {
                         acc.fold(&partition(&cx, *tile, span, *kvh, k, sc));
                     }
