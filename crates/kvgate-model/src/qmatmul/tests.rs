@@ -200,13 +200,17 @@ fn the_integer_kernel_gives_the_scalar_bits() {
                 let mut slow = fast;
                 kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut fast);
                 kernel_int::scalar_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut slow);
-                for i in 0..rr * TILE_PANELS {
-                    for j in 0..P {
-                        assert_eq!(
-                            fast[i][j].to_bits(),
-                            slow[i][j].to_bits(),
-                            "{kind} rows {rr} panel {p0}: {i} {j}"
-                        );
+                let mut each = kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], rr);
+                each.push(("this machine's", fast));
+                for (path, fast) in each {
+                    for i in 0..rr * TILE_PANELS {
+                        for j in 0..P {
+                            assert_eq!(
+                                fast[i][j].to_bits(),
+                                slow[i][j].to_bits(),
+                                "{path} {kind} rows {rr} panel {p0}: {i} {j}"
+                            );
+                        }
                     }
                 }
             }
