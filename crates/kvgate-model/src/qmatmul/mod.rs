@@ -449,22 +449,24 @@ impl QMatrix {
         if rows == 0 || n == 0 {
             return out;
         }
-        // The per-row sums of each block's activations (the offset term), one fixed sequence each.
-        let mut xs: Vec<f32> = if self.offsets {
-            x.chunks_exact(self.bl)
-                .map(|b| b.iter().fold(0.0, |s, v| s + v))
-                .collect()
-        } else {
-            vec![0.0; rows * nb]
-        };
-        // An integer row's offset term sums its quantized activations (the weight `d·q + m` times the
-        // quantized input, as llama.cpp's `q8_1` does): with the exact sum instead, the error of the
-        // `d·q` part would lose the cancellation the offset gives it.
-        if let (Some(m), Some(q), true) = (int8, &quant, self.offsets) {
-            assert_eq!(self.bl, QK, "matrices with offsets have blocks of 32");
-            for (r, _) in m.iter().enumerate().filter(|(_, &v)| v) {
-                xs[r * nb..(r + 1) * nb].copy_from_slice(&q.sums[r * nb..(r + 1) * nb]);
+        // The per-row sums of each block's activations (the offset term), one fixed sequence each. An
+        // integer row's offset term sums its quantized activations instead (the weight `d·q + m` times
+        // the quantized input, as llama.cpp's `q8_1` does): with the exact sum, the error of the `d·q`
+        // part would lose the cancellation the offset gives it.
+        let mut xs = vec![0f32; rows * nb];
+        if self.offsets {
+            let integer = |r: usize| int8.is_some_and(|m| m[r]);
+            if int8.is_some() {
+                assert_eq!(self.bl, QK, "matrices with offsets have blocks of 32");
             }
+            xs.par_chunks_mut(nb).enumerate().for_each(|(r, out)| match &quant {
+                Some(q) if integer(r) => out.copy_from_slice(&q.sums[r * nb..(r + 1) * nb]),
+                _ => {
+                    for (o, b) in out.iter_mut().zip(x[r * k..(r + 1) * k].chunks_exact(self.bl)) {
+                        *o = b.iter().fold(0.0, |s, v| s + v);
+                    }
+                }
+            });
         }
         let tiles = self.np / TILE_PANELS;
         let chunks = rows.div_ceil(ROW_CHUNK);
