@@ -37,12 +37,7 @@ pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f3
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above (the
         // pointer of the buffer the kind does not use is never read).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if *VNNI && matches!(w.kind, QKind::Q4 | QKind::Q5) => unsafe {
-            super::kernel_zmm::dispatch(w, p0, q8, sx, xs.as_ptr(), rr, y)
-        },
-        // SAFETY: as above.
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if *VNNI => unsafe { avx512vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        Path::Avx512 if *VNNI => unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
@@ -53,7 +48,7 @@ pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f3
     }
 }
 
-/// [`run_int`] on every SIMD kernel this machine has (AVX2, AVX-512, AVX-512 VNNI), each by name: the
+/// [`run_int`] on every SIMD kernel this machine has (AVX2, AVX-512, AVX-512 VNNI in 512-bit registers), each by name: the
 /// tests hold each to the scalar kernel's bits, whichever one this machine's calls take.
 #[cfg(test)]
 pub(super) fn run_int_each(
@@ -87,17 +82,11 @@ pub(super) fn run_int_each(
             // SAFETY: as above.
             unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
             out.push(("avx512", y));
-            if has!("avx512vnni") {
+            if super::kernel_zmm::available() {
                 let mut y = zero();
                 // SAFETY: as above.
-                unsafe { avx512vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
-                out.push(("avx512vnni", y));
-                if super::kernel_zmm::available() && matches!(w.kind, QKind::Q4 | QKind::Q5) {
-                    let mut y = zero();
-                    // SAFETY: as above.
-                    unsafe { super::kernel_zmm::dispatch(w, p0, q8, sx, xs.as_ptr(), rr, &mut y) };
-                    out.push(("zmm", y));
-                }
+                unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
+                out.push(("avx512 vnni (512-bit)", y));
             }
         }
     }
@@ -129,7 +118,7 @@ pub(super) fn scalar_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &
 
 /// One SIMD implementation, compiled for the target features given.
 macro_rules! simd_int {
-    ($name:ident, $features:literal, $max_rows:literal, $vnni:literal) => {
+    ($name:ident, $features:literal, $max_rows:literal) => {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use std::arch::x86_64::*;
@@ -260,13 +249,6 @@ macro_rules! simd_int {
                                 let xl = _mm256_set1_epi32((xp as *const i32).read_unaligned());
                                 let xh = _mm256_set1_epi32((xp.add(4) as *const i32).read_unaligned());
                                 for v in 0..V {
-                                    if $vnni {
-                                        // four products per 32-bit lane straight into it (no
-                                        // saturation, no 16-bit stage): the same integer sums
-                                        acc[r][v] = _mm256_dpbusd_epi32(acc[r][v], lo[v], xl);
-                                        acc[r][v] = _mm256_dpbusd_epi32(acc[r][v], hi[v], xh);
-                                        continue;
-                                    }
                                     let t = _mm256_add_epi16(
                                         _mm256_maddubs_epi16(lo[v], xl),
                                         _mm256_maddubs_epi16(hi[v], xh),
@@ -274,7 +256,7 @@ macro_rules! simd_int {
                                     acc[r][v] = _mm256_add_epi16(acc[r][v], t);
                                 }
                             }
-                            if q5 && !$vnni && c % 2 == 1 {
+                            if q5 && c % 2 == 1 {
                                 for r in 0..R {
                                     for v in 0..V {
                                         let t = _mm256_madd_epi16(acc[r][v], ones);
@@ -286,9 +268,7 @@ macro_rules! simd_int {
                         }
                         for r in 0..R {
                             for v in 0..V {
-                                acc[r][v] = if $vnni {
-                                    acc[r][v]
-                                } else if q5 {
+                                acc[r][v] = if q5 {
                                     wide[r][v]
                                 } else {
                                     _mm256_madd_epi16(acc[r][v], ones)
@@ -310,11 +290,6 @@ macro_rules! simd_int {
                                 let x01 = _mm256_set1_epi32((xp as *const i32).read_unaligned());
                                 let x23 = _mm256_set1_epi32((xp.add(2) as *const i32).read_unaligned());
                                 for v in 0..V {
-                                    if $vnni {
-                                        acc[r][v] = _mm256_dpwssd_epi32(acc[r][v], w01[v], x01);
-                                        acc[r][v] = _mm256_dpwssd_epi32(acc[r][v], w23[v], x23);
-                                        continue;
-                                    }
                                     let t = _mm256_add_epi32(
                                         _mm256_madd_epi16(w01[v], x01),
                                         _mm256_madd_epi16(w23[v], x23),
@@ -358,13 +333,11 @@ macro_rules! simd_int {
     };
 }
 
-simd_int!(avx2, "avx2,fma,f16c", 4, false);
-simd_int!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8, false);
-simd_int!(avx512vnni, "avx512f,avx512vl,avx512vnni,avx2,fma,f16c", 8, true);
+simd_int!(avx2, "avx2,fma,f16c", 4);
+simd_int!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8);
 
-/// Whether this machine's AVX-512 path takes the VNNI kernels (`vpdpbusd`/`vpdpwssd`: the same integer
-/// sums in one instruction instead of three; 4/5-bit weights in 512-bit registers, `kernel_zmm`;
-/// detected once, `KVGATE_NO_VNNI` turns them off).
+/// Whether this machine's AVX-512 path takes the VNNI kernel (`kernel_zmm`: 512-bit registers,
+/// `vpdpbusd`/`vpdpwssd`, the same integer sums; detected once, `KVGATE_NO_VNNI` turns it off).
 #[cfg(target_arch = "x86_64")]
 static VNNI: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var_os("KVGATE_NO_VNNI").is_none() && super::kernel_zmm::available());

@@ -1,10 +1,10 @@
-//! The integer microkernel for 4- and 5-bit weights in 512-bit registers (machines with AVX-512 VNNI):
-//! two panels per register, so each weight unpack (`and`, shift, the 5-bit plane) and each `vpdpbusd`
-//! covers 16 columns instead of 8 — half the instructions per multiply of `kernel_int`'s 256-bit
-//! kernels, for prefill (up to 8 rows) and decode (1 row) alike.
+//! The integer microkernel in 512-bit registers (machines with AVX-512 VNNI): two panels per register,
+//! so each weight unpack (4-bit: `and`, shift, the 5-bit plane; 8-bit: byte shuffle, widening) and each
+//! `vpdpbusd` / `vpdpwssd` covers 16 columns instead of 8 — half the instructions per multiply of
+//! `kernel_int`'s 256-bit kernels, for prefill (up to 8 rows) and decode (1 row) alike.
 //!
-//! Guarantee: the same integer sums (exact in any order: four products per 32-bit lane, no saturation,
-//! no 16-bit stage) and the same f32 sequence per block (`t = S · sx; y = fma(d, t, y); y = fma(m, X,
+//! Guarantee: the same integer sums (exact in any order: four 8-bit or two 16-bit products per 32-bit
+//! lane, no saturation, no 16-bit stage) and the same f32 sequence per block (`t = S · sx; y = fma(d, t, y); y = fma(m, X,
 //! y)`, one lane per output) as `kernel_int`, so the same bits as its scalar kernel (tested).
 
 use std::arch::x86_64::*;
@@ -21,7 +21,7 @@ pub(super) fn available() -> bool {
     has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") && has!("f16c")
 }
 
-/// SAFETY (caller): [`available`]; `w` is 4- or 5-bit; `q8` holds `rr` rows of `k` activation codes,
+/// SAFETY (caller): [`available`]; `q8` (4/5-bit weights) or `q16` (8-bit) holds `rr` rows of `k` activation codes,
 /// `sx` `rr` rows of `k / 32` scales, `xs` `rr` rows of `nb` block sums; panels `p0 .. p0 +
 /// TILE_PANELS` exist (as `kernel_int::run_int` checks).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -30,6 +30,7 @@ pub(super) unsafe fn dispatch(
     w: &QMatrix,
     p0: usize,
     q8: *const i8,
+    q16: *const i16,
     sx: *const f32,
     xs: *const f32,
     rr: usize,
@@ -39,19 +40,22 @@ pub(super) unsafe fn dispatch(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match w.kind {
-            QKind::Q4 => rows::<false>(w, p0, q8, sx, xs, rr, y),
-            QKind::Q5 => rows::<true>(w, p0, q8, sx, xs, rr, y),
-            _ => unreachable!("the 512-bit kernel takes 4- and 5-bit weights only"),
+            QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, rr, y),
+            QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, rr, y),
+            QKind::Q8 => rows::<2>(w, p0, q8, q16, sx, xs, rr, y),
+            QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights have no integer kernel"),
         }
     }
 }
 
 /// SAFETY (caller): as [`dispatch`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn rows<const Q5: bool>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows<const K: u8>(
     w: &QMatrix,
     p0: usize,
     q8: *const i8,
+    q16: *const i16,
     sx: *const f32,
     xs: *const f32,
     rr: usize,
@@ -60,25 +64,28 @@ unsafe fn rows<const Q5: bool>(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match rr.min(8) {
-            1 => panels::<1, Q5>(w, p0, q8, sx, xs, y),
-            2 => panels::<2, Q5>(w, p0, q8, sx, xs, y),
-            3 => panels::<3, Q5>(w, p0, q8, sx, xs, y),
-            4 => panels::<4, Q5>(w, p0, q8, sx, xs, y),
-            5 => panels::<5, Q5>(w, p0, q8, sx, xs, y),
-            6 => panels::<6, Q5>(w, p0, q8, sx, xs, y),
-            7 => panels::<7, Q5>(w, p0, q8, sx, xs, y),
-            _ => panels::<8, Q5>(w, p0, q8, sx, xs, y),
+            1 => panels::<1, K>(w, p0, q8, q16, sx, xs, y),
+            2 => panels::<2, K>(w, p0, q8, q16, sx, xs, y),
+            3 => panels::<3, K>(w, p0, q8, q16, sx, xs, y),
+            4 => panels::<4, K>(w, p0, q8, q16, sx, xs, y),
+            5 => panels::<5, K>(w, p0, q8, q16, sx, xs, y),
+            6 => panels::<6, K>(w, p0, q8, q16, sx, xs, y),
+            7 => panels::<7, K>(w, p0, q8, q16, sx, xs, y),
+            _ => panels::<8, K>(w, p0, q8, q16, sx, xs, y),
         }
     }
 }
 
-/// `R` rows × the tile's four panels from `p0`. Bounds: panels `p0 .. p0 + 4` and blocks `b < nb`
-/// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
+/// `R` rows × the tile's four panels from `p0`, weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit).
+/// Bounds: panels `p0 .. p0 + 4` and blocks `b < nb` keep every record read inside `w`; row `r < R`
+/// reads inputs `r·k + b·bl + e`, `e < bl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn panels<const R: usize, const Q5: bool>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn panels<const R: usize, const K: u8>(
     w: &QMatrix,
     p0: usize,
     q8: *const i8,
+    q16: *const i16,
     sx: *const f32,
     xs: *const f32,
     y: *mut [f32; P],
@@ -102,21 +109,58 @@ unsafe fn panels<const R: usize, const Q5: bool>(
             }
         };
         let mut acc = [[_mm512_setzero_si512(); 2]; R];
+        if K == 2 {
+            // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
+            let shuf = _mm256_setr_epi8(
+                0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7,
+                15,
+            );
+            // Inputs 2j, 2j + 1 of chunk `c` (j = 0: bytes 0..16, j = 1: 16..32) of panels 2h and
+            // 2h + 1, each column's pair as two 16-bit lanes.
+            let half16 = |h: usize, off: usize| -> __m512i {
+                // SAFETY: `off + 16` stays inside a record's 8-bit data (8 columns × bl bytes).
+                unsafe {
+                    let a = _mm_loadu_si128(tile.add(2 * h * rec + head + off) as *const __m128i);
+                    let c = _mm_loadu_si128(tile.add((2 * h + 1) * rec + head + off) as *const __m128i);
+                    let both = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), c);
+                    _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(both, shuf))
+                }
+            };
+            for c in 0..bl / 4 {
+                let w01 = [half16(0, 32 * c), half16(1, 32 * c)];
+                let w23 = [half16(0, 32 * c + 16), half16(1, 32 * c + 16)];
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r's inputs b·bl + 4c .. + 4 (the caller's bounds).
+                    let (x01, x23) = unsafe {
+                        let xp = q16.add(r * k + b * bl + 4 * c);
+                        (
+                            _mm512_set1_epi32((xp as *const i32).read_unaligned()),
+                            _mm512_set1_epi32((xp.add(2) as *const i32).read_unaligned()),
+                        )
+                    };
+                    for h in 0..2 {
+                        a[h] = _mm512_dpwssd_epi32(a[h], w01[h], x01);
+                        a[h] = _mm512_dpwssd_epi32(a[h], w23[h], x23);
+                    }
+                }
+            }
+        }
+        let (q4, q5) = (K == 0, K == 1);
         // 5-bit: the high plane (see `QMatrix::q5_high_at`); chunk `c`'s fifth bits are bit `c` (low
         // nibbles) and `4 + c` (high) of each byte, moved to bit 4.
-        let hp = if Q5 {
+        let hp = if q5 {
             [pair(0, 128), pair(1, 128)]
         } else {
             [_mm512_setzero_si512(); 2]
         };
-        for c in 0..bl / 8 {
+        for c in 0..if q4 || q5 { bl / 8 } else { 0 } {
             let mut lo = [_mm512_setzero_si512(); 2];
             let mut hi = [_mm512_setzero_si512(); 2];
             for h in 0..2 {
                 let raw = pair(h, 32 * c);
                 lo[h] = _mm512_and_si512(raw, m4);
                 hi[h] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
-                if Q5 {
+                if q5 {
                     let up = _mm512_sll_epi16(hp[h], _mm_cvtsi32_si128(4 - c as i32));
                     let down = _mm512_srl_epi16(hp[h], _mm_cvtsi32_si128(c as i32));
                     lo[h] = _mm512_or_si512(lo[h], _mm512_and_si512(up, b4));
