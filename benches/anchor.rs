@@ -18,6 +18,7 @@
 //! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
 //! cargo bench --bench anchor`. `ANCHOR_LONG=WORDS,…` adds long prompts (prefill to the first streamed
 //! token, decode after it), `ANCHOR_CTX` the context both servers get (default 4096),
+//! `ANCHOR_LONG_STREAMS=K` adds K streams decoding at once after prompts of each long length,
 //! `ANCHOR_DECIDE=WORDS` decisions over a warm state of about WORDS words (kvgate alone). After the table:
 //! each single-stream decode row as a fraction of the bandwidth bound (bytes per step: weights plus the
 //! stream's KV, over the copy bandwidth measured in the same run).
@@ -226,6 +227,17 @@ fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
         let (ttft, decode, toks) = streamed(port, &fresh_prompt(words, *salt), 48);
         rows.push((format!("prefill, ~{toks}-token prompt (tok/s)"), toks as f64 / ttft));
         rows.push((format!("decode after a ~{toks}-token prompt (tok/s)"), decode));
+        // ANCHOR_LONG_STREAMS=K: K streams decoding at once after prompts of this length.
+        if let Some(k) = std::env::var("ANCHOR_LONG_STREAMS")
+            .ok()
+            .and_then(|k| k.trim().parse::<usize>().ok())
+        {
+            let rate = decode_after_k(port, k, words, 48, salt).unwrap_or(f64::NAN);
+            rows.push((
+                format!("decode after ~{toks}-token prompts, {k} streams (aggregate tok/s)"),
+                rate,
+            ));
+        }
     }
     rows
 }
@@ -288,19 +300,67 @@ fn decisions(port: u16, words: usize) -> (usize, Vec<(String, f64)>) {
 /// One streamed completion of `n` tokens: (seconds to the first token, decode tok/s between the first
 /// and the last token, prompt tokens from the final usage chunk).
 fn streamed(port: u16, prompt: &str, n: usize) -> (f64, f64, usize) {
+    let (times, prompt_tokens) = token_times(port, prompt, n, Instant::now());
+    let (first, last) = (
+        times.first().copied().unwrap_or(0.0),
+        times.last().copied().unwrap_or(0.0),
+    );
+    (
+        first,
+        (times.len().max(2) - 1) as f64 / (last - first).max(1e-9),
+        prompt_tokens,
+    )
+}
+
+/// Aggregate decode tok/s of `k` streams after prompts of about `words` words each (`ANCHOR_LONG_STREAMS`):
+/// each prompt is computed first (`max_tokens: 1`, so both servers hold it in their prompt caches),
+/// then all `k` stream `n` tokens at once, and the rate counts the tokens emitted while every stream
+/// was decoding (between the last first token and the first last token). `None` when that window is
+/// empty.
+fn decode_after_k(port: u16, k: usize, words: usize, n: usize, salt: &mut usize) -> Option<f64> {
+    let prompts: Vec<String> = (0..k)
+        .map(|_| {
+            *salt += 1;
+            fresh_prompt(words, *salt)
+        })
+        .collect();
+    for p in &prompts {
+        complete(port, p, 1);
+    }
+    let t0 = Instant::now();
+    let times: Vec<Vec<f64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| s.spawn(move || token_times(port, p, n, t0).0))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let start = times.iter().filter_map(|t| t.first()).fold(0f64, |a, &b| a.max(b));
+    let end = times
+        .iter()
+        .filter_map(|t| t.last())
+        .fold(f64::INFINITY, |a, &b| a.min(b));
+    let count: usize = times
+        .iter()
+        .map(|t| t.iter().filter(|&&x| x > start && x <= end).count())
+        .sum();
+    (end > start && count > 0).then(|| count as f64 / (end - start))
+}
+
+/// The arrival times (seconds since `t0`) of a streamed completion's `n` tokens, and its prompt tokens.
+fn token_times(port: u16, prompt: &str, n: usize, t0: Instant) -> (Vec<f64>, usize) {
     use std::io::BufRead;
     let body = json!({
         "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let t0 = Instant::now();
     let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/completions"))
         .config()
         .timeout_global(Some(Duration::from_secs(3600)))
         .build()
         .send_json(&body)
         .unwrap_or_else(|e| panic!("streamed completion on port {port}: {e}"));
-    let (mut first, mut last, mut tokens, mut prompt_tokens) = (None, 0.0, 0usize, 0usize);
+    let (mut times, mut prompt_tokens) = (vec![], 0usize);
     for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
         let Ok(line) = line else { break };
         let Some(data) = line.strip_prefix("data: ") else {
@@ -310,21 +370,13 @@ fn streamed(port: u16, prompt: &str, n: usize) -> (f64, f64, usize) {
             continue;
         };
         if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
-            let t = t0.elapsed().as_secs_f64();
-            first.get_or_insert(t);
-            last = t;
-            tokens += 1;
+            times.push(t0.elapsed().as_secs_f64());
         }
         if let Some(p) = v["usage"]["prompt_tokens"].as_u64() {
             prompt_tokens = p as usize;
         }
     }
-    let first = first.unwrap_or(last);
-    (
-        first,
-        (tokens.max(2) - 1) as f64 / (last - first).max(1e-9),
-        prompt_tokens,
-    )
+    (times, prompt_tokens)
 }
 
 /// Copy bandwidth with two threads (each copies half of a 256 MiB buffer; read + write counted), GB/s.

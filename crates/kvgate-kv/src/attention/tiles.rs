@@ -285,6 +285,13 @@ fn ranges(span: &[(usize, usize)], part: usize) -> Vec<Option<(usize, usize)>> {
         .collect()
 }
 
+/// Whether tile `r0..r1` takes the lanes path: a prefill tile (a decode row's query heads fill few
+/// lanes: even Qwen2.5's seven per KV head measured slower there than the row path).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+fn lanes_path((r0, r1): (usize, usize), hd: usize) -> bool {
+    super::lanes::eligible(hd) && r1 - r0 > SPREAD_ROWS
+}
+
 /// The partitions tile `r0..r1` reads.
 fn partitions(span: &[(usize, usize)]) -> std::ops::RangeInclusive<usize> {
     let lo = span.iter().map(|s| s.0).min().unwrap_or(0);
@@ -396,21 +403,25 @@ fn attend_in_cache_basis(
         .par_iter()
         .map_init(Scratch::default, |sc, (ti, kvh, run)| {
             let (tile, span) = (&tiles[*ti].0, &tiles[*ti].1);
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+            let nqp = match lanes_path(*tile, hd) {
+                true => Some(super::lanes::transpose_queries(&cx, *tile, *kvh, &mut sc.lanes)),
+                false => None,
+            };
+            // The partials of partition k, by the lanes path or the row path (the same bits).
+            let one = |k: usize, sc: &mut Scratch| {
+                #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+                if let Some(nqp) = nqp {
+                    return super::lanes::partition(&cx, *tile, &ranges(span, k), *kvh, nqp, &mut sc.lanes);
+                }
+                partition(&cx, *tile, span, *kvh, k, sc)
+            };
             match run {
-                Some(run) => run.clone().map(|k| partition(&cx, *tile, span, *kvh, k, sc)).collect(),
+                Some(run) => run.clone().map(|k| one(k, sc)).collect(),
                 None => {
                     let mut acc = Partials::empty((tile.1 - tile.0) * group, hd);
-                    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-                    if tile.1 - tile.0 > SPREAD_ROWS && super::lanes::eligible(hd) {
-                        let nqp = super::lanes::transpose_queries(&cx, *tile, *kvh, &mut sc.lanes);
-                        for k in partitions(span) {
-                            let range = ranges(span, k);
-                            acc.fold(&super::lanes::partition(&cx, *tile, &range, *kvh, nqp, &mut sc.lanes));
-                        }
-                        return vec![acc];
-                    }
                     for k in partitions(span) {
-                        acc.fold(&partition(&cx, *tile, span, *kvh, k, sc));
+                        acc.fold(&one(k, sc));
                     }
                     vec![acc]
                 }
@@ -440,161 +451,5 @@ fn attend_in_cache_basis(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::attention::AttnRow;
-    use crate::dtype::KvDtype;
-    use crate::layout::CacheShape;
-    use crate::quant::KvQuant;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
-
-    /// A prefill-like batch (two sequences, 37 and 5 consecutive rows: several tiles, a partial one, a
-    /// table change mid-tile) gives each row exactly its output alone, for every dtype, with and
-    /// without a sliding window.
-    #[test]
-    fn tiled_rows_equal_rows_alone() {
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let cases = KvDtype::ALL
-            .into_iter()
-            .flat_map(|d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)));
-        for (dtype, method) in cases {
-            for window in [None, Some(7)] {
-                let shape = CacheShape::new(1, 2, 32, 4, dtype).unwrap().with_quant(method).unwrap();
-                let p = AttnParams {
-                    num_heads: 6,
-                    num_kv_heads: 2,
-                    head_dim: 32,
-                    scale: 0.2,
-                    window,
-                    softcap: Some(30.0),
-                };
-                let mut cache = KvCache::new(shape, 16);
-                for slot in 0..64 {
-                    let k: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
-                    let v: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
-                    cache.write(0, &[slot], &k, &v);
-                }
-                let (t0, t1): (Vec<u32>, Vec<u32>) = ((0..10).collect(), (10..16).collect());
-                let tables = [t0.as_slice(), t1.as_slice()];
-                let mut rows: Vec<AttnRow> = (0..37).map(|i| AttnRow { table: 0, pos: 2 + i }).collect();
-                rows.extend((0..5).map(|i| AttnRow { table: 1, pos: 10 + i }));
-                let row_len = 6 * 32;
-                let q: Vec<f32> = (0..rows.len() * row_len).map(|_| rng.random_range(-1.0..1.0)).collect();
-                let mut out = vec![0f32; q.len()];
-                let query = AttnQuery {
-                    q: &q,
-                    rows: &rows,
-                    tables: &tables,
-                };
-                CpuAttention.attend(&cache, 0, &query, &p, &mut out);
-                for (r, row) in rows.iter().enumerate() {
-                    let one = [*row];
-                    let qr = &q[r * row_len..(r + 1) * row_len];
-                    let mut alone = vec![0f32; row_len];
-                    let query = AttnQuery {
-                        q: qr,
-                        rows: &one,
-                        tables: &tables,
-                    };
-                    CpuAttention.attend(&cache, 0, &query, &p, &mut alone);
-                    assert_eq!(
-                        &out[r * row_len..(r + 1) * row_len],
-                        alone.as_slice(),
-                        "{dtype:?} {} {window:?} row {r}",
-                        method.name()
-                    );
-                }
-            }
-        }
-    }
-
-    /// Long rows (several partitions): a row folded inside a prefill tile's task, the same row alone
-    /// (its partitions spread over tasks) and in a two-row tile give the same bits, and match dense
-    /// attention computed in f64; with a window and a softcap too.
-    #[test]
-    fn partitions_fold_the_same_however_they_are_split() {
-        let mut rng = ChaCha8Rng::seed_from_u64(21);
-        for (window, softcap) in [(None, None), (Some(300), Some(20.0))] {
-            let shape = CacheShape::new(1, 2, 32, 16, KvDtype::F32).unwrap();
-            let p = AttnParams {
-                num_heads: 4,
-                num_kv_heads: 2,
-                head_dim: 32,
-                scale: 0.25,
-                window,
-                softcap,
-            };
-            let n = 900;
-            let mut cache = KvCache::new(shape, 64);
-            let (mut ks, mut vs) = (vec![], vec![]);
-            for slot in 0..n {
-                let k: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
-                let v: Vec<f32> = (0..64).map(|_| rng.random_range(-2.0..2.0)).collect();
-                cache.write(0, &[slot], &k, &v);
-                ks.push(k);
-                vs.push(v);
-            }
-            let table: Vec<u32> = (0..64).collect();
-            let tables = [table.as_slice()];
-            let row_len = 4 * 32;
-            let mut rows: Vec<AttnRow> = (0..20).map(|i| AttnRow { table: 0, pos: 600 + i }).collect();
-            rows.push(AttnRow { table: 0, pos: 899 });
-            let q: Vec<f32> = (0..rows.len() * row_len).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let attend = |rows: &[AttnRow], q: &[f32]| {
-                let mut out = vec![0f32; q.len()];
-                let query = AttnQuery {
-                    q,
-                    rows,
-                    tables: &tables,
-                };
-                CpuAttention.attend(&cache, 0, &query, &p, &mut out);
-                out
-            };
-            let all = attend(&rows, &q);
-            for (r, row) in rows.iter().enumerate() {
-                let qr = &q[r * row_len..(r + 1) * row_len];
-                let alone = attend(&[*row], qr);
-                assert_eq!(
-                    &all[r * row_len..(r + 1) * row_len],
-                    alone.as_slice(),
-                    "{window:?} row {r}"
-                );
-                // in a two-row tile (spread) with another row
-                let pair = attend(&[rows[0], *row], &[&q[..row_len], qr].concat());
-                assert_eq!(&pair[row_len..], alone.as_slice(), "{window:?} row {r} in a pair");
-                // dense attention in f64
-                let pos = row.pos as usize;
-                let start = window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                for h in 0..4 {
-                    let kvh = h / 2;
-                    let qh = &qr[h * 32..(h + 1) * 32];
-                    let s: Vec<f64> = (start..=pos)
-                        .map(|t| {
-                            let d: f64 = qh
-                                .iter()
-                                .zip(&ks[t][kvh * 32..])
-                                .map(|(a, b)| *a as f64 * *b as f64)
-                                .sum();
-                            let x = d * 0.25;
-                            softcap.map_or(x, |c| c as f64 * (x / c as f64).tanh())
-                        })
-                        .collect();
-                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                    for d in 0..32 {
-                        let want: f64 = (start..=pos)
-                            .zip(&s)
-                            .map(|(t, x)| (x - m).exp() / z * vs[t][kvh * 32 + d] as f64)
-                            .sum();
-                        let got = alone[h * 32 + d] as f64;
-                        assert!(
-                            (got - want).abs() < 1e-5,
-                            "{window:?} row {r} head {h}: {got} vs {want}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-}
+#[path = "tiles_tests.rs"]
+mod tests;
