@@ -536,7 +536,7 @@ fn main() {
         println!("| workload | kvgate | llama.cpp | ratio | per round |\n|---|---|---|---|---|");
         let decode_rows: Vec<(String, f64, Option<f64>)> = rows
             .iter()
-            .filter(|r| r.name.starts_with("decode, 1 stream") || r.name.starts_with("decode after"))
+            .filter(|r| r.name.starts_with("decode, 1 stream") || r.name.starts_with("decode after a "))
             .map(|r| (r.name.clone(), r.ours, r.theirs))
             .collect();
         for r in rows {
