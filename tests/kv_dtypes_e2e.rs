@@ -101,7 +101,9 @@ fn every_dtype_serves_completions_and_decisions() {
             // kv_report: 0.0195 over 50 questions with rotation+smooth, 0.06 plain
             "int8" => 0.1,
             "fp8" => 0.2,
-            _ => 0.4,
+            // kv_report: nvfp4 plain reaches 0.459 over its 50 questions (this question: 0.38-0.40,
+            // moving with the attention's rounding), rotation+smooth 0.26
+            _ => 0.5,
         };
         eprintln!("{dtype} {method}: max |Δp| vs float32 = {worst:.4}");
         assert!(worst <= limit, "{dtype} {method}: max |Δp| vs float32 = {worst}");
