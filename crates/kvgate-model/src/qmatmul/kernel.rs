@@ -1,8 +1,8 @@
 //! The panel microkernel of [`super::QMatrix::matmul`]: for a group of rows and the [`TILE_PANELS`]
 //! panels of one task, every output as the fixed sequence of f32 operations the module doc defines.
 //! Three implementations of that one sequence: AVX2 (16 registers: up to 4 rows × 2 panels of
-//! accumulators), the same code compiled with AVX-512VL (32 registers: up to 8 rows × 2 panels), chosen
-//! once at run time, and a portable scalar loop. Each lane of a vector is one output's own chain, so
+//! accumulators), AVX-512 (`kernel_wide`: 512-bit registers, up to 8 rows × 4 panels), chosen once at
+//! run time, and a portable scalar loop. Each lane of a vector is one output's own chain, so
 //! the vector width and the register blocking change the speed, never the bits.
 
 use super::{QKind, QMatrix, P, TILE_PANELS};
@@ -54,7 +54,7 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
         // argued in `simd!`.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { avx512::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
+        Path::Avx512 => unsafe { super::kernel_wide::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
@@ -279,4 +279,3 @@ macro_rules! simd {
 }
 
 simd!(avx2, "avx2,fma,f16c", 4);
-simd!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8);

@@ -31,6 +31,8 @@ mod acts;
 mod kernel;
 mod kernel_int;
 #[cfg(target_arch = "x86_64")]
+mod kernel_wide;
+#[cfg(target_arch = "x86_64")]
 mod kernel_zmm;
 
 use rayon::prelude::*;

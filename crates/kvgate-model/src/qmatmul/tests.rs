@@ -105,14 +105,16 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 #[test]
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "f16", "bf16"] {
         let w = matrix(kind, n, k, 11);
-        assert_eq!(
-            (w.half, w.offsets),
-            (!matches!(kind, "f32" | "q5"), kind != "q8_0"),
-            "{kind}: record format"
-        );
-        let nb = k / QK;
+        if !matches!(kind, "q6" | "f16" | "bf16") {
+            assert_eq!(
+                (w.half, w.offsets),
+                (!matches!(kind, "f32" | "q5"), kind != "q8_0"),
+                "{kind}: record format"
+            );
+        }
+        let nb = w.nb();
         for rr in 1..=kernel::max_rows() {
             let x = acts(rr, k);
             let xs: Vec<f32> = x.chunks_exact(w.bl).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();

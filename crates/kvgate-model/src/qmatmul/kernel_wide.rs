@@ -1,0 +1,183 @@
+//! The f32 panel microkernel (`kernel::run`: the exact path, decisions' and `--activations f32`'s) in
+//! 512-bit registers on AVX-512 machines: the tile's four panels as two registers of sixteen columns,
+//! so each weight decode (nibble shift and mask, the 5-bit plane, widening of 8/16-bit weights) and each
+//! FMA covers 16 columns instead of 8.
+//!
+//! Guarantee: every lane is one output's own chain of the f32 sequence `kernel`'s module doc defines
+//! (`s = fma(q, x, s)` over the block's inputs in order, then `y = fma(d, s, y)`, `y = fma(m, X, y)`),
+//! so the register width changes the speed, never the bits (tested against the scalar kernel).
+
+use std::arch::x86_64::*;
+
+use super::kernel::{prefetch_ahead, Acc};
+use super::{QKind, QMatrix, P, TILE_PANELS};
+
+// A tile's four panels are two registers of sixteen columns.
+const _: () = assert!(TILE_PANELS == 4 && P == 8);
+
+/// SAFETY (caller): avx512f, avx2, fma and f16c available; `x` holds `rr` rows of `k`, `xs` `rr` rows
+/// of `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `kernel::run`).
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) unsafe fn dispatch(w: &QMatrix, p0: usize, x: *const f32, xs: *const f32, rr: usize, y: &mut Acc) {
+    let y = y.as_mut_ptr();
+    // SAFETY (all arms): as the caller guarantees.
+    unsafe {
+        match rr.min(8) {
+            1 => panels::<1>(w, p0, x, xs, y),
+            2 => panels::<2>(w, p0, x, xs, y),
+            3 => panels::<3>(w, p0, x, xs, y),
+            4 => panels::<4>(w, p0, x, xs, y),
+            5 => panels::<5>(w, p0, x, xs, y),
+            6 => panels::<6>(w, p0, x, xs, y),
+            7 => panels::<7>(w, p0, x, xs, y),
+            _ => panels::<8>(w, p0, x, xs, y),
+        }
+    }
+}
+
+/// `R` rows × the tile's four panels from `p0`; accumulators `y[r · TILE_PANELS + v]`. Bounds: panels
+/// `p0 .. p0 + 4` and blocks `b < nb` keep every record read inside `w`; row `r < R` reads
+/// `x[r·k + b·bl + e]` with `e < bl`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *const f32, y: *mut [f32; P]) {
+    let (k, nb, bl) = (w.k, w.nb(), w.bl);
+    let mask = _mm512_set1_epi32(0x0F);
+    let b4 = _mm512_set1_epi32(0x10);
+    let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
+    let (base, head, half, offsets, rec) = (w.base(), w.head, w.half, w.offsets, w.rec);
+    for b in 0..nb {
+        prefetch_ahead(w, p0, 0, b);
+        // The tile's four records of block `b` are consecutive, `rec` bytes each.
+        // SAFETY: inside `w` (the caller's bounds).
+        let tile = unsafe { base.add(w.record(p0, b)) };
+        // Bytes `off .. off + 32` of the data of panels 2h and 2h + 1, side by side.
+        let pair32 = |h: usize, off: usize| -> __m512i {
+            // SAFETY: `off + 32` stays inside a record's data.
+            unsafe {
+                let a = _mm256_loadu_si256(tile.add(2 * h * rec + head + off) as *const __m256i);
+                let c = _mm256_loadu_si256(tile.add((2 * h + 1) * rec + head + off) as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
+            }
+        };
+        // SAFETY: row r's inputs of block b (the caller's bounds).
+        let xb = unsafe { x.add(b * bl) };
+        let mut s = [[_mm512_setzero_ps(); 2]; R];
+        macro_rules! rows {
+            ($q:expr, $e:expr) => {{
+                let q: [__m512; 2] = $q;
+                for (r, sr) in s.iter_mut().enumerate() {
+                    // SAFETY: input `$e` of row r in block b.
+                    let xv = _mm512_set1_ps(unsafe { *xb.add(r * k + $e) });
+                    for h in 0..2 {
+                        sr[h] = _mm512_fmadd_ps(q[h], xv, sr[h]);
+                    }
+                }
+            }};
+        }
+        if q4 || q5 {
+            // As `kernel`: one 32-byte chunk per 8 inputs; input `8c + e` of a column is one shift and
+            // mask of its lane, a 5-bit quant's fifth bit one more of the high plane.
+            let hp = if q5 {
+                [pair32(0, 128), pair32(1, 128)]
+            } else {
+                [_mm512_setzero_si512(); 2]
+            };
+            for c in 0..bl / 8 {
+                let wv = [pair32(0, 32 * c), pair32(1, 32 * c)];
+                for e in 0..8 {
+                    let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
+                    let at = (8 * (e % 4) + c + 4 * (e / 4)) as i32;
+                    let mut q = [_mm512_setzero_ps(); 2];
+                    for h in 0..2 {
+                        let mut qi = _mm512_and_si512(_mm512_srl_epi32(wv[h], sh), mask);
+                        if q5 {
+                            let hb = if at >= 4 {
+                                _mm512_srl_epi32(hp[h], _mm_cvtsi32_si128(at - 4))
+                            } else {
+                                _mm512_sll_epi32(hp[h], _mm_cvtsi32_si128(4 - at))
+                            };
+                            qi = _mm512_or_si512(qi, _mm512_and_si512(hb, b4));
+                        }
+                        q[h] = _mm512_cvtepi32_ps(qi);
+                    }
+                    rows!(q, 8 * c + e);
+                }
+            }
+        } else if w.kind == QKind::Q8 {
+            for e in 0..bl {
+                let mut q = [_mm512_setzero_ps(); 2];
+                for (h, qh) in q.iter_mut().enumerate() {
+                    // SAFETY: 8 bytes (8 columns at input e) of each record's data.
+                    let both = unsafe {
+                        let a = _mm_loadl_epi64(tile.add(2 * h * rec + head + e * P) as *const __m128i);
+                        let c = _mm_loadl_epi64(tile.add((2 * h + 1) * rec + head + e * P) as *const __m128i);
+                        _mm_unpacklo_epi64(a, c)
+                    };
+                    *qh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both));
+                }
+                rows!(q, e);
+            }
+        } else {
+            // 16-bit floats: 8 columns' weights at one input are 16 bytes.
+            let f16 = w.kind == QKind::F16;
+            for e in 0..bl {
+                let mut q = [_mm512_setzero_ps(); 2];
+                for (h, qh) in q.iter_mut().enumerate() {
+                    // SAFETY: 16 bytes (8 columns at input e) of each record's data.
+                    let both = unsafe {
+                        let a = _mm_loadu_si128(tile.add(2 * h * rec + head + 2 * e * P) as *const __m128i);
+                        let c = _mm_loadu_si128(tile.add((2 * h + 1) * rec + head + 2 * e * P) as *const __m128i);
+                        _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(a), c)
+                    };
+                    *qh = if f16 {
+                        _mm512_cvtph_ps(both)
+                    } else {
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(both)))
+                    };
+                }
+                rows!(q, e);
+            }
+        }
+        for h in 0..2 {
+            // The scales (and offsets) of panels 2h and 2h + 1, from their records' heads.
+            let two = |at: usize| -> __m512 {
+                let one = |p: *const u8| {
+                    // SAFETY: a record's head holds 8 scales (then 8 offsets): f16 or f32.
+                    unsafe {
+                        if half {
+                            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+                        } else {
+                            _mm256_loadu_ps(p as *const f32)
+                        }
+                    }
+                };
+                // SAFETY: both records are inside `w`.
+                let (a, c) = unsafe { (one(tile.add(2 * h * rec + at)), one(tile.add((2 * h + 1) * rec + at))) };
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+                    _mm256_castps_pd(c),
+                ))
+            };
+            let dv = two(0);
+            let mv = if offsets {
+                two(if half { 16 } else { 32 })
+            } else {
+                _mm512_setzero_ps()
+            };
+            for (r, sr) in s.iter().enumerate() {
+                // SAFETY: outputs of row r, panels 2h and 2h + 1 (16 consecutive floats of `y`); the
+                // block sum of row r, block b.
+                unsafe {
+                    let yp = y.add(r * TILE_PANELS + 2 * h) as *mut f32;
+                    let t = _mm512_fmadd_ps(dv, sr[h], _mm512_loadu_ps(yp));
+                    let t = if offsets {
+                        _mm512_fmadd_ps(mv, _mm512_set1_ps(*xs.add(r * nb + b)), t)
+                    } else {
+                        t
+                    };
+                    _mm512_storeu_ps(yp, t);
+                }
+            }
+        }
+    }
+}
