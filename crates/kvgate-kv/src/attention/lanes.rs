@@ -32,6 +32,20 @@ pub(super) struct LaneScratch {
     /// Weighted sums, transposed: `acc[d·nqp + q]`.
     acc: Vec<f32>,
     decoded: Vec<f32>,
+    /// Per query lane: the first and last position it reads, its max, the max the exps subtract.
+    st: Vec<i32>,
+    en: Vec<i32>,
+    m: Vec<f32>,
+    safe: Vec<f32>,
+    /// Per lane `pos mod 8` × query: the exps' partial sums.
+    sums: Vec<f32>,
+}
+
+/// `v` holding `n` copies of `x` (its allocation kept across calls).
+fn filled<T: Copy>(v: &mut Vec<T>, n: usize, x: T) -> &mut [T] {
+    v.clear();
+    v.resize(n, x);
+    v
 }
 
 /// Queries per register on this machine.
@@ -90,9 +104,18 @@ pub(super) fn partition(
     let hi = range.iter().flatten().map(|r| r.1).max().unwrap_or(lo);
     let n = hi + 1 - lo;
     let table = cx.query.tables[cx.query.rows[r0].table as usize];
-    let LaneScratch { qt, w, acc, decoded } = ls;
-    w.clear();
-    w.resize(n * nqp, 0.0);
+    let LaneScratch {
+        qt,
+        w,
+        acc,
+        decoded,
+        st,
+        en,
+        m,
+        safe,
+        sums,
+    } = ls;
+    let w = filled(w, n * nqp, 0.0);
     decoded.resize(bs * hd, 0.0);
     for (blk, first, last) in blocks(lo, hi, bs) {
         let keys = cx
@@ -102,7 +125,7 @@ pub(super) fn partition(
         scores(qt, nqp, hd, &keys[first * hd..(last + 1) * hd], &mut w[at..]);
     }
     // Scale (bias, softcap), and −∞ outside each query's range (padding lanes included).
-    let (mut st, mut en) = (vec![i32::MAX; nqp], vec![-1i32; nqp]);
+    let (st, en) = (filled(st, nqp, i32::MAX), filled(en, nqp, -1));
     for (q, r) in range
         .iter()
         .enumerate()
@@ -112,21 +135,19 @@ pub(super) fn partition(
             (st[q], en[q]) = (a as i32, b as i32);
         }
     }
-    let mut m = vec![f32::NEG_INFINITY; nqp];
+    let m = filled(m, nqp, f32::NEG_INFINITY);
     let plain = cx.kbias.is_none() && p.softcap.is_none();
     if plain && *AVX512 && nqp.is_multiple_of(16) {
         // SAFETY: AVX-512F detected at run time; every slice holds whole rows of `nqp`.
-        unsafe { exp512::scale_mask_max(w, nqp, p.scale, &st, &en, lo as i32, &mut m) };
+        unsafe { exp512::scale_mask_max(w, nqp, p.scale, st, en, lo as i32, m) };
     } else {
-        scale_mask_max(cx, (r0, kvh), w, nqp, (&st, &en), lo, &mut m);
+        scale_mask_max(cx, (r0, kvh), w, nqp, (st, en), lo, m);
     }
     // Exps, and the sums in exp_sum_inplace's lanes (position mod 8) and tree.
-    let safe: Vec<f32> = m
-        .iter()
-        .map(|&x| if x == f32::NEG_INFINITY { 0.0 } else { x })
-        .collect();
-    let mut sums = vec![0f32; 8 * nqp];
-    exps(w, nqp, &safe, &mut sums, lo);
+    safe.clear();
+    safe.extend(m.iter().map(|&x| if x == f32::NEG_INFINITY { 0.0 } else { x }));
+    let sums = filled(sums, 8 * nqp, 0.0);
+    exps(w, nqp, safe, sums, lo);
     let lane = |t: usize, q: usize| sums[t * nqp + q];
     out.m.copy_from_slice(&m[..nq]);
     for (q, l) in out.l.iter_mut().enumerate() {
@@ -134,8 +155,7 @@ pub(super) fn partition(
             + ((lane(1, q) + lane(5, q)) + (lane(3, q) + lane(7, q)));
     }
     // Weighted sums of V.
-    acc.clear();
-    acc.resize(hd * nqp, 0.0);
+    let acc = filled(acc, hd * nqp, 0.0);
     for (blk, first, last) in blocks(lo, hi, bs) {
         let vals = cx
             .lc

@@ -15,6 +15,51 @@ use super::{QKind, QMatrix, P, TILE_PANELS};
 // A tile's four panels are two registers of sixteen columns.
 const _: () = assert!(TILE_PANELS == 4 && P == 8);
 
+/// Bytes `off .. off + 32` of the data (after the `head`) of panels 2h and 2h + 1 of a tile whose
+/// records are consecutive, `rec` bytes each: the two panels side by side in one register.
+/// SAFETY (caller): avx512f available; both records' data hold `off + 32` bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+pub(super) unsafe fn pair_bytes(tile: *const u8, rec: usize, head: usize, h: usize, off: usize) -> __m512i {
+    // SAFETY: by the caller.
+    unsafe {
+        let a = _mm256_loadu_si256(tile.add(2 * h * rec + head + off) as *const __m256i);
+        let c = _mm256_loadu_si256(tile.add((2 * h + 1) * rec + head + off) as *const __m256i);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
+    }
+}
+
+/// The 8 scales (or, with `offsets`, the 8 offsets after them) of panels 2h and 2h + 1 from their
+/// records' heads (f16 when `half`, else f32), side by side.
+/// SAFETY (caller): avx512f and f16c available; both records are whole.
+#[inline]
+#[target_feature(enable = "avx512f,avx2,f16c")]
+pub(super) unsafe fn pair_head(tile: *const u8, rec: usize, h: usize, half: bool, offsets: bool) -> __m512 {
+    let at = if !offsets {
+        0
+    } else if half {
+        16
+    } else {
+        32
+    };
+    let one = |p: *const u8| {
+        // SAFETY: a record's head holds 8 scales, then 8 offsets (by the caller).
+        unsafe {
+            if half {
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+            } else {
+                _mm256_loadu_ps(p as *const f32)
+            }
+        }
+    };
+    // SAFETY: both records are inside the matrix (by the caller).
+    let (a, c) = unsafe { (one(tile.add(2 * h * rec + at)), one(tile.add((2 * h + 1) * rec + at))) };
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+        _mm512_castpd256_pd512(_mm256_castps_pd(a)),
+        _mm256_castps_pd(c),
+    ))
+}
+
 /// SAFETY (caller): avx512f, avx2, fma and f16c available; `x` holds `rr` rows of `k`, `xs` `rr` rows
 /// of `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `kernel::run`).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
@@ -50,15 +95,6 @@ unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *con
         // The tile's four records of block `b` are consecutive, `rec` bytes each.
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };
-        // Bytes `off .. off + 32` of the data of panels 2h and 2h + 1, side by side.
-        let pair32 = |h: usize, off: usize| -> __m512i {
-            // SAFETY: `off + 32` stays inside a record's data.
-            unsafe {
-                let a = _mm256_loadu_si256(tile.add(2 * h * rec + head + off) as *const __m256i);
-                let c = _mm256_loadu_si256(tile.add((2 * h + 1) * rec + head + off) as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
-            }
-        };
         // SAFETY: row r's inputs of block b (the caller's bounds).
         let xb = unsafe { x.add(b * bl) };
         let mut s = [[_mm512_setzero_ps(); 2]; R];
@@ -78,12 +114,19 @@ unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *con
             // As `kernel`: one 32-byte chunk per 8 inputs; input `8c + e` of a column is one shift and
             // mask of its lane, a 5-bit quant's fifth bit one more of the high plane.
             let hp = if q5 {
-                [pair32(0, 128), pair32(1, 128)]
+                // SAFETY: a 5-bit record's data holds the 32-byte high plane at 128.
+                unsafe { [pair_bytes(tile, rec, head, 0, 128), pair_bytes(tile, rec, head, 1, 128)] }
             } else {
                 [_mm512_setzero_si512(); 2]
             };
             for c in 0..bl / 8 {
-                let wv = [pair32(0, 32 * c), pair32(1, 32 * c)];
+                // SAFETY: chunk c of a 4/5-bit record's data (32·bl/8 = 128 bytes).
+                let wv = unsafe {
+                    [
+                        pair_bytes(tile, rec, head, 0, 32 * c),
+                        pair_bytes(tile, rec, head, 1, 32 * c),
+                    ]
+                };
                 for e in 0..8 {
                     let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
                     let at = (8 * (e % 4) + c + 4 * (e / 4)) as i32;
@@ -139,28 +182,11 @@ unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *con
             }
         }
         for h in 0..2 {
-            // The scales (and offsets) of panels 2h and 2h + 1, from their records' heads.
-            let two = |at: usize| -> __m512 {
-                let one = |p: *const u8| {
-                    // SAFETY: a record's head holds 8 scales (then 8 offsets): f16 or f32.
-                    unsafe {
-                        if half {
-                            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-                        } else {
-                            _mm256_loadu_ps(p as *const f32)
-                        }
-                    }
-                };
-                // SAFETY: both records are inside `w`.
-                let (a, c) = unsafe { (one(tile.add(2 * h * rec + at)), one(tile.add((2 * h + 1) * rec + at))) };
-                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(a)),
-                    _mm256_castps_pd(c),
-                ))
-            };
-            let dv = two(0);
+            // SAFETY: the tile's records are inside `w`.
+            let dv = unsafe { pair_head(tile, rec, h, half, false) };
             let mv = if offsets {
-                two(if half { 16 } else { 32 })
+                // SAFETY: as above.
+                unsafe { pair_head(tile, rec, h, half, true) }
             } else {
                 _mm512_setzero_ps()
             };

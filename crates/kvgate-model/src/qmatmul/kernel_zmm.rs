@@ -10,6 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::kernel::{prefetch_ahead, Acc};
+use super::kernel_wide::{pair_bytes, pair_head};
 use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
 // A tile's four panels are two registers of sixteen columns.
@@ -99,15 +100,6 @@ unsafe fn panels<const R: usize, const K: u8>(
         // The tile's four records of block `b` are consecutive, `rec` bytes each.
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };
-        // Bytes `off ..+32` of the quantized data of panels 2h and 2h + 1, side by side.
-        let pair = |h: usize, off: usize| -> __m512i {
-            // SAFETY: `off + 32` stays inside a record's data (4-bit: 128 bytes, 5-bit: 160).
-            unsafe {
-                let a = _mm256_loadu_si256(tile.add(2 * h * rec + head + off) as *const __m256i);
-                let c = _mm256_loadu_si256(tile.add((2 * h + 1) * rec + head + off) as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), c)
-            }
-        };
         let mut acc = [[_mm512_setzero_si512(); 2]; R];
         if K == 2 {
             // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
@@ -149,7 +141,8 @@ unsafe fn panels<const R: usize, const K: u8>(
         // 5-bit: the high plane (see `QMatrix::q5_high_at`); chunk `c`'s fifth bits are bit `c` (low
         // nibbles) and `4 + c` (high) of each byte, moved to bit 4.
         let hp = if q5 {
-            [pair(0, 128), pair(1, 128)]
+            // SAFETY: a 5-bit record's data holds the 32-byte high plane at 128.
+            unsafe { [pair_bytes(tile, rec, head, 0, 128), pair_bytes(tile, rec, head, 1, 128)] }
         } else {
             [_mm512_setzero_si512(); 2]
         };
@@ -157,7 +150,8 @@ unsafe fn panels<const R: usize, const K: u8>(
             let mut lo = [_mm512_setzero_si512(); 2];
             let mut hi = [_mm512_setzero_si512(); 2];
             for h in 0..2 {
-                let raw = pair(h, 32 * c);
+                // SAFETY: chunk c of a 4/5-bit record's data (128 bytes).
+                let raw = unsafe { pair_bytes(tile, rec, head, h, 32 * c) };
                 lo[h] = _mm512_and_si512(raw, m4);
                 hi[h] = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), m4);
                 if q5 {
@@ -183,28 +177,11 @@ unsafe fn panels<const R: usize, const K: u8>(
             }
         }
         for h in 0..2 {
-            // The scales (and offsets) of panels 2h and 2h + 1, from their records' heads.
-            let two = |at: usize| -> __m512 {
-                let one = |p: *const u8| {
-                    // SAFETY: a record's head holds 8 scales (then 8 offsets): f16 or f32.
-                    unsafe {
-                        if half {
-                            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-                        } else {
-                            _mm256_loadu_ps(p as *const f32)
-                        }
-                    }
-                };
-                // SAFETY: both records are inside `w`.
-                let (a, c) = unsafe { (one(tile.add(2 * h * rec + at)), one(tile.add((2 * h + 1) * rec + at))) };
-                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-                    _mm512_castpd256_pd512(_mm256_castps_pd(a)),
-                    _mm256_castps_pd(c),
-                ))
-            };
-            let dv = two(0);
+            // SAFETY: the tile's records are inside `w`.
+            let dv = unsafe { pair_head(tile, rec, h, half, false) };
             let mv = if offsets {
-                two(if half { 16 } else { 32 })
+                // SAFETY: as above.
+                unsafe { pair_head(tile, rec, h, half, true) }
             } else {
                 _mm512_setzero_ps()
             };
