@@ -17,7 +17,7 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::middleware::{auth, body_encoding, cors, log, panic_response, CorsPolicy, Keys};
 use crate::state::AppState;
-use crate::{chat, completions, embeddings, responses, routes, systemone};
+use crate::{chat, completions, embeddings, render, responses, routes, systemone};
 
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
 pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_hooks: bool) -> Router {
@@ -38,6 +38,8 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/v1/models/{*id}", get(routes::model))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions/render", post(render::completions))
+        .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))

@@ -34,6 +34,12 @@ enum RawPrompt<'a> {
     Ids(&'a [Value]),
 }
 
+/// The token ids of each prompt of a completions body, as the handler reads them (for the render
+/// endpoint).
+pub(crate) async fn prompt_ids(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Vec<u32>>, ApiError> {
+    Ok(read_prompts(prompt, st).await?.into_iter().map(|p| p.ids).collect())
+}
+
 async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
     let tok = &st.tokenizer;
     let raw: Vec<RawPrompt> = match prompt.filter(|v| !v.is_null()) {

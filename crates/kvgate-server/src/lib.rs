@@ -20,6 +20,7 @@ mod middleware;
 mod openai;
 mod params;
 mod reasoning;
+mod render;
 mod responses;
 mod routes;
 mod sampling;

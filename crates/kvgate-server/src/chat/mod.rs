@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::events::{now_secs, request_id, submit_all};
-use crate::openai::request::{endpoint_body, ChatFields};
+use crate::openai::request::{endpoint_body, ChatFields, SamplingFields};
 use crate::openai::respond::{respond, StreamUsage};
 use crate::params::kind;
 use crate::reasoning::ReasoningSplit;
@@ -28,6 +28,7 @@ use crate::state::{AppState, RequestTenant};
 use crate::structured;
 use crate::tools::stream::CallStream;
 use crate::tools::{self, ToolSpec};
+use kvgate_grammar::GrammarSpec;
 
 /// Checks and normalises OpenAI chat messages: content parts of type `text` are joined with newlines
 /// (as vLLM does for string-content templates); anything else is refused with its location.
@@ -177,20 +178,28 @@ pub fn render_with_tools(
         .map_err(|e| ApiError::param("messages", e.to_string()))
 }
 
-/// The handler.
-pub async fn chat_completions(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    RequestTenant(tenant): RequestTenant,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let map = st.json_body(&headers, body)?;
-    st.check_generates("/v1/chat/completions")?;
+/// A chat request read and checked up to its prompt's token ids: everything the generation needs but
+/// the compiled grammar. What `/v1/chat/completions` submits and `/v1/chat/completions/render` shows.
+pub(crate) struct Prepared {
+    pub(crate) sf: SamplingFields,
+    pub(crate) value: Value,
+    pub(crate) model: String,
+    pub(crate) ids: Vec<u32>,
+    pub(crate) c: sampling::Common,
+    constraint: Option<(&'static str, GrammarSpec)>,
+    tool_spec: Option<ToolSpec>,
+    reasoning: ReasoningWanted,
+    want_lp: bool,
+}
+
+/// Reads a chat body: its fields, messages, template, tools, structured output and sampling, every
+/// error a 400 naming the field; the rendered prompt encoded.
+pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Prepared, ApiError> {
     let (sf, so, cf, value) = endpoint_body::<ChatFields>(map)?;
-    if cf.echo.is_some() {
+    if cf.echo == Some(true) {
         return Err(ApiError::param(
             "echo",
-            "'echo' is not supported by kvgate on chat completions",
+            "'echo: true' is not supported by kvgate on chat completions; only false is accepted",
         ));
     }
     let model = st.check_model(sf.model.as_deref())?;
@@ -230,7 +239,7 @@ pub async fn chat_completions(
         constraint = Some(("tool_choice", g));
     }
     st.check_prompt_bytes("messages", message_bytes(&messages))?;
-    let text = render_with_tools(&st, &messages, add_gen && !cont, cont, &kwargs, tool_spec.as_ref())?;
+    let text = render_with_tools(st, &messages, add_gen && !cont, cont, &kwargs, tool_spec.as_ref())?;
     let reasoning = ReasoningWanted {
         separate: cf.separate_reasoning.unwrap_or(true),
         include: cf.include_reasoning.unwrap_or(true),
@@ -261,6 +270,39 @@ pub async fn chat_completions(
     if want_lp {
         c.params.logprobs = Some(top.unwrap_or(0) as usize);
     }
+    Ok(Prepared {
+        sf,
+        value,
+        model,
+        ids,
+        c,
+        constraint,
+        tool_spec,
+        reasoning,
+        want_lp,
+    })
+}
+
+/// The handler.
+pub async fn chat_completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/chat/completions")?;
+    let Prepared {
+        sf,
+        value,
+        model,
+        ids,
+        mut c,
+        constraint,
+        tool_spec,
+        reasoning,
+        want_lp,
+    } = prepare(&st, map).await?;
     if let Some((field, spec)) = constraint {
         c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
     }

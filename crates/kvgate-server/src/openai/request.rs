@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::openai::surface::{EndpointFields, VllmFields};
 use crate::tools::Tool;
 
 /// An integer; JSON clients sometimes send `5.0`, which counts.
@@ -243,7 +244,12 @@ pub struct ChatFields {
     pub separate_reasoning: Option<bool>,
     /// SGLang's: reasoning streamed as it comes (only `true`, the default, is supported).
     pub stream_reasoning: Option<bool>,
-    pub echo: Refused,
+    /// vLLM's chat `echo` (prepend the final message): only `false`.
+    pub echo: Option<bool>,
+}
+
+impl EndpointFields for ChatFields {
+    const ADD_SPECIAL_TOKENS: bool = false;
 }
 
 /// `/v1/completions`' own fields.
@@ -252,6 +258,10 @@ pub struct CompletionFields {
     pub prompt: Option<Value>,
     pub logprobs: Option<Int>,
     pub echo: Option<bool>,
+}
+
+impl EndpointFields for CompletionFields {
+    const ADD_SPECIAL_TOKENS: bool = true;
 }
 
 /// `POST /tokenize` (vLLM's): a prompt, or messages rendered through the chat template.
@@ -317,9 +327,10 @@ pub fn only_known(body: &Map<String, Value>, known: &[&[&str]]) -> Result<(), Ap
 }
 
 /// An OpenAI endpoint's body: checked against the exact field set (the shared sampling and
-/// structured-output fields and the endpoint's own `E`), then deserialised into the three; the whole
-/// body is returned too (for `--log-requests`).
-pub fn endpoint_body<E: for<'de> Deserialize<'de>>(
+/// structured-output fields, the endpoint's own `E` and the vLLM surface kvgate accepts only at its
+/// no-op values, [`VllmFields`]), then deserialised into the three (the fourth only checked); the
+/// whole body is returned too (for `--log-requests`).
+pub fn endpoint_body<E: for<'de> Deserialize<'de> + EndpointFields>(
     body: Map<String, Value>,
 ) -> Result<(SamplingFields, StructuredFields, E, Value), ApiError> {
     only_known(
@@ -328,9 +339,11 @@ pub fn endpoint_body<E: for<'de> Deserialize<'de>>(
             field_names::<SamplingFields>(),
             field_names::<StructuredFields>(),
             field_names::<E>(),
+            field_names::<VllmFields>(),
         ],
     )?;
     let value = Value::Object(body);
+    typed::<VllmFields>(&value)?.check::<E>()?;
     Ok((typed(&value)?, typed(&value)?, typed(&value)?, value))
 }
 
