@@ -31,5 +31,6 @@ mod systemone;
 #[cfg(feature = "test-utils")]
 pub mod testing;
 mod tools;
+mod vllm_metrics;
 
 pub use state::AppState;

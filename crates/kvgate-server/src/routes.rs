@@ -38,9 +38,16 @@ pub async fn version() -> Response {
     .into_response()
 }
 
-/// `GET /metrics`: Prometheus text.
+/// `GET /metrics`: Prometheus text, kvgate's series and their `vllm:` twins.
 pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let body = st.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let body = st
+        .metrics
+        .as_ref()
+        .map(|h| crate::vllm_metrics::with_vllm_names(h.render(), st.model_name(), now))
+        .unwrap_or_default();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,
