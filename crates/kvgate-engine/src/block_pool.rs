@@ -19,6 +19,8 @@
 
 use std::collections::HashMap;
 
+use crate::kv_events::{block_hash, KvEvent};
+use crate::salts::tenant_of;
 use crate::tier::{BlockMeta, ChainKey};
 
 /// A physical block id. Only the pool makes them, so every id in circulation names a block of its
@@ -120,6 +122,11 @@ pub struct BlockPool {
     index: HashMap<u64, Vec<BlockId>>,
     hasher: KeyHasher,
     evictions: u64,
+    /// KV events since the last take (`None`: not recorded).
+    events: Option<Vec<KvEvent>>,
+    /// Blocks cached under each published hash: a hash is stored when its first block gets it and
+    /// removed when its last one loses it (an orphaned child and its recomputed twin share a key).
+    published: HashMap<u64, u32>,
 }
 
 impl BlockPool {
@@ -145,6 +152,8 @@ impl BlockPool {
             index: HashMap::new(),
             hasher,
             evictions: 0,
+            events: None,
+            published: HashMap::new(),
         };
         for b in 0..n as u32 {
             p.push_tail(BlockId(b));
@@ -239,6 +248,16 @@ impl BlockPool {
             }
         }
         self.generation[b.index()] = self.generation[b.index()].wrapping_add(1);
+        if let Some(events) = self.events.as_mut().filter(|_| tenant_of(&id.extra).is_empty()) {
+            let hash = block_hash(id.chain);
+            if let Some(n) = self.published.get_mut(&hash) {
+                *n -= 1;
+                if *n == 0 {
+                    self.published.remove(&hash);
+                    events.push(KvEvent::Removed { hash });
+                }
+            }
+        }
         Some(id)
     }
 
@@ -356,16 +375,55 @@ impl BlockPool {
             return existing;
         }
         let hash = (self.hasher)(parent, tokens, extra);
+        let chain = parent_chain.child(tokens, extra);
+        if let Some(events) = self.events.as_mut().filter(|_| tenant_of(extra).is_empty()) {
+            let n = self.published.entry(block_hash(chain)).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                events.push(KvEvent::Stored {
+                    hash: block_hash(chain),
+                    parent: (parent_chain != ChainKey::ROOT).then(|| block_hash(parent_chain)),
+                    tokens: tokens.into(),
+                });
+            }
+        }
         self.identity[b.index()] = Some(Identity {
             hash,
             parent,
             tokens: tokens.to_vec(),
             extra: extra.to_string(),
-            chain: parent_chain.child(tokens, extra),
+            chain,
             parent_chain,
         });
         self.index.entry(hash).or_default().push(b);
         b
+    }
+
+    /// Starts recording KV events (an `AllCleared` first: whatever a consumer knew of this pool is gone).
+    pub fn record_kv_events(&mut self) {
+        self.events = Some(vec![KvEvent::AllCleared]);
+        self.published.clear();
+        for id in self.identity.iter().flatten() {
+            if tenant_of(&id.extra).is_empty() {
+                *self.published.entry(block_hash(id.chain)).or_insert(0) += 1;
+            }
+        }
+    }
+
+    /// The hashes a consumer of the events should hold now: every unsalted cached block's.
+    #[cfg(test)]
+    pub fn published_hashes(&self) -> std::collections::HashSet<u64> {
+        self.identity
+            .iter()
+            .flatten()
+            .filter(|id| tenant_of(&id.extra).is_empty())
+            .map(|id| block_hash(id.chain))
+            .collect()
+    }
+
+    /// The events recorded since the last call (empty when not recording).
+    pub fn take_kv_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Marks a cached block as computed by a decision (for `decision_prefix_reuse_tokens_total`); the

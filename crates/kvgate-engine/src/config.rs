@@ -7,6 +7,7 @@ use std::time::Duration;
 use kvgate_backend::{KvCalibration, Scales};
 use kvgate_kv::{KvDtype, KvQuant};
 
+use crate::kv_events::KvEventSink;
 use crate::scheduler::Admission;
 use crate::tier::TierConfig;
 
@@ -60,6 +61,8 @@ pub struct EngineConfig {
     pub decode_share: f64,
     /// The second KV tier (`--kv-offload-memory`, `--kv-offload-dir`); off by default.
     pub tier: TierConfig,
+    /// Where the engine publishes its KV events (`--kv-events-config`); `None`: not recorded.
+    pub kv_events: Option<KvEventSink>,
 }
 
 impl Default for EngineConfig {
@@ -90,6 +93,7 @@ impl Default for EngineConfig {
             admission: Admission::cache_aware(30_000),
             decode_share: 0.7,
             tier: TierConfig::default(),
+            kv_events: None,
         }
     }
 }

@@ -258,6 +258,11 @@ impl KvManager {
         &self.pool
     }
 
+    /// The pool, for its KV-event record.
+    pub(crate) fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
     /// Prefix-cache counters.
     pub fn stats(&self) -> PrefixStats {
         self.stats

@@ -91,6 +91,9 @@ pub const TIER_SPILL_SECONDS: &str = "kvgate:kv_tier_spill_seconds_total";
 pub const SESSION_PROMPT_TOKENS: &str = "kvgate:session_prompt_tokens_total";
 /// Counter: of those, tokens found in the cache (÷ the above = the sessions' follow-up hit rate).
 pub const SESSION_CACHED_TOKENS: &str = "kvgate:session_cached_tokens_total";
+/// Counter: KV-event batches dropped because the publisher's queue was full (each leaves a gap in
+/// the sequence numbers consumers see).
+pub const KV_EVENTS_DROPPED: &str = "kvgate:kv_events_dropped_batches_total";
 /// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 

@@ -15,6 +15,20 @@ pub struct Salts<'a> {
     pub exact: Option<&'a str>,
 }
 
+/// The key a fast-path sequence's own blocks are registered under: the backend's fast path named
+/// apart from every exact key, then the tenant's salt (`""` for none).
+pub(crate) fn fast_key(path: &str, tenant: &str) -> String {
+    format!("\u{1}{path}\u{1}{tenant}")
+}
+
+/// The tenant's salt inside a block's key (exact or fast path): `""` when the block is shared by all.
+pub(crate) fn tenant_of(key: &str) -> &str {
+    match key.strip_prefix('\u{1}') {
+        Some(rest) => rest.split_once('\u{1}').map_or("", |(_, tenant)| tenant),
+        None => key,
+    }
+}
+
 impl<'a> Salts<'a> {
     /// One key, read and registered.
     #[cfg(test)]
@@ -27,5 +41,18 @@ impl<'a> Salts<'a> {
     pub(crate) fn candidates(self, exact: bool) -> impl Iterator<Item = (&'a str, bool)> {
         let first = self.exact.filter(|_| exact).map(|e| (e, true));
         first.into_iter().chain(std::iter::once((self.own, false)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tenant_is_read_back_from_either_key() {
+        assert_eq!(tenant_of(""), "");
+        assert_eq!(tenant_of("acme"), "acme");
+        assert_eq!(tenant_of(&fast_key("int8", "")), "");
+        assert_eq!(tenant_of(&fast_key("int8", "acme")), "acme");
     }
 }

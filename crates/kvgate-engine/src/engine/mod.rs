@@ -157,6 +157,9 @@ pub fn start_with_backend(
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     sched.set_admission(cfg.admission);
     sched.set_prefill_cap(prefill_cap(&cfg));
+    if cfg.kv_events.is_some() {
+        sched.record_kv_events();
+    }
     // a chunk of prompt logprobs returns at most 64 MiB of logits
     sched.set_all_rows_cap((64 << 20) / (4 * backend.vocab_size().max(1)));
     if let Some(n) = cfg.max_retained_blocks {
@@ -271,7 +274,15 @@ impl Engine {
                     }
                 }
             }
+            self.publish_kv_events();
             self.rec.update(&self.sched);
+        }
+    }
+
+    /// Hands the pool's KV events since the last call to the sink, as one batch.
+    fn publish_kv_events(&mut self) {
+        if let Some(sink) = &self.cfg.kv_events {
+            sink.publish(self.sched.take_kv_events());
         }
     }
 
@@ -284,7 +295,7 @@ impl Engine {
                 // warm state) and continues on its own.
                 let exact = req.cache_salt.clone().unwrap_or_default();
                 let (salt, exact) = match self.backend.fast_path() {
-                    Some(path) => (format!("\u{1}{path}\u{1}{exact}"), Some(exact)),
+                    Some(path) => (crate::salts::fast_key(path, &exact), Some(exact)),
                     None => (exact, None),
                 };
                 let (g, kind) = generate::admit(&mut self.sched, *req, &salt, exact.as_deref(), tx);
@@ -371,7 +382,12 @@ impl Engine {
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
         let (prefill, all_rows) = (self.sched.prefill_cap(), self.sched.all_rows_cap());
         let tier = self.sched.set_tier(None);
+        // the old pool's last events (what it stored before the failure) go out before it is cleared
+        self.publish_kv_events();
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
+        if self.cfg.kv_events.is_some() {
+            self.sched.record_kv_events();
+        }
         self.sched.set_tier(tier);
         self.sched.set_max_pinned_blocks(cap);
         self.sched.set_max_pinned_per_tenant(per_tenant);

@@ -104,6 +104,16 @@ impl Scheduler {
         self.kv.pool()
     }
 
+    /// Starts recording the pool's KV events (an `AllCleared` first).
+    pub fn record_kv_events(&mut self) {
+        self.kv.pool_mut().record_kv_events();
+    }
+
+    /// The pool's KV events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<crate::KvEvent> {
+        self.kv.pool_mut().take_kv_events()
+    }
+
     /// Prefix-cache counters.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.kv.stats()
