@@ -7,7 +7,7 @@
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
 #     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs, and langchain-openai for
 #     tests/structured_clients.rs, the OpenAI Agents SDK for tests/agents_sdk.rs and pydantic-ai for
-#     tests/pydantic_ai.rs;
+#     tests/pydantic_ai.rs, vllm-router with pyzmq and msgpack for tests/replicas.rs;
 #   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs, Codex CLI for tests/codex_cli.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +57,13 @@ if ! .ci/venv/bin/python -c "import pydantic_ai" 2>/dev/null; then
   echo "setup: installing pydantic-ai-slim[openai]==2.68.0 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check 'pydantic-ai-slim[openai]==2.68.0' openai==3.57.0
+fi
+# vllm-router (tests/replicas.rs puts it in front of two replicas) and pyzmq + msgpack (its independent
+# KV event consumer).
+if [ ! -x .ci/venv/bin/vllm-router ] || ! .ci/venv/bin/python -c "import zmq, msgpack" 2>/dev/null; then
+  echo "setup: installing vllm-router==0.1.17, pyzmq==27.3.0 and msgpack==1.2.4 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check vllm-router==0.1.17 pyzmq==27.3.0 msgpack==1.2.4
 fi
 # The Vercel AI SDK (tests/vercel_ai_sdk.rs: @ai-sdk/openai's default model API is /v1/responses) and
 # Codex CLI (tests/codex_cli.rs: it speaks only /v1/responses), from npm.

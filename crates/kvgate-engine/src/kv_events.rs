@@ -162,8 +162,14 @@ mod tests {
                     let salts = match rng.random_range(0..4) {
                         0 => Salts { own: "", exact: None },
                         1 => Salts { own: "t", exact: None },
-                        2 => Salts { own: &fast, exact: Some("") },
-                        _ => Salts { own: &fast_salted, exact: Some("t") },
+                        2 => Salts {
+                            own: &fast,
+                            exact: Some(""),
+                        },
+                        _ => Salts {
+                            own: &fast_salted,
+                            exact: Some("t"),
+                        },
                     };
                     let mut sb = m.match_prefix(&toks, usize::MAX, salts, false);
                     let hit = (sb.len() * 4).min(toks.len() - 1);
@@ -194,7 +200,10 @@ mod tests {
                 }
                 assert_eq!(index, m.pool().published_hashes(), "seed {seed}");
             }
-            assert!(stored > 20 && removed > 5, "seed {seed}: the workload evicts ({stored}, {removed})");
+            assert!(
+                stored > 20 && removed > 5,
+                "seed {seed}: the workload evicts ({stored}, {removed})"
+            );
         }
     }
 

@@ -94,6 +94,8 @@ pub const SESSION_CACHED_TOKENS: &str = "kvgate:session_cached_tokens_total";
 /// Counter: KV-event batches dropped because the publisher's queue was full (each leaves a gap in
 /// the sequence numbers consumers see).
 pub const KV_EVENTS_DROPPED: &str = "kvgate:kv_events_dropped_batches_total";
+/// Counter: KV-event batches sent on the publisher's socket.
+pub const KV_EVENTS_PUBLISHED: &str = "kvgate:kv_events_published_batches_total";
 /// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 

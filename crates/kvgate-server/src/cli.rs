@@ -35,6 +35,9 @@ pub enum StartError {
     /// The default model could not be fetched.
     #[error("{0}")]
     DefaultModel(String),
+    /// The KV event publisher could not start (a socket that does not bind).
+    #[error("--kv-events-config: {0}")]
+    KvEvents(String),
     /// `--model` names nothing.
     #[error("--model {0}: no such file or directory")]
     ModelMissing(String),
@@ -219,6 +222,8 @@ pub struct BuildOptions {
     pub metrics: Option<PrometheusHandle>,
     /// Route the test hooks (`/debug/panic`, `/debug/stop-engine`).
     pub test_hooks: bool,
+    /// Where the engine publishes its KV events (`--kv-events-config`, started by [`run`]).
+    pub kv_events: Option<kvgate_engine::KvEventSink>,
 }
 
 /// Sizes the KV cache, starts the engine on `loaded`, and builds the shared state and the router from
@@ -305,6 +310,7 @@ pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Buil
     let tokenizer = Arc::new(loaded.tokenizer);
     let scaled = dtype.is_scaled();
     let ecfg = EngineConfig {
+        kv_events: opts.kv_events.clone(),
         block_size: args.block_size,
         num_blocks,
         max_num_seqs: args.max_num_seqs,
@@ -440,10 +446,24 @@ async fn run(args: Args) -> Result<(), StartError> {
         ),
         _ => {}
     }
+    let kv_events = match args
+        .kv_events_config
+        .as_deref()
+        .map(crate::kv_events::KvEventsConfig::parse)
+    {
+        Some(Ok(c)) if c.publishes() => Some(
+            crate::kv_events::start(&c, args.block_size)
+                .await
+                .map_err(StartError::KvEvents)?,
+        ),
+        Some(Err(e)) => return Err(StartError::KvEvents(e)),
+        _ => None,
+    };
     let opts = BuildOptions {
         is_default,
         metrics,
         test_hooks: std::env::var("KVGATE_TEST_HOOKS").is_ok_and(|v| v == "1"),
+        kv_events,
     };
     let int8 = args.activations == Activations::Int8;
     let (built, source, arch, layers) = if kvgate_model::encoder::is_encoder_dir(&path) {

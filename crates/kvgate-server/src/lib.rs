@@ -15,6 +15,7 @@ pub mod encoder_model;
 mod error;
 mod events;
 pub mod infer;
+pub mod kv_events;
 pub mod listen;
 mod middleware;
 mod openai;

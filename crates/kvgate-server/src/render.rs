@@ -114,7 +114,12 @@ pub async fn completions(
     let (sf, _, cf, _) = endpoint_body::<CompletionFields>(map)?;
     let model = st.check_model(sf.model.as_deref())?;
     let max_tokens = int_in("max_tokens", sf.max_tokens, 0, i64::MAX)?.unwrap_or(16);
-    let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, Some(max_tokens.max(1)))?;
+    let mut c = sampling::read(
+        &sf,
+        &st.defaults,
+        st.engine.limits().vocab_size,
+        Some(max_tokens.max(1)),
+    )?;
     c.params.max_tokens = max_tokens as usize;
     c.params.logprobs = int_in("logprobs", cf.logprobs, 0, 20)?.map(|x| x as usize);
     let id = request_id("cmpl");

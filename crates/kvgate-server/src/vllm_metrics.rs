@@ -45,7 +45,10 @@ fn family(line: &str) -> Option<(&str, usize, usize)> {
     let name = rest[..end].strip_prefix("kvgate:")?;
     let fam = ["_bucket", "_sum", "_count"]
         .iter()
-        .find_map(|s| name.strip_suffix(s).filter(|f| SHARED.contains(f) && f.ends_with("_seconds")))
+        .find_map(|s| {
+            name.strip_suffix(s)
+                .filter(|f| SHARED.contains(f) && f.ends_with("_seconds"))
+        })
         .unwrap_or(name);
     SHARED.contains(&fam).then_some((fam, start, start + end))
 }
@@ -55,7 +58,9 @@ fn family(line: &str) -> Option<(&str, usize, usize)> {
 pub fn with_vllm_names(text: String, model_name: &str, now: f64) -> String {
     let mut twins = String::with_capacity(text.len() / 2);
     for line in text.lines() {
-        let Some((fam, start, end)) = family(line) else { continue };
+        let Some((fam, start, end)) = family(line) else {
+            continue;
+        };
         let suffix = &line[start + "kvgate:".len()..end];
         let names = std::iter::once(suffix.to_string()).chain(
             ALIASES
@@ -116,7 +121,10 @@ kvgate:num_requests_waiting_for_godot 1
         ] {
             assert!(added.contains(&want), "missing {want:?} in {added:#?}");
         }
-        assert!(!out.contains("vllm:kv_tier_blocks"), "kvgate-only families stay kvgate's");
+        assert!(
+            !out.contains("vllm:kv_tier_blocks"),
+            "kvgate-only families stay kvgate's"
+        );
         assert!(!out.contains("vllm:num_requests_waiting_for_godot"));
         assert_eq!(added.iter().filter(|l| l.starts_with("vllm:")).count(), 9);
     }

@@ -219,6 +219,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 impl Engine {
     fn run(mut self, rx: mpsc::Receiver<Command>) {
         let _guard = AliveGuard(self.shared.clone());
+        // consumers learn at once that whatever they knew of this replica's cache is gone
+        self.publish_kv_events();
         loop {
             // Wait for work when idle (waking for keep_alive expiries).
             if self.sched.is_idle() {

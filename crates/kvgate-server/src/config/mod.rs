@@ -144,6 +144,15 @@ pub struct Args {
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DIR")]
     pub kv_offload_dir: Option<std::path::PathBuf>,
 
+    /// KV-cache events for KV-aware routers (vllm-router's kv_aware, llm-d, Dynamo), in vLLM's format
+    /// and with vLLM's JSON ('{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
+    /// "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'; also "topic", "buffer_steps",
+    /// "max_queue_size"): every block that enters or leaves the prefix cache, on a ZeroMQ PUB socket,
+    /// with a replay socket for consumers that missed some; blocks under a cache_salt or an API key's
+    /// salt are never published [default: none]
+    #[arg(long, env = "KVGATE_KV_EVENTS_CONFIG", value_parser = values::kv_events_config)]
+    pub kv_events_config: Option<String>,
+
     /// Most bytes the spill file in --kv-offload-dir may take
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
     pub kv_offload_disk: ByteSize,

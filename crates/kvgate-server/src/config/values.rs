@@ -295,3 +295,9 @@ impl From<PoolingSetting> for kvgate_engine::Pooling {
         }
     }
 }
+
+/// `--kv-events-config`: kept as given once it reads as a KV events config (parsed into
+/// [`crate::kv_events::KvEventsConfig`] where the publisher starts).
+pub fn kv_events_config(s: &str) -> Result<String, String> {
+    crate::kv_events::KvEventsConfig::parse(s).map(|_| s.to_string())
+}

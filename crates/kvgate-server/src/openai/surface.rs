@@ -71,7 +71,12 @@ impl VllmFields {
             false,
             "stop strings are trimmed; 'include_stop_str_in_output: true' keeps them",
         )?;
-        flag("return_hidden_states", self.return_hidden_states, false, "hidden states are not returned")?;
+        flag(
+            "return_hidden_states",
+            self.return_hidden_states,
+            false,
+            "hidden states are not returned",
+        )?;
         flag(
             "spaces_between_special_tokens",
             self.spaces_between_special_tokens,
@@ -90,7 +95,12 @@ impl VllmFields {
             false,
             "logprob tokens are text",
         )?;
-        flag("return_token_ids", self.return_token_ids, false, "use /tokenize for token ids")?;
+        flag(
+            "return_token_ids",
+            self.return_token_ids,
+            false,
+            "use /tokenize for token ids",
+        )?;
         if let Some(Int(p)) = self.priority.filter(|p| p.0 != 0) {
             return Err(ApiError::param(
                 "priority",
@@ -148,12 +158,21 @@ mod tests {
         let chat = json!({"no_stop_trim": false, "return_hidden_states": false});
         assert_eq!(check::<ChatFields>(chat), Ok(()));
         assert_eq!(check::<CompletionFields>(json!({"add_special_tokens": true})), Ok(()));
-        assert_eq!(check::<ChatFields>(json!({"add_special_tokens": false, "priority": 0})), Ok(()));
-        assert_eq!(check::<ChatFields>(json!({"length_penalty": 1.0, "request_id": null})), Ok(()));
+        assert_eq!(
+            check::<ChatFields>(json!({"add_special_tokens": false, "priority": 0})),
+            Ok(())
+        );
+        assert_eq!(
+            check::<ChatFields>(json!({"length_penalty": 1.0, "request_id": null})),
+            Ok(())
+        );
         for (body, named) in [
             (json!({"no_stop_trim": true}), "'no_stop_trim: true'"),
             (json!({"return_hidden_states": true}), "'return_hidden_states: true'"),
-            (json!({"spaces_between_special_tokens": false}), "spaces_between_special_tokens"),
+            (
+                json!({"spaces_between_special_tokens": false}),
+                "spaces_between_special_tokens",
+            ),
             (json!({"priority": 3}), "'priority: 3'"),
             (json!({"data_parallel_rank": 1}), "'data_parallel_rank: 1'"),
             (json!({"length_penalty": 0.5}), "'length_penalty: 0.5'"),
