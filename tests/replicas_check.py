@@ -80,8 +80,14 @@ def state(seed, words=300):
 
 
 def which(replicas, before):
-    after = [served(u) for u in replicas]
-    moved = [i for i in range(len(replicas)) if after[i] > before[i]]
+    """The replica that served the one request sent since `before` (its counters are recorded by the
+    engine thread just after the answer goes out, so they are polled briefly)."""
+    for _ in range(100):
+        after = [served(u) for u in replicas]
+        moved = [i for i in range(len(replicas)) if after[i] > before[i]]
+        if moved:
+            break
+        time.sleep(0.05)
     assert len(moved) == 1, f"one request, replicas that served: {moved}"
     return moved[0], after
 

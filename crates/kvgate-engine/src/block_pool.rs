@@ -91,6 +91,9 @@ struct Identity {
     extra: String,
     chain: ChainKey,
     parent_chain: ChainKey,
+    /// The key KV events name it by: its token chain alone (no path key), so an exact block and its
+    /// fast-path twin are one published block; `None` under a tenant's salt (never published).
+    public: Option<ChainKey>,
 }
 
 /// Counts for metrics and tests.
@@ -248,8 +251,8 @@ impl BlockPool {
             }
         }
         self.generation[b.index()] = self.generation[b.index()].wrapping_add(1);
-        if let Some(events) = self.events.as_mut().filter(|_| tenant_of(&id.extra).is_empty()) {
-            let hash = block_hash(id.chain);
+        if let (Some(events), Some(public)) = (self.events.as_mut(), id.public) {
+            let hash = block_hash(public);
             if let Some(n) = self.published.get_mut(&hash) {
                 *n -= 1;
                 if *n == 0 {
@@ -376,13 +379,23 @@ impl BlockPool {
         }
         let hash = (self.hasher)(parent, tokens, extra);
         let chain = parent_chain.child(tokens, extra);
-        if let Some(events) = self.events.as_mut().filter(|_| tenant_of(extra).is_empty()) {
-            let n = self.published.entry(block_hash(chain)).or_insert(0);
+        let parent_public = match parent {
+            None => Some(ChainKey::ROOT),
+            Some((pb, g)) => self.identity[pb.index()]
+                .as_ref()
+                .filter(|_| self.generation[pb.index()] == g)
+                .and_then(|id| id.public),
+        };
+        let public = parent_public
+            .filter(|_| tenant_of(extra).is_empty())
+            .map(|k| k.child(tokens, ""));
+        if let (Some(events), Some(key)) = (self.events.as_mut(), public) {
+            let n = self.published.entry(block_hash(key)).or_insert(0);
             *n += 1;
             if *n == 1 {
                 events.push(KvEvent::Stored {
-                    hash: block_hash(chain),
-                    parent: (parent_chain != ChainKey::ROOT).then(|| block_hash(parent_chain)),
+                    hash: block_hash(key),
+                    parent: parent.and(parent_public).map(block_hash),
                     tokens: tokens.into(),
                 });
             }
@@ -394,6 +407,7 @@ impl BlockPool {
             extra: extra.to_string(),
             chain,
             parent_chain,
+            public,
         });
         self.index.entry(hash).or_default().push(b);
         b
@@ -403,10 +417,8 @@ impl BlockPool {
     pub fn record_kv_events(&mut self) {
         self.events = Some(vec![KvEvent::AllCleared]);
         self.published.clear();
-        for id in self.identity.iter().flatten() {
-            if tenant_of(&id.extra).is_empty() {
-                *self.published.entry(block_hash(id.chain)).or_insert(0) += 1;
-            }
+        for key in self.identity.iter().flatten().filter_map(|id| id.public) {
+            *self.published.entry(block_hash(key)).or_insert(0) += 1;
         }
     }
 
@@ -416,8 +428,8 @@ impl BlockPool {
         self.identity
             .iter()
             .flatten()
-            .filter(|id| tenant_of(&id.extra).is_empty())
-            .map(|id| block_hash(id.chain))
+            .filter_map(|id| id.public)
+            .map(block_hash)
             .collect()
     }
 

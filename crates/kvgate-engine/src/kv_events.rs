@@ -6,9 +6,13 @@
 //! thread hands each step's events to a [`KvEventSink`] as one batch with the next sequence number.
 //!
 //! Guarantees:
-//! - a block's hash is its content chain key (`tier::ChainKey`, folded to 64 bits): the same prefix
-//!   under the same key gets the same hash in every process; a `Stored` names its parent's hash
-//!   (`None` for a sequence's first block), which was itself published before (or in the same batch);
+//! - a block's hash is the chain key of its tokens alone (`tier::ChainKey` with no path key, folded
+//!   to 64 bits): the same token prefix gets the same hash in every process, and a block computed on
+//!   the exact path (a decision's state) and its fast-path twin (a completion's) are one published
+//!   block — stored when the first of them is cached, removed when the last one goes. Consumers index
+//!   by these hashes (vllm-router anchors one engine hash per token position: two hashes for one
+//!   prefix would orphan the second's children). A `Stored` names its parent's hash (`None` for a
+//!   sequence's first block), which was itself published before (or in the same batch);
 //! - blocks under a tenant's `cache_salt` (or an API key's salt) are never published: their token ids
 //!   would tell whoever reads the stream what another tenant sent, and a router cannot route to a
 //!   salted prefix anyway (it does not know the salt). Their children share the salt, so they are not
@@ -205,6 +209,39 @@ mod tests {
                 "seed {seed}: the workload evicts ({stored}, {removed})"
             );
         }
+    }
+
+    /// An exact block and its fast-path twin (same tokens, different path keys) are one published
+    /// block: stored once, removed with the last of them; a salted one never shows.
+    #[test]
+    fn twins_publish_once_and_salted_blocks_never() {
+        use crate::block_pool::BlockPool;
+        use crate::salts::fast_key;
+
+        let mut p = BlockPool::new(3);
+        p.record_kv_events();
+        let fast = fast_key("f", "");
+        let (a, _) = p.allocate_evicting().unwrap();
+        p.register(a, None, ChainKey::ROOT, &[1, 2], "");
+        let (b, _) = p.allocate_evicting().unwrap();
+        p.register(b, None, ChainKey::ROOT, &[1, 2], &fast);
+        let (c, _) = p.allocate_evicting().unwrap();
+        p.register(c, None, ChainKey::ROOT, &[1, 2], &fast_key("f", "tenant"));
+        let ev = p.take_kv_events();
+        let stored: Vec<_> = ev.iter().filter(|e| matches!(e, KvEvent::Stored { .. })).collect();
+        assert_eq!(ev[0], KvEvent::AllCleared);
+        assert_eq!(stored.len(), 1, "{ev:?}");
+        for x in [a, b, c] {
+            p.decref(x);
+        }
+        // reuse all three: the exact one goes first (no event), then its twin (removed), then the
+        // salted one (nothing)
+        for _ in 0..3 {
+            p.allocate_evicting().unwrap();
+        }
+        let ev = p.take_kv_events();
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert!(matches!(ev[0], KvEvent::Removed { .. }));
     }
 
     #[test]
