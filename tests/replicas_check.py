@@ -6,9 +6,10 @@ independent consumer (pyzmq + msgpack). Driven by tests/replicas.rs:
 
 router: (1) consistent_hash with X-Session-ID: agent sessions (decision -> follow-up -> next turn) all
 200, each session on one replica, both replicas used, follow-ups >= 90% cached; the replicas' vllm:
-metrics as llm-d's endpoint picker scrapes them. (2) kv_aware fed by both replicas' KV events: a new
-session whose long system prompt one replica holds (warmed there directly, one prompt per replica, so a
-tie-break cannot pass the check) is routed to that replica, and its prompt is then cached.
+metrics as llm-d's endpoint picker scrapes them. (2) kv_aware fed by both replicas' KV events (with
+session affinity): a new session whose long system prompt one replica holds (warmed there directly, one
+prompt per replica, so a tie-break cannot pass the check) is routed to that replica, and its prompt is
+then cached; 8 concurrent sessions use both replicas and find their first turn cached.
 events: the stream decodes as vLLM's wire format; seq from 1 without gaps; every BlockStored's parent
 known (as llm-d's indexer requires, else it drops the store), every BlockRemoved of a known hash; token
 ids chain to the prompts' full blocks; a tenant-salted prompt's token ids never appear; the replay
@@ -142,7 +143,8 @@ def routed_sessions(router_bin, replicas):
 
 
 def kv_routed(router_bin, replicas, events, replays):
-    extra = ["--policy", "kv_aware", "--kv-event-block-size", "16", "--kv-event-model", "kvgate-test"]
+    extra = ["--policy", "kv_aware", "--kv-event-block-size", "16", "--kv-event-model", "kvgate-test",
+             "--kv-aware-session-affinity-ttl-secs", "60"]
     for u, e in zip(replicas, events):
         extra += ["--kv-event-source", f"{u}={e}"]
     for u, r in zip(replicas, replays):
@@ -165,6 +167,34 @@ def kv_routed(router_bin, replicas, events, replays):
                 assert home == i, f"a session sharing replica {i}'s system prompt went to replica {home}"
                 assert c >= 0.9 * (p - 32), f"routed to its prefix but {c} of {p} cached"
         print("kv_aware: 4 new sessions, each on the replica holding its system prompt (cached >= 90%)")
+        # 8 agent sessions at once (with their session header): both replicas busy, follow-ups warm
+        import threading
+        before = [served(u) for u in replicas]
+        res, errors = {}, []
+
+        def session(k):
+            try:
+                h = {"X-Session-ID": f"concurrent-{k}"}
+                msgs = state(3000 + k)
+                f = post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8}, h)
+                msgs = msgs + [{"role": "assistant", "content": f["choices"][0]["message"]["content"]},
+                               {"role": "user", "content": "Next step?"}]
+                n = post(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 8}, h)
+                res[k] = (n["usage"]["prompt_tokens_details"]["cached_tokens"], f["usage"]["prompt_tokens"])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=session, args=(k,)) for k in range(8)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors, errors
+        time.sleep(0.3)
+        after = [served(u) for u in replicas]
+        assert all(a > b for a, b in zip(after, before)), f"both replicas serve: {before} -> {after}"
+        cached, first = sum(c for c, _ in res.values()), sum(p for _, p in res.values())
+        print(f"kv_aware with session affinity: 8 concurrent sessions, follow-ups found {cached} of the "
+              f"first turns' {first} tokens cached")
+        assert cached >= 0.9 * first, (cached, first)
     finally:
         proc.kill()
 
