@@ -1,16 +1,19 @@
 //! Engine throughput on the default model, in process (no HTTP): single-stream decode, prefill of a
 //! 512-token prompt, aggregate decode at 1/4/16/64 concurrent streams, and the TTFT ratio of a
-//! 2,000-token shared prefix (second request ÷ first). Run with `cargo bench --bench engine`; prints a
-//! table. Compare numbers within one run: the machines are shared and noisy.
+//! 2,000-token shared prefix (second request ÷ first), and what publishing KV events costs: 16 streams
+//! of unsalted prompts (so every block is published) on an engine with an event sink, whose batches a
+//! task encodes as the publisher does, against the same engine without one, alternated over rounds.
+//! Run with `cargo bench --bench engine`; prints a table. Compare numbers within one run: the machines
+//! are shared and noisy.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_engine::{start, EngineConfig, EngineHandle, Event, GenerateRequest, SamplingParams};
+use kvgate_engine::{start, EngineConfig, EngineHandle, Event, GenerateRequest, KvEventSink, SamplingParams};
 use kvgate_kv::KvDtype;
 use kvgate_model::{load, LoadOptions};
 
-fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
+fn engine(prefix: bool, kv_events: Option<KvEventSink>, kv_bytes: u64) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let path = kvgate_server::default_model::ensure_default_model(false).expect("default model");
     let m = load(
         &path,
@@ -25,7 +28,8 @@ fn engine(prefix: bool) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let shape = c.cache_shape(16, KvDtype::F32).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        num_blocks: shape.blocks_for_bytes(2 << 30).unwrap(),
+        num_blocks: shape.blocks_for_bytes(kv_bytes).unwrap(),
+        kv_events,
         max_queue: 4096,
         prefix_caching: prefix,
         max_model_len: 4096,
@@ -86,7 +90,7 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let (h, tok) = engine(true);
+        let (h, tok) = engine(true, None, 2 << 30);
         // warm-up
         run(&h, prompt_of(&tok, 32, 0), 8, Some("warm".into())).await;
         let mut rows: Vec<(String, String)> = vec![];
@@ -130,6 +134,46 @@ fn main() {
         rows.push((
             "TTFT, 2,000-token shared prefix".into(),
             format!("first {t1:.2} s, second {t2:.3} s, ratio {:.3}", t2 / t1),
+        ));
+        // KV events: the same 16-stream decode on engines with and without a sink, alternated; the
+        // prompts are unsalted and new each round, so every block they fill is published
+        drop(h);
+        let (plain, _) = engine(true, None, 1 << 30);
+        let (sink, mut rx) = KvEventSink::channel(100_000);
+        let (with, _) = engine(true, Some(sink.clone()), 1 << 30);
+        let encoder = tokio::spawn(async move {
+            let (mut batches, mut bytes) = (0usize, 0usize);
+            while let Some(b) = rx.recv().await {
+                bytes += kvgate_server::kv_events::encode(&b, 16).len();
+                batches += 1;
+            }
+            (batches, bytes)
+        });
+        let (mut off, mut on) = (vec![], vec![]);
+        for round in 0..6 {
+            for (h, out) in [(&plain, &mut off), (&with, &mut on)] {
+                let t0 = Instant::now();
+                let futs: Vec<_> = (0..16)
+                    .map(|i| run(h, prompt_of(&tok, 48, 1000 + round * 100 + i), 64, None))
+                    .collect();
+                let toks: usize = futures::future::join_all(futs).await.iter().map(|r| r.2).sum();
+                out.push(toks as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+        drop(with);
+        drop(sink);
+        let (batches, bytes) = encoder.await.unwrap();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+        };
+        let (m_off, m_on) = (median(&mut off), median(&mut on));
+        rows.push((
+            "aggregate decode, 16 streams, KV events off / on (6 rounds, medians)".into(),
+            format!(
+                "{m_off:.1} / {m_on:.1} tok/s ({:+.1}%); {batches} batches, {bytes} bytes encoded",
+                (m_on / m_off - 1.0) * 100.0
+            ),
         ));
         println!("\n| benchmark (default model, 2 threads) | result |\n|---|---|");
         for (k, v) in rows {
