@@ -9,6 +9,7 @@
 //! baseline: the same question as a chat completion (max_tokens 5, temperature 0), the reply parsed
 //! for an option / yes-no / level. Runs on the default model, or on `DQ_MODEL` (a GGUF path).
 //! `DQ_TASKS` (comma-separated task names) runs a subset; `DQ_GENERATIVE=0` skips the baseline;
+//! `DQ_DUMP=path` appends every item's distribution as a JSON line (for fitting calibration offline);
 //! `DQ_TEMPERATURE` serves with that `--decision-temperature` (default 1: raw distributions). `cargo bench --bench decision_quality` prints a
 //! table, and per method and question type the temperature that fits best (2-fold cross-validated).
 
@@ -277,6 +278,8 @@ fn main() {
     let methods = std::env::var("DQ_METHODS").unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated".into());
     // per method: (type, distribution, labeled answer) of every item, for the temperature fit
     let mut raw: BTreeMap<String, Vec<(String, Vec<f64>, usize)>> = BTreeMap::new();
+    // DQ_DUMP=path: every item's distribution appended as a JSON line (method, task, type, p, want)
+    let dump = std::env::var("DQ_DUMP").ok();
     for method in methods.split(',') {
         let t0 = Instant::now();
         // "ordered+calibrated@2": that read method with x_orders 2
@@ -300,13 +303,27 @@ fn main() {
             raw.entry(method.to_string())
                 .or_default()
                 .push((kind.clone(), p.clone(), want));
+            // the options listed in reverse, read once per choice (the same answer is the point)
+            let flipped = (kind == "choice").then(|| ask(&reversed(&it.q))["choice"] != a["choice"]);
+            if let Some(path) = &dump {
+                use std::io::Write;
+                let line = json!({"method": method, "task": it.task, "type": kind, "p": p, "want": want});
+                writeln!(
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .expect("DQ_DUMP"),
+                    "{line}"
+                )
+                .expect("DQ_DUMP");
+            }
             for key in [kind.clone(), it.task.clone(), "all".into()] {
                 let t = table.entry((method.to_string(), key)).or_default();
                 t.add(&p, want);
-                if kind == "choice" {
-                    let b = ask(&reversed(&it.q));
+                if let Some(f) = flipped {
                     t.flip_n += 1;
-                    t.flips += usize::from(b["choice"] != a["choice"]);
+                    t.flips += usize::from(f);
                 }
             }
         }
