@@ -16,6 +16,8 @@
 //!
 //! Every identity also carries its content [`ChainKey`] (and its parent's), which outlives the block id:
 //! an evicted identity is handed back as a [`BlockMeta`], so a second tier can keep the block by content.
+//! When KV events are recorded (`crate::kv_events`), every identity gained or lost is noted too, under
+//! its token chain alone (twins across path keys counted as one; tenant-salted ones never).
 
 use std::collections::HashMap;
 
