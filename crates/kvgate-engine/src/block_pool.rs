@@ -94,7 +94,8 @@ struct Identity {
     chain: ChainKey,
     parent_chain: ChainKey,
     /// The key KV events name it by: its token chain alone (no path key), so an exact block and its
-    /// fast-path twin are one published block; `None` under a tenant's salt (never published).
+    /// fast-path twin are one published block; `None` under a tenant's salt (never published) or
+    /// when events are not recorded.
     public: Option<ChainKey>,
 }
 
@@ -381,7 +382,9 @@ impl BlockPool {
         }
         let hash = (self.hasher)(parent, tokens, extra);
         let chain = parent_chain.child(tokens, extra);
+        // the token-chain key is only kept while events are recorded (it costs a hash per block)
         let parent_public = match parent {
+            _ if self.events.is_none() => None,
             None => Some(ChainKey::ROOT),
             Some((pb, g)) => self.identity[pb.index()]
                 .as_ref()
@@ -416,12 +419,10 @@ impl BlockPool {
     }
 
     /// Starts recording KV events (an `AllCleared` first: whatever a consumer knew of this pool is gone).
+    /// Called on a fresh pool (blocks cached before it are never published).
     pub fn record_kv_events(&mut self) {
         self.events = Some(vec![KvEvent::AllCleared]);
         self.published.clear();
-        for key in self.identity.iter().flatten().filter_map(|id| id.public) {
-            *self.published.entry(block_hash(key)).or_insert(0) += 1;
-        }
     }
 
     /// The hashes a consumer of the events should hold now: every unsalted cached block's.

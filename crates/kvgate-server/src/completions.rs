@@ -9,19 +9,20 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use kvgate_engine::{FinishReason, GenerateRequest, StopMatch, TokenLogprob, Usage};
-use serde_json::Value;
+use kvgate_grammar::GrammarSpec;
+use serde_json::{Map, Value};
 
 use crate::error::ApiError;
 use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
-use crate::openai::request::{endpoint_body, CompletionFields};
+use crate::openai::request::{endpoint_body, CompletionFields, SamplingFields};
 use crate::openai::respond::{respond, vllm_prompt_logprobs, PromptLogprobs, Shape, StreamUsage};
 use crate::openai::response::{Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
 
 /// A prompt as given: its tokens and its text (for `echo`).
-struct Prompt {
-    ids: Vec<u32>,
+pub(crate) struct Prompt {
+    pub(crate) ids: Vec<u32>,
     text: String,
 }
 
@@ -32,12 +33,6 @@ const DOCUMENT_START: [&str; 4] = ["<|endoftext|>", "<|begin_of_text|>", "<s>", 
 enum RawPrompt<'a> {
     Text(&'a str),
     Ids(&'a [Value]),
-}
-
-/// The token ids of each prompt of a completions body, as the handler reads them (for the render
-/// endpoint).
-pub(crate) async fn prompt_ids(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Vec<u32>>, ApiError> {
-    Ok(read_prompts(prompt, st).await?.into_iter().map(|p| p.ids).collect())
 }
 
 async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
@@ -146,15 +141,24 @@ fn legacy_logprobs(
     out
 }
 
-/// The handler.
-pub async fn completions(
-    State(st): State<Arc<AppState>>,
-    headers: HeaderMap,
-    RequestTenant(tenant): RequestTenant,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let map = st.json_body(&headers, body)?;
-    st.check_generates("/v1/completions")?;
+/// A completions body read and checked up to its prompts' token ids: everything the generation needs
+/// but the compiled grammar. What `/v1/completions` submits and `/v1/completions/render` shows.
+pub(crate) struct Prepared {
+    pub(crate) sf: SamplingFields,
+    pub(crate) value: Value,
+    pub(crate) model: String,
+    pub(crate) c: sampling::Common,
+    pub(crate) prompts: Vec<Prompt>,
+    /// `max_tokens: 0` with `echo`: the prompt is scored, nothing generated.
+    pub(crate) score_only: bool,
+    echo: bool,
+    logprobs: Option<usize>,
+    constraint: Option<(&'static str, GrammarSpec)>,
+}
+
+/// Reads a completions body: its fields, sampling, `echo` and legacy `logprobs`, structured output and
+/// prompts, every error a 400 naming the field.
+pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Prepared, ApiError> {
     let (sf, so, cf, value) = endpoint_body::<CompletionFields>(map)?;
     let model = st.check_model(sf.model.as_deref())?;
     let echo = cf.echo.unwrap_or(false);
@@ -197,14 +201,48 @@ pub async fn completions(
         // the echoed prompt's legacy logprobs and vLLM's prompt_logprobs come from one computation
         c.params.prompt_logprobs = logprobs.max(c.prompt_logprobs);
     }
-    let prompts = read_prompts(cf.prompt.as_ref(), &st).await?;
-    if let Some((field, spec)) = crate::structured::read(&so)? {
-        if score_only {
-            return Err(ApiError::param(
-                field,
-                format!("'{field}' has nothing to constrain with 'max_tokens' 0"),
-            ));
-        }
+    let prompts = read_prompts(cf.prompt.as_ref(), st).await?;
+    let constraint = crate::structured::read(&so)?;
+    if let Some((field, _)) = constraint.as_ref().filter(|_| score_only) {
+        return Err(ApiError::param(
+            field,
+            format!("'{field}' has nothing to constrain with 'max_tokens' 0"),
+        ));
+    }
+    Ok(Prepared {
+        sf,
+        value,
+        model,
+        c,
+        prompts,
+        score_only,
+        echo,
+        logprobs,
+        constraint,
+    })
+}
+
+/// The handler.
+pub async fn completions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/completions")?;
+    let Prepared {
+        sf,
+        value,
+        model,
+        mut c,
+        prompts,
+        score_only,
+        echo,
+        logprobs,
+        constraint,
+    } = prepare(&st, map).await?;
+    if let Some((field, spec)) = constraint {
         c.params.guide = Some(crate::structured::compile(st.grammars.clone(), field, spec).await?);
     }
     if st.settings.log_requests {

@@ -16,13 +16,10 @@ use axum::response::{IntoResponse, Response};
 use kvgate_engine::SamplingParams;
 use serde::Serialize;
 
-use crate::chat;
-use crate::completions::prompt_ids;
 use crate::error::ApiError;
 use crate::events::request_id;
-use crate::openai::request::{endpoint_body, CompletionFields};
-use crate::sampling::{self, int_in};
 use crate::state::AppState;
+use crate::{chat, completions};
 
 /// One rendered prompt (vLLM's `GenerateRequest`).
 #[derive(Debug, Serialize)]
@@ -111,29 +108,23 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
     st.check_generates("/v1/completions/render")?;
-    let (sf, _, cf, _) = endpoint_body::<CompletionFields>(map)?;
-    let model = st.check_model(sf.model.as_deref())?;
-    let max_tokens = int_in("max_tokens", sf.max_tokens, 0, i64::MAX)?.unwrap_or(16);
-    let mut c = sampling::read(
-        &sf,
-        &st.defaults,
-        st.engine.limits().vocab_size,
-        Some(max_tokens.max(1)),
-    )?;
-    c.params.max_tokens = max_tokens as usize;
-    c.params.logprobs = int_in("logprobs", cf.logprobs, 0, 20)?.map(|x| x as usize);
+    let p = completions::prepare(&st, map).await?;
+    let mut params = p.c.params;
+    if p.score_only {
+        params.max_tokens = 0;
+    }
     let id = request_id("cmpl");
-    let out: Vec<Rendered> = prompt_ids(cf.prompt.as_ref(), &st)
-        .await?
+    let out: Vec<Rendered> = p
+        .prompts
         .into_iter()
         .enumerate()
-        .map(|(i, token_ids)| Rendered {
+        .map(|(i, prompt)| Rendered {
             request_id: format!("{id}-{i}"),
-            token_ids,
-            sampling_params: Sampling::from(&c.params),
-            model: model.clone(),
-            stream: c.stream,
-            cache_salt: c.cache_salt.clone(),
+            token_ids: prompt.ids,
+            sampling_params: Sampling::from(&params),
+            model: p.model.clone(),
+            stream: p.c.stream,
+            cache_salt: p.c.cache_salt.clone(),
         })
         .collect();
     Ok(axum::Json(out).into_response())
