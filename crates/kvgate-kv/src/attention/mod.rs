@@ -8,6 +8,9 @@
 //! however the work is split across threads. The caller writes a step's new K/V into the cache before calling
 //! [`AttentionBackend::attend`], so rows of a prefill chunk see their own and earlier tokens.
 
+mod group;
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+mod group512;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 mod lanes;
 mod simd;
@@ -15,6 +18,8 @@ mod tiles;
 
 #[cfg(test)]
 pub use simd::dot8;
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub(crate) use simd::AVX512;
 pub(crate) use simd::{axpy_many, axpy_many2, exp_sum_inplace};
 pub use simd::{dot, dot2x4, dot_fused};
 

@@ -39,7 +39,7 @@ pub fn dot2x4(q0: &[f32], q1: &[f32], ks: &[&[f32]; 4]) -> [f32; 8] {
 
 /// Whether this machine takes the AVX-512 kernels (detected once; `KVGATE_NO_AVX512` turns them off).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub(super) static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+pub(crate) static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
     std::env::var_os("KVGATE_NO_AVX512").is_none() && std::arch::is_x86_feature_detected!("avx512f")
 });
 

@@ -9,7 +9,11 @@
 //! partitions over the threads — one long stream uses every core (flash-decoding) — and a tile of many
 //! rows (prefill) folds them as it goes; both fold the same partials in the same order.
 //!
-//! On x86 a tile of many rows takes the lanes path (`lanes.rs`: query vectors in the vector lanes).
+//! On x86 a tile of many rows takes the lanes path (`lanes.rs`: query vectors in the vector lanes); on
+//! AVX-512 machines the row path takes `group512.rs`' kernels (a KV head's whole query group per key
+//! read, up to four heads per pass over the values), and asks for the next block's cache lines a few
+//! at a time while it reads the current one: one long stream's K/V streams from memory, and the
+//! hardware prefetcher stops at every 4 KiB block.
 //!
 //! Each row's arithmetic is fixed: its scores by [`dot2x4`] (each score by [`super::dot8`]'s
 //! arithmetic, whichever keys and heads share the call), each partition's exps and sums over its own
@@ -19,6 +23,7 @@
 
 use rayon::prelude::*;
 
+use super::group::{group_scores_of, group_sums_of, pack_pairs_of, prefetch_share, wide, Dest};
 use super::{axpy_many, axpy_many2, dot2x4, exp_sum_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
 use crate::quant;
 use crate::storage::{KvCache, LayerCache, Which};
@@ -61,6 +66,9 @@ struct Scratch {
     decoded: Vec<f32>,
     zeros: Vec<f32>,
     scores: Vec<f32>,
+    /// The rows' query heads packed in pairs (`group512::pack_pairs`), and one call's scores.
+    qpack: Vec<f32>,
+    group_scores: Vec<f32>,
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     lanes: super::lanes::LaneScratch,
 }
@@ -171,12 +179,28 @@ fn partition(
     sc.scores.clear();
     sc.scores.resize(total, f32::NEG_INFINITY);
     let Scratch {
-        decoded, zeros, scores, ..
+        decoded,
+        zeros,
+        scores,
+        qpack,
+        group_scores,
+        ..
     } = sc;
     let qrow = |i: usize, g: usize| {
         let o = (r0 + i) * row_len + (kvh * group + g) * hd;
         &cx.query.q[o..o + hd]
     };
+    // AVX-512: a whole group's scores per four keys (`group512`, the same bits)
+    let pairs = group.div_ceil(2);
+    let fast = wide(hd);
+    if fast {
+        qpack.clear();
+        for i in 0..range.len() {
+            let o = (r0 + i) * row_len + kvh * group * hd;
+            pack_pairs_of(&cx.query.q[o..o + group * hd], group, hd, qpack);
+        }
+        group_scores.resize(pairs * 8, 0.0);
+    }
     // The part of block `blk` (first..=last within it) that row i reads, if any.
     let piece = |i: usize, blk: usize, first: usize, last: usize| {
         let (a, b) = range[i]?;
@@ -185,7 +209,19 @@ fn partition(
     };
     // scores are only scaled (no K-offset bias, no softcap): the common case, without per-score checks
     let plain = cx.kbias.is_none() && p.softcap.is_none();
+    // the block read after `blk` (K, then V's first, then the next partition's first K block): its
+    // cache lines are requested a few at a time as the current block's keys are read
+    let last_blk = hi / bs;
+    let after = |which: Which, blk: usize| {
+        let (w, b) = match (which, blk < last_blk) {
+            (_, true) => (which, blk + 1),
+            (Which::K, false) => (Which::V, lo / bs),
+            (Which::V, false) => (Which::K, blk + 1),
+        };
+        table.get(b).and_then(|&t| cx.lc.stored_bytes(w, t as usize, kvh))
+    };
     for (blk, first, last) in blocks(lo, hi, bs) {
+        let next = after(Which::K, blk);
         let keys = cx
             .lc
             .block_vectors(Which::K, table[blk] as usize, kvh, first, last + 1, decoded);
@@ -201,32 +237,65 @@ fn partition(
             let mut j0 = f;
             while j0 <= l {
                 let cnt = (l + 1 - j0).min(4);
+                if i == 0 {
+                    prefetch_share(next, j0, cnt, bs);
+                }
                 let mut ks: [&[f32]; 4] = [zeros.as_slice(); 4];
                 for (j, k) in ks.iter_mut().enumerate().take(cnt) {
                     *k = &keys[(j0 + j) * hd..(j0 + j + 1) * hd];
                 }
                 let idx = blk * bs + j0 - a;
-                for g in (0..group).step_by(2) {
-                    let g1 = (g + 1).min(group - 1);
-                    let s8 = dot2x4(qrow(i, g), qrow(i, g1), &ks);
-                    for (h, half) in [(g, &s8[..4]), (g + 1, &s8[4..])] {
-                        if h >= group {
-                            continue;
+                // head h's four raw scores into its row of `scores`: scaled, biased, capped
+                let mut put = |h: usize, half: &[f32]| {
+                    let dst = &mut scores[at[i] + h * n + idx..][..cnt];
+                    if plain {
+                        dst.iter_mut().zip(half).for_each(|(d, &v)| *d = v * p.scale);
+                        return;
+                    }
+                    for (d, &v) in dst.iter_mut().zip(half) {
+                        let mut s = v * p.scale;
+                        if let Some(bias) = cx.kbias {
+                            s += bias[(r0 + i) * p.num_heads + kvh * group + h];
                         }
-                        let dst = &mut scores[at[i] + h * n + idx..][..cnt];
-                        if plain {
-                            dst.iter_mut().zip(half).for_each(|(d, &v)| *d = v * p.scale);
-                            continue;
+                        if let Some(cap) = p.softcap {
+                            s = cap * (s / cap).tanh();
                         }
-                        for (d, &v) in dst.iter_mut().zip(half) {
-                            let mut s = v * p.scale;
-                            if let Some(bias) = cx.kbias {
-                                s += bias[(r0 + i) * p.num_heads + kvh * group + h];
-                            }
-                            if let Some(cap) = p.softcap {
-                                s = cap * (s / cap).tanh();
-                            }
-                            *d = s;
+                        *d = s;
+                    }
+                };
+                if fast {
+                    let qp = &qpack[i * pairs * hd * 2..(i + 1) * pairs * hd * 2];
+                    if plain {
+                        // scaled straight into each head's row
+                        let dest = Dest {
+                            at: at[i] + idx,
+                            stride: n,
+                            cnt,
+                            heads: group,
+                            scale: Some(p.scale),
+                        };
+                        group_scores_of(qp, hd, &ks, scores, dest);
+                        j0 += cnt;
+                        continue;
+                    }
+                    let raw = Dest {
+                        at: 0,
+                        stride: 0,
+                        cnt: 4,
+                        heads: group,
+                        scale: None,
+                    };
+                    group_scores_of(qp, hd, &ks, group_scores, raw);
+                    for h in 0..group {
+                        put(h, &group_scores[h * 4..h * 4 + 4]);
+                    }
+                } else {
+                    for g in (0..group).step_by(2) {
+                        let g1 = (g + 1).min(group - 1);
+                        let s8 = dot2x4(qrow(i, g), qrow(i, g1), &ks);
+                        put(g, &s8[..4]);
+                        if g + 1 < group {
+                            put(g + 1, &s8[4..]);
                         }
                     }
                 }
@@ -245,6 +314,7 @@ fn partition(
         }
     }
     for (blk, first, last) in blocks(lo, hi, bs) {
+        prefetch_share(after(Which::V, blk), 0, bs, bs);
         let vals = cx
             .lc
             .block_vectors(Which::V, table[blk] as usize, kvh, first, last + 1, decoded);
@@ -257,6 +327,10 @@ fn partition(
             let idx = blk * bs + f - a / 8 * 8;
             let xs = &vals[f * hd..(l + 1) * hd];
             let ws = |g: usize| &scores[at[i] + g * n + idx..at[i] + g * n + idx + (l + 1 - f)];
+            if fast && hd == 64 {
+                group_sums_of(&mut out.acc[i * group * hd..(i + 1) * group * hd], group, ws, xs);
+                continue;
+            }
             // query heads two at a time over the same values (each head's sums exactly its own)
             let mut g = 0;
             while g + 1 < group {

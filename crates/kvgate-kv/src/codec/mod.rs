@@ -6,6 +6,7 @@
 //! NaN).
 
 pub mod fp8;
+pub mod int8;
 pub mod nvfp4;
 
 pub use fp8::{e4m3_to_f32, e5m2_to_f32, f32_to_e4m3, f32_to_e5m2, E4M3_LUT, E4M3_MAX, E5M2_MAX};

@@ -221,6 +221,23 @@ impl LayerCache {
         out
     }
 
+    /// The stored bytes of one (block, head) — its codes, or its f32/f16/bf16 elements; scales left out
+    /// — for a prefetch hint; `None` for a block outside the cache.
+    pub fn stored_bytes(&self, which: Which, block: usize, head: usize) -> Option<&[u8]> {
+        let s = &self.shape;
+        let n = s.block_size * s.head_dim;
+        let at = s.elem_offset(block, head, 0);
+        match self.buf(which).0 {
+            Buf::F32(v) => v.get(at..at + n).map(as_bytes),
+            Buf::F16(v) => v.get(at..at + n).map(as_bytes),
+            Buf::BF16(v) => v.get(at..at + n).map(as_bytes),
+            Buf::Bytes(b) => {
+                let (d, _) = s.byte_offsets(block, head, 0);
+                b.get(d..d + s.block_size * s.dtype.data_bytes(s.head_dim))
+            }
+        }
+    }
+
     /// Tokens `from..to` of one (block, head), decoded: `(to − from) · head_dim` values, placed at
     /// `[token · head_dim ..]` of the returned slice (so index by token within the block). For f32
     /// storage this borrows the cache; otherwise the tokens are decoded into `scratch`
@@ -240,6 +257,21 @@ impl LayerCache {
         if let Buf::F32(v) = self.buf(which).0 {
             let o = s.elem_offset(block, head, 0);
             return &v[o..o + s.block_size * hd];
+        }
+        if let (Buf::Bytes(b), KvDtype::Int8) = (self.buf(which).0, s.dtype) {
+            if from < to {
+                let (d, sc) = s.byte_offsets(block, head, from);
+                let stride = s.scale_bytes();
+                crate::codec::int8::decode_vectors(
+                    &b[d..d + (to - from) * hd],
+                    &b[sc..sc + (to - from) * stride],
+                    stride,
+                    hd,
+                    to - from,
+                    &mut scratch[from * hd..to * hd],
+                );
+            }
+            return &scratch[..s.block_size * hd];
         }
         for t in from..to {
             // Every non-f32 dtype decodes into the scratch it is given.
@@ -542,3 +574,10 @@ impl KvCache {
 
 #[cfg(test)]
 mod tests;
+
+/// The bytes of a slice of plain numbers (f32, f16, bf16: no padding).
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: `T` is a plain number type without padding bytes; the view covers exactly `v`'s memory
+    // and borrows it.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}

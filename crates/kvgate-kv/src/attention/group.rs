@@ -1,0 +1,85 @@
+//! The row path's doors to its fast kernels (`tiles.rs`' `partition`): whether a machine takes
+//! `group512.rs`' AVX-512 kernels, safe wrappers that check every size those kernels rely on, and the
+//! prefetch hint for the block read next. Without AVX2 the kernels are not compiled and [`wide`] is
+//! false, so the wrappers are never called there.
+
+/// Requests the cache lines of positions `j..j + cnt` (of `bs`) of a stored block (a hint: no effect on
+/// results).
+#[inline]
+pub(super) fn prefetch_share(block: Option<&[u8]>, j: usize, cnt: usize, bs: usize) {
+    let Some(b) = block else { return };
+    let per = b.len() / bs;
+    let Some(part) = b.get(j * per..((j + cnt) * per).min(b.len())) else {
+        return;
+    };
+    for line in part.chunks(64) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch has no architectural effect and never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.as_ptr() as *const i8)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = line;
+    }
+}
+
+/// Whether the row path takes `group512`'s kernels: an AVX-512 machine and whole 8-element chunks.
+pub(super) fn wide(hd: usize) -> bool {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    return *super::simd::AVX512 && hd.is_multiple_of(8);
+    #[allow(unreachable_code)]
+    false
+}
+
+/// `group512::pack_pairs` (only called when [`wide`]).
+pub(super) fn pack_pairs_of(q: &[f32], group: usize, hd: usize, out: &mut Vec<f32>) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    super::group512::pack_pairs(q, group, hd, out);
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    unreachable!("wide() is false without AVX2: {q:?} {group} {hd} {out:?}")
+}
+
+/// Where a group's scores go (`group512::Dest`; a stand-in without AVX2, never built there).
+#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+pub(super) use super::group512::Dest;
+#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+#[derive(Debug)]
+pub(super) struct Dest {
+    pub(super) at: usize,
+    pub(super) stride: usize,
+    pub(super) cnt: usize,
+    pub(super) heads: usize,
+    pub(super) scale: Option<f32>,
+}
+
+/// `group512::scores4` (only called when [`wide`]).
+pub(super) fn group_scores_of(qp: &[f32], hd: usize, ks: &[&[f32]; 4], out: &mut [f32], dest: Dest) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        let pairs = dest.heads.div_ceil(2);
+        assert!(*super::simd::AVX512 && hd.is_multiple_of(8) && qp.len() >= pairs * hd * 2 && dest.heads > 0);
+        assert!(ks.iter().all(|k| k.len() >= hd));
+        assert!(match dest.scale {
+            Some(_) => dest.cnt <= 4 && out.len() >= dest.at + (dest.heads - 1) * dest.stride + dest.cnt,
+            None => out.len() >= pairs * 8,
+        });
+        // SAFETY: AVX-512F detected at run time; the sizes asserted above.
+        unsafe { super::group512::scores4(qp, hd, ks, out, dest) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    unreachable!("wide() is false without AVX2: {qp:?} {hd} {ks:?} {out:?} {dest:?}")
+}
+
+/// `group512::weighted_sums64` (only called when [`wide`] and head_dim 64).
+pub(super) fn group_sums_of<'w>(acc: &mut [f32], n: usize, w: impl Fn(usize) -> &'w [f32], xs: &[f32]) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        let m = w(0).len();
+        assert!(*super::simd::AVX512 && acc.len() >= n * 64 && xs.len() >= m * 64);
+        assert!((0..n).all(|h| w(h).len() == m));
+        // SAFETY: AVX-512F detected at run time; the sizes asserted above.
+        unsafe { super::group512::weighted_sums64(acc, n, w, xs) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    unreachable!("wide() is false without AVX2: {acc:?} {n} {xs:?} {:?}", w(0))
+}
