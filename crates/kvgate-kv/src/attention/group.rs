@@ -3,16 +3,15 @@
 //! prefetch hint for the block read next. Without AVX2 the kernels are not compiled and [`wide`] is
 //! false, so the wrappers are never called there.
 
-/// Requests the cache lines of positions `j..j + cnt` (of `bs`) of a stored block (a hint: no effect on
-/// results).
+/// Requests the cache lines of positions `j..j + cnt` (of `bs`) of a stored block (its elements or
+/// codes; its scales with the first positions): a hint, no effect on results.
 #[inline]
-pub(super) fn prefetch_share(block: Option<&[u8]>, j: usize, cnt: usize, bs: usize) {
-    let Some(b) = block else { return };
-    let per = b.len() / bs;
-    let Some(part) = b.get(j * per..((j + cnt) * per).min(b.len())) else {
-        return;
-    };
-    for line in part.chunks(64) {
+pub(super) fn prefetch_share(block: Option<(&[u8], &[u8])>, j: usize, cnt: usize, bs: usize) {
+    let Some((data, scales)) = block else { return };
+    let per = data.len() / bs;
+    let part = data.get(j * per..((j + cnt) * per).min(data.len())).unwrap_or(&[]);
+    let scales = if j == 0 { scales } else { &[] };
+    for line in part.chunks(64).chain(scales.chunks(64)) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch has no architectural effect and never faults.
         unsafe {

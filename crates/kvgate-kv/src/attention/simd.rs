@@ -164,6 +164,21 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)))
     }
 
+    /// SAFETY (caller): avx2 available.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn max_of(x: &[f32]) -> f32 {
+        let mut m = _mm256_set1_ps(f32::NEG_INFINITY);
+        let full = x.len() / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            m = _mm256_max_ps(m, _mm256_loadu_ps(x.as_ptr().add(i)));
+            i += 8;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        lanes.iter().chain(&x[full..]).fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+    }
+
     /// SAFETY (caller): avx2+fma available, `x.len() % 8 == 0`, `m.len() >= x.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn exp_sub(x: &mut [f32], m: &[f32]) {
@@ -285,6 +300,19 @@ pub(crate) fn exp_sum_inplace(x: &mut [f32], max: f32) -> f32 {
     }
 }
 
+/// The largest of `x` (−∞ when empty): exact, so the same value whatever the order it is taken in
+/// (NaN scores, which no finite inputs give, may be ignored or returned depending on the path).
+pub(crate) fn max_of(x: &[f32]) -> f32 {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    {
+        // SAFETY: avx2 is enabled at compile time; loads stay inside `x` (whole chunks of 8, then the
+        // tail one by one).
+        unsafe { avx2::max_of(x) }
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
+
 /// `x[i] = exp(x[i] − m[i])`, element by element, by exactly [`exp_sum_inplace`]'s `exp` (the lanes
 /// path's exps of a position's scores, one per query). `x.len() % 8 == 0`, `m` at least as long.
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
@@ -377,6 +405,20 @@ pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_of_is_the_largest() {
+        assert_eq!(max_of(&[]), f32::NEG_INFINITY);
+        for n in [1usize, 7, 8, 9, 17, 300] {
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 101) as f32 - 50.0).collect();
+            x[0] = f32::NEG_INFINITY;
+            let want = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            assert_eq!(max_of(&x), want, "n {n}");
+            // the largest in the tail, past the whole chunks of 8
+            x[n - 1] = 1e9;
+            assert_eq!(max_of(&x), if n == 1 { 1e9 } else { 1e9f32.max(want) });
+        }
+    }
 
     /// The weighted sums of V give the AVX2 path's bits on every path this machine has (AVX-512's one-
     /// and two-head kernels included), for the head_dims kvgate serves.

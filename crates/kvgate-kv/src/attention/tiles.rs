@@ -24,7 +24,9 @@
 use rayon::prelude::*;
 
 use super::group::{group_scores_of, group_sums_of, pack_pairs_of, prefetch_share, wide, Dest};
-use super::{axpy_many, axpy_many2, dot2x4, exp_sum_inplace, AttentionBackend, AttnParams, AttnQuery, CpuAttention};
+use super::{
+    axpy_many, axpy_many2, dot2x4, exp_sum_inplace, max_of, AttentionBackend, AttnParams, AttnQuery, CpuAttention,
+};
 use crate::quant;
 use crate::storage::{KvCache, LayerCache, Which};
 
@@ -308,7 +310,7 @@ fn partition(
         let n = b + 1 - a / 8 * 8;
         for g in 0..group {
             let s = &mut scores[at[i] + g * n..at[i] + (g + 1) * n];
-            let m = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let m = max_of(s);
             out.m[i * group + g] = m;
             out.l[i * group + g] = exp_sum_inplace(s, m);
         }

@@ -221,19 +221,20 @@ impl LayerCache {
         out
     }
 
-    /// The stored bytes of one (block, head) — its codes, or its f32/f16/bf16 elements; scales left out
-    /// — for a prefetch hint; `None` for a block outside the cache.
-    pub fn stored_bytes(&self, which: Which, block: usize, head: usize) -> Option<&[u8]> {
+    /// The stored bytes of one (block, head) — its elements or codes, and its scales (byte dtypes) — for
+    /// a prefetch hint; `None` for a block outside the cache.
+    pub fn stored_bytes(&self, which: Which, block: usize, head: usize) -> Option<(&[u8], &[u8])> {
         let s = &self.shape;
         let n = s.block_size * s.head_dim;
         let at = s.elem_offset(block, head, 0);
         match self.buf(which).0 {
-            Buf::F32(v) => v.get(at..at + n).map(as_bytes),
-            Buf::F16(v) => v.get(at..at + n).map(as_bytes),
-            Buf::BF16(v) => v.get(at..at + n).map(as_bytes),
+            Buf::F32(v) => v.get(at..at + n).map(|x| (as_bytes(x), &[][..])),
+            Buf::F16(v) => v.get(at..at + n).map(|x| (as_bytes(x), &[][..])),
+            Buf::BF16(v) => v.get(at..at + n).map(|x| (as_bytes(x), &[][..])),
             Buf::Bytes(b) => {
-                let (d, _) = s.byte_offsets(block, head, 0);
-                b.get(d..d + s.block_size * s.dtype.data_bytes(s.head_dim))
+                let (d, sc) = s.byte_offsets(block, head, 0);
+                let data = b.get(d..d + s.block_size * s.dtype.data_bytes(s.head_dim))?;
+                Some((data, b.get(sc..sc + s.block_size * s.scale_bytes())?))
             }
         }
     }
