@@ -27,7 +27,10 @@ pub(super) fn wide(hd: usize) -> bool {
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
     return *super::simd::AVX512 && hd.is_multiple_of(8);
     #[allow(unreachable_code)]
-    false
+    {
+        let _ = hd;
+        false
+    }
 }
 
 /// `group512::pack_pairs` (only called when [`wide`]).
@@ -43,6 +46,7 @@ pub(super) fn pack_pairs_of(q: &[f32], group: usize, hd: usize, out: &mut Vec<f3
 pub(super) use super::group512::Dest;
 #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
 #[derive(Debug)]
+#[allow(dead_code)]
 pub(super) struct Dest {
     pub(super) at: usize,
     pub(super) stride: usize,
