@@ -22,7 +22,7 @@
 
 mod common;
 
-use kvgate_model::{load, LoadOptions};
+use kvgate_model::{load, load_stored, LoadOptions, StoredTensor};
 use serde_json::Value;
 
 fn top(v: &Value) -> Vec<(u32, f32)> {
@@ -176,4 +176,29 @@ fn real_gguf_weights_agree_with_exact_arithmetic_and_llama_cpp() {
         theirs[0],
         mean(theirs)
     );
+}
+
+/// Loading takes no device decision: the default model's matrices come back as the GGUF's own blocks
+/// (every one a GGUF tensor, none dequantized or repacked: together no more bytes than the file, and
+/// nearly all of it), in its 4-bit format for the layers.
+#[test]
+fn loading_returns_the_files_tensors_as_stored() {
+    let path = common::default_model();
+    let file = std::fs::metadata(&path).unwrap().len() as usize;
+    let (cfg, w) = load_stored(&path).unwrap();
+    assert_eq!(w.layers.len(), cfg.num_layers);
+    let mut formats = std::collections::BTreeSet::new();
+    for l in &w.layers {
+        for m in [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down] {
+            assert!(matches!(m.weight, StoredTensor::Gguf(_)), "{}", m.weight.format());
+            formats.insert(m.weight.format());
+        }
+    }
+    assert!(formats.contains("q4_1"), "{formats:?}");
+    let bytes = w.stored_bytes();
+    assert!(
+        bytes <= file && bytes * 10 >= file * 9,
+        "{bytes} bytes of tensors in a {file}-byte file"
+    );
+    eprintln!("default model: {bytes} of {file} bytes are tensors, formats {formats:?}");
 }

@@ -23,6 +23,7 @@ pub mod prompt;
 mod qmatmul;
 mod repack;
 mod spm;
+mod stored;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod tiny;
 mod tokenizer;
@@ -34,7 +35,8 @@ pub use cpu_backend::{CpuBackend, CpuSettings};
 pub use error::{ModelError, Result};
 pub use kvgate_backend::{Batch, KvAmax, Output, Precision, Want, RELEASED_BLOCK};
 pub use load_hf::load_hf_dir;
-pub use loader::{load, GenerationDefaults, LoadOptions, LoadedModel};
+pub use loader::{load, load_stored, GenerationDefaults, LoadOptions, LoadedModel};
 pub use model::{ForwardOut, Model};
 pub use qmatmul::{QKind, QMatrix};
+pub use stored::{CpuLayout, StoredLayer, StoredLinear, StoredTensor, StoredWeights};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

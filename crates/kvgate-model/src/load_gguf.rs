@@ -1,6 +1,7 @@
 //! Loading a GGUF file: the architecture from its metadata, the weights through candle's GGUF reader
-//! (quantized tensors stay quantized: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K…Q6_K, F16, F32 all load), and
-//! the metadata the tokenizer and chat template are built from.
+//! as stored ([`crate::stored`]: quant blocks untouched — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K…Q6_K, F16,
+//! F32 all load; a device lays them out), and the metadata the tokenizer and chat template are built
+//! from.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,8 +15,7 @@ use candle_core::Device;
 
 use crate::config::{Activation, Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
-use crate::linear::Linear;
-use crate::weights::{Embedding, LayerWeights, Weights};
+use crate::stored::{StoredLayer, StoredLinear, StoredTensor, StoredWeights};
 
 /// The GGUF metadata kvgate uses after loading (tokenizer vocabulary, template, special ids).
 #[derive(Debug, Clone, Default)]
@@ -79,10 +79,6 @@ impl GgufMeta {
 struct Reader {
     content: Content,
     file: BufReader<File>,
-    /// Keep 5-bit formats at 5 bits ([`Linear::quantized_for`]).
-    five_bit: bool,
-    /// Dequantize every weight to f32 (the reference path).
-    f32_weights: bool,
 }
 
 impl Reader {
@@ -109,17 +105,12 @@ impl Reader {
         }
     }
 
-    fn linear(&mut self, name: &str) -> Result<Linear> {
+    fn linear(&mut self, name: &str) -> Result<StoredLinear> {
         let w = Arc::new(self.q(&format!("{name}.weight"))?);
-        let b = self.opt_vec(&format!("{name}.bias"))?;
-        self.weight(w, b)
-    }
-
-    fn weight(&self, w: Arc<QTensor>, b: Option<Vec<f32>>) -> Result<Linear> {
-        if self.f32_weights {
-            return Linear::dense(w.dequantize(&Device::Cpu)?, b);
-        }
-        Linear::quantized_for(w, b, self.five_bit)
+        Ok(StoredLinear {
+            weight: StoredTensor::Gguf(w),
+            bias: self.opt_vec(&format!("{name}.bias"))?,
+        })
     }
 }
 
@@ -227,9 +218,8 @@ pub fn read_meta(path: &Path) -> Result<GgufMeta> {
     })
 }
 
-/// Loads config, weights and metadata from a GGUF file (`five_bit`: see [`Linear::quantized_for`];
-/// `f32_weights`: every weight dequantized to f32, the reference path).
-pub fn load_gguf(path: &Path, five_bit: bool, f32_weights: bool) -> Result<(ModelConfig, Weights, GgufMeta)> {
+/// Loads config, weights (as stored) and metadata from a GGUF file.
+pub fn load_gguf(path: &Path) -> Result<(ModelConfig, StoredWeights, GgufMeta)> {
     let f = File::open(path).map_err(|source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -239,25 +229,19 @@ pub fn load_gguf(path: &Path, five_bit: bool, f32_weights: bool) -> Result<(Mode
     let meta = GgufMeta {
         values: content.metadata.clone(),
     };
-    let mut r = Reader {
-        content,
-        file,
-        five_bit,
-        f32_weights,
-    };
-    let embed_q = r.q("token_embd.weight")?;
-    let (vocab, dim) = embed_q.shape().dims2()?;
+    let mut r = Reader { content, file };
+    let embed = r.q("token_embd.weight")?;
+    let (vocab, _) = embed.shape().dims2()?;
     let cfg = config_from_meta(&meta, vocab)?;
-    let embed_rows: Vec<f32> = embed_q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?;
     let lm_head = if r.has("output.weight") {
-        r.linear("output")?
+        Some(r.linear("output")?)
     } else {
-        r.weight(Arc::new(embed_q), None)?
+        None
     };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
         let p = format!("blk.{i}");
-        layers.push(LayerWeights {
+        layers.push(StoredLayer {
             attn_norm: r.vec(&format!("{p}.attn_norm.weight"))?,
             q: r.linear(&format!("{p}.attn_q"))?,
             k: r.linear(&format!("{p}.attn_k"))?,
@@ -274,9 +258,9 @@ pub fn load_gguf(path: &Path, five_bit: bool, f32_weights: bool) -> Result<(Mode
         });
     }
     let mut cfg = cfg;
-    cfg.qkv_bias = layers.first().is_some_and(|l| l.q.has_bias());
-    let weights = Weights {
-        embed: Embedding { rows: embed_rows, dim },
+    cfg.qkv_bias = layers.first().is_some_and(|l| l.q.bias.is_some());
+    let weights = StoredWeights {
+        embed: StoredTensor::Gguf(Arc::new(embed)),
         layers,
         final_norm: r.vec("output_norm.weight")?,
         lm_head,

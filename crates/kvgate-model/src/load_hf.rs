@@ -1,5 +1,6 @@
 //! Loading a Hugging Face model directory: `config.json` and every `*.safetensors` shard (f32, bf16 or
-//! f16; converted to f32 for the CPU path).
+//! f16), the matrices in their stored dtype ([`crate::stored`]; a device lays them out), norms and
+//! biases as f32.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
-use crate::weights::{Embedding, LayerWeights, Weights};
+use crate::stored::{StoredLayer, StoredLinear, StoredTensor, StoredWeights};
 
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
@@ -42,10 +43,20 @@ impl Tensors {
             .transpose()
     }
 
+    /// A layer for the CPU at once (the encoder models, which only the CPU runs).
     pub(crate) fn linear(&mut self, prefix: &str) -> Result<Linear> {
         let w = self.take(&format!("{prefix}.weight"))?;
         let b = self.opt_vec(&format!("{prefix}.bias"))?;
         Linear::dense(w, b)
+    }
+
+    /// A layer as stored.
+    pub(crate) fn stored_linear(&mut self, prefix: &str) -> Result<StoredLinear> {
+        let w = self.take(&format!("{prefix}.weight"))?;
+        Ok(StoredLinear {
+            weight: StoredTensor::Dense(w),
+            bias: self.opt_vec(&format!("{prefix}.bias"))?,
+        })
     }
 }
 
@@ -82,18 +93,20 @@ fn kv_scales(t: &mut Tensors, layers: usize) -> Result<Option<KvScales>> {
 }
 
 /// Loads the config, weights and (if present) KV scales of a Hugging Face directory.
-pub fn load_hf_dir_with_scales(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Option<KvScales>)> {
+pub fn load_hf_dir_with_scales(
+    dir: &Path,
+) -> Result<(ModelConfig, StoredWeights, serde_json::Value, Option<KvScales>)> {
     let (cfg, w, raw, scales) = load_inner(dir)?;
     Ok((cfg, w, raw, scales))
 }
 
 /// Loads the config and weights of a Hugging Face directory.
-pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value)> {
+pub fn load_hf_dir(dir: &Path) -> Result<(ModelConfig, StoredWeights, serde_json::Value)> {
     let (cfg, w, raw, _) = load_inner(dir)?;
     Ok((cfg, w, raw))
 }
 
-fn load_inner(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Option<KvScales>)> {
+fn load_inner(dir: &Path) -> Result<(ModelConfig, StoredWeights, serde_json::Value, Option<KvScales>)> {
     let raw = read_json(&dir.join("config.json"))?;
     let cfg = ModelConfig::from_hf_json(&raw)?;
     let mut shards: Vec<_> = std::fs::read_dir(dir)
@@ -120,11 +133,14 @@ fn load_inner(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Op
     }
     let mut t = Tensors(all);
     let scales = kv_scales(&mut t, cfg.num_layers)?;
-    let embed = t.take("model.embed_tokens.weight")?.to_dtype(DType::F32)?;
-    let (vocab, dim) = embed.dims2()?;
+    let embed = t.take("model.embed_tokens.weight")?;
+    let (vocab, _) = embed.dims2()?;
     let lm_head = match t.opt("lm_head.weight") {
-        Some(w) if !cfg.tie_word_embeddings => Linear::dense(w, None)?,
-        _ => Linear::dense(embed.clone(), None)?,
+        Some(w) if !cfg.tie_word_embeddings => Some(StoredLinear {
+            weight: StoredTensor::Dense(w),
+            bias: None,
+        }),
+        _ => None,
     };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
@@ -138,27 +154,24 @@ fn load_inner(dir: &Path) -> Result<(ModelConfig, Weights, serde_json::Value, Op
         } else {
             (None, t.vec(&format!("{p}.post_attention_layernorm.weight"))?, None)
         };
-        layers.push(LayerWeights {
+        layers.push(StoredLayer {
             attn_norm: t.vec(&format!("{p}.input_layernorm.weight"))?,
-            q: t.linear(&format!("{p}.self_attn.q_proj"))?,
-            k: t.linear(&format!("{p}.self_attn.k_proj"))?,
-            v: t.linear(&format!("{p}.self_attn.v_proj"))?,
-            o: t.linear(&format!("{p}.self_attn.o_proj"))?,
+            q: t.stored_linear(&format!("{p}.self_attn.q_proj"))?,
+            k: t.stored_linear(&format!("{p}.self_attn.k_proj"))?,
+            v: t.stored_linear(&format!("{p}.self_attn.v_proj"))?,
+            o: t.stored_linear(&format!("{p}.self_attn.o_proj"))?,
             q_norm: t.opt_vec(&format!("{p}.self_attn.q_norm.weight"))?,
             k_norm: t.opt_vec(&format!("{p}.self_attn.k_norm.weight"))?,
             post_attn_norm,
             ffn_norm,
             post_ffn_norm,
-            gate: t.linear(&format!("{p}.mlp.gate_proj"))?,
-            up: t.linear(&format!("{p}.mlp.up_proj"))?,
-            down: t.linear(&format!("{p}.mlp.down_proj"))?,
+            gate: t.stored_linear(&format!("{p}.mlp.gate_proj"))?,
+            up: t.stored_linear(&format!("{p}.mlp.up_proj"))?,
+            down: t.stored_linear(&format!("{p}.mlp.down_proj"))?,
         });
     }
-    let weights = Weights {
-        embed: Embedding {
-            rows: embed.flatten_all()?.to_vec1()?,
-            dim,
-        },
+    let weights = StoredWeights {
+        embed: StoredTensor::Dense(embed),
         layers,
         final_norm: t.vec("model.norm.weight")?,
         lm_head,

@@ -11,6 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::load_gguf::load_gguf;
 use crate::load_hf::load_hf_dir_with_scales;
 use crate::model::Model;
+use crate::stored::{CpuLayout, StoredWeights};
 use crate::tokenizer::Tokenizer;
 
 /// Server-side sampling defaults (from `generation_config.json`; unset fields use the API defaults).
@@ -121,11 +122,30 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
     }
 }
 
-/// Loads the model at `path` (a `.gguf` file or a Hugging Face directory).
+/// The config and weights of the model at `path` (a `.gguf` file or a Hugging Face directory), as the
+/// file stores them: what a device prepares its own layout from ([`StoredWeights::into_cpu`] for the CPU).
+pub fn load_stored(path: &Path) -> Result<(crate::config::ModelConfig, StoredWeights)> {
+    if path.is_dir() {
+        let (cfg, w, _, _) = load_hf_dir_with_scales(path)?;
+        Ok((cfg, w))
+    } else {
+        let (cfg, w, _) = load_gguf(path)?;
+        Ok((cfg, w))
+    }
+}
+
+/// Loads the model at `path` (a `.gguf` file or a Hugging Face directory) for the CPU: the stored
+/// weights ([`load_stored`]) laid out as `opts` says.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut kv_scales = None;
+    // the CPU's layout of the stored weights (the loaders themselves take no device decision)
+    let layout = CpuLayout {
+        five_bit: opts.int8_activations,
+        f32_weights: opts.f32_weights,
+    };
     let (cfg, weights, tokenizer, template, bos, eos_str, mut eos, defaults) = if path.is_dir() {
-        let (cfg, weights, _raw, scales) = load_hf_dir_with_scales(path)?;
+        let (cfg, stored, _raw, scales) = load_hf_dir_with_scales(path)?;
+        let weights = stored.into_cpu(layout)?;
         kv_scales = scales;
         let tok_path = path.join("tokenizer.json");
         if !tok_path.exists() {
@@ -153,7 +173,8 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             defaults_from(gc.as_ref()),
         )
     } else {
-        let (cfg, weights, meta) = load_gguf(path, opts.int8_activations, opts.f32_weights)?;
+        let (cfg, stored, meta) = load_gguf(path)?;
+        let weights = stored.into_cpu(layout)?;
         let side = path.with_file_name("tokenizer.json");
         let tokenizer = if side.exists() {
             Tokenizer::from_file(&side)?

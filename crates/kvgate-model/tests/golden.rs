@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use kvgate_kv::{CpuAttention, KvCache, KvDtype};
 use kvgate_model::load_hf_dir;
-use kvgate_model::{Batch, Model};
+use kvgate_model::{Batch, CpuLayout, Model};
 
 fn fixture(arch: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -15,8 +15,8 @@ fn fixture(arch: &str) -> PathBuf {
 
 fn check(arch: &str) {
     let dir = fixture(arch);
-    let (cfg, weights, _) = load_hf_dir(&dir).unwrap();
-    let model = Model::new(cfg.clone(), weights, 512).unwrap();
+    let (cfg, stored, _) = load_hf_dir(&dir).unwrap();
+    let model = Model::new(cfg.clone(), stored.into_cpu(CpuLayout::default()).unwrap(), 512).unwrap();
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     for seq in golden["sequences"].as_array().unwrap() {
