@@ -103,6 +103,14 @@ pub enum BackendError {
         /// What the device or library said.
         message: String,
     },
+    /// The device could not lay out or upload the model's weights.
+    #[error("{device}: preparing the model's weights failed: {message}")]
+    Weights {
+        /// The device.
+        device: Device,
+        /// What went wrong.
+        message: String,
+    },
     /// The device cannot be used by this build or on this machine.
     #[error("--device {device}: {reason}")]
     Unavailable {

@@ -402,3 +402,41 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
         }
     }
 }
+
+/// A backend opened on weights as stored lays them out itself and computes exactly what a model laid
+/// out for the CPU beforehand computes (the tiny Llama and Qwen3 fixtures, safetensors, both
+/// activation modes): the stored form is what `serve` hands the factory.
+#[test]
+fn a_backend_prepares_stored_weights_itself() {
+    for arch in ["llama", "qwen3"] {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny")
+            .join(arch);
+        for int8 in [false, true] {
+            let (config, weights) = kvgate_model::load_stored(&dir).unwrap();
+            let layout = kvgate_model::CpuLayout {
+                five_bit: int8,
+                f32_weights: false,
+            };
+            let cpu = kvgate_model::Model::new(config.clone(), weights.clone().into_cpu(layout).unwrap(), 64).unwrap();
+            let stored = kvgate_model::StoredModel {
+                config,
+                weights,
+                max_positions: 64,
+            };
+            let spec = BackendSpec {
+                device: Device::Cpu,
+                shape: cpu.config().cache_shape(4, KvDtype::F32).unwrap(),
+                memory: KvMemory::Blocks(16),
+                int8_activations: int8,
+            };
+            let ids: Vec<u32> = (1..20).collect();
+            let batch = Batch::single_sequence(&ids, 4);
+            let a = open_backend(stored, &spec).unwrap().forward(&batch).unwrap();
+            let b = open_backend(cpu, &spec).unwrap().forward(&batch).unwrap();
+            assert_eq!(a.logits.len(), ids.len() * a.vocab, "{arch}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.logits), bits(&b.logits), "{arch} int8 {int8}");
+        }
+    }
+}

@@ -11,7 +11,7 @@ use crate::error::{ModelError, Result};
 use crate::load_gguf::load_gguf;
 use crate::load_hf::load_hf_dir_with_scales;
 use crate::model::Model;
-use crate::stored::{CpuLayout, StoredWeights};
+use crate::stored::{CpuLayout, StoredModel, StoredWeights};
 use crate::tokenizer::Tokenizer;
 
 /// Server-side sampling defaults (from `generation_config.json`; unset fields use the API defaults).
@@ -29,11 +29,12 @@ pub struct GenerationDefaults {
     pub repetition_penalty: Option<f32>,
 }
 
-/// A model with everything around it.
+/// A model with everything around it: `M` is the network, laid out for the CPU ([`Model`], from
+/// [`load`]) or as stored ([`StoredModel`], from [`load_unprepared`], for a backend to prepare).
 #[derive(Debug)]
-pub struct LoadedModel {
+pub struct LoadedModel<M = Model> {
     /// The network.
-    pub model: Model,
+    pub model: M,
     /// Its tokenizer.
     pub tokenizer: Tokenizer,
     /// Its chat template, when it has one.
@@ -135,17 +136,32 @@ pub fn load_stored(path: &Path) -> Result<(crate::config::ModelConfig, StoredWei
 }
 
 /// Loads the model at `path` (a `.gguf` file or a Hugging Face directory) for the CPU: the stored
-/// weights ([`load_stored`]) laid out as `opts` says.
+/// weights ([`load_unprepared`]) laid out as `opts` says.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
-    let mut kv_scales = None;
-    // the CPU's layout of the stored weights (the loaders themselves take no device decision)
+    let l = load_unprepared(path, opts)?;
     let layout = CpuLayout {
         five_bit: opts.int8_activations,
         f32_weights: opts.f32_weights,
     };
+    Ok(LoadedModel {
+        model: l.model.into_cpu(layout)?,
+        tokenizer: l.tokenizer,
+        chat_template: l.chat_template,
+        eos_token_ids: l.eos_token_ids,
+        defaults: l.defaults,
+        name: l.name,
+        max_model_len: l.max_model_len,
+        source: l.source,
+        kv_scales: l.kv_scales,
+    })
+}
+
+/// Loads the model at `path` with everything around it, its weights as stored: no device decision is
+/// taken (a backend lays them out at its start; `opts`' CPU switches are for [`load`]).
+pub fn load_unprepared(path: &Path, opts: &LoadOptions) -> Result<LoadedModel<StoredModel>> {
+    let mut kv_scales = None;
     let (cfg, weights, tokenizer, template, bos, eos_str, mut eos, defaults) = if path.is_dir() {
-        let (cfg, stored, _raw, scales) = load_hf_dir_with_scales(path)?;
-        let weights = stored.into_cpu(layout)?;
+        let (cfg, weights, _raw, scales) = load_hf_dir_with_scales(path)?;
         kv_scales = scales;
         let tok_path = path.join("tokenizer.json");
         if !tok_path.exists() {
@@ -173,8 +189,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
             defaults_from(gc.as_ref()),
         )
     } else {
-        let (cfg, stored, meta) = load_gguf(path)?;
-        let weights = stored.into_cpu(layout)?;
+        let (cfg, weights, meta) = load_gguf(path)?;
         let side = path.with_file_name("tokenizer.json");
         let tokenizer = if side.exists() {
             Tokenizer::from_file(&side)?
@@ -217,7 +232,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_else(|| "model".into());
     let name = name.strip_suffix(".gguf").unwrap_or(&name).to_string();
-    let model = Model::new(cfg, weights, max_model_len)?;
+    let model = StoredModel {
+        config: cfg,
+        weights,
+        max_positions: max_model_len,
+    };
     Ok(LoadedModel {
         model,
         tokenizer,

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 
+use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::linear::Linear;
 use crate::weights::{Embedding, LayerWeights, Weights};
@@ -181,5 +182,42 @@ impl StoredWeights {
             final_norm: self.final_norm,
             lm_head,
         })
+    }
+}
+
+/// A model as loaded, not yet laid out for any device: its config, its weights as stored, and the
+/// positions it serves. A backend prepares it ([`StoredModel::into_cpu`] for the CPU).
+#[derive(Debug, Clone)]
+pub struct StoredModel {
+    /// The architecture's config.
+    pub config: ModelConfig,
+    /// The weights as the file stores them.
+    pub weights: StoredWeights,
+    /// Positions per sequence it serves.
+    pub max_positions: usize,
+}
+
+impl StoredModel {
+    /// The CPU's model: the weights laid out as `layout` says.
+    pub fn into_cpu(self, layout: CpuLayout) -> Result<crate::model::Model> {
+        crate::model::Model::new(self.config, self.weights.into_cpu(layout)?, self.max_positions)
+    }
+}
+
+/// What every form of a loaded model tells: its config.
+pub trait Configured {
+    /// The architecture's config.
+    fn config(&self) -> &ModelConfig;
+}
+
+impl Configured for StoredModel {
+    fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+}
+
+impl Configured for crate::model::Model {
+    fn config(&self) -> &ModelConfig {
+        crate::model::Model::config(self)
     }
 }

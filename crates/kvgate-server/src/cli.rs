@@ -14,7 +14,7 @@ use kvgate_engine::{
     metrics as m, Admission, BackendError, BackendSpec, EngineConfig, EngineError, KvMemory, TierConfig,
 };
 use kvgate_kv::{CacheShape, KvError};
-use kvgate_model::{load, LoadOptions, LoadedModel};
+use kvgate_model::{load_unprepared, Configured, LoadOptions, LoadedModel};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::{error, info, warn};
 
@@ -226,9 +226,13 @@ pub struct BuildOptions {
     pub kv_events: Option<kvgate_engine::KvEventSink>,
 }
 
-/// Sizes the KV cache, starts the engine on `loaded`, and builds the shared state and the router from
-/// the settings (everything `serve` does between loading a model and listening).
-pub fn build(args: Args, loaded: LoadedModel, opts: BuildOptions) -> Result<Built, StartError> {
+/// Sizes the KV cache, starts the engine on `loaded` (its weights as stored, laid out by the backend;
+/// or a CPU model built in memory), and builds the shared state and the router from the settings
+/// (everything `serve` does between loading a model and listening).
+pub fn build<M>(args: Args, loaded: LoadedModel<M>, opts: BuildOptions) -> Result<Built, StartError>
+where
+    M: Configured + Into<kvgate_engine::ModelWeights>,
+{
     let is_default = opts.is_default;
     let mc = loaded.model.config().clone();
     if let Some(l) = args.max_model_len {
@@ -483,7 +487,7 @@ async fn run(args: Args) -> Result<(), StartError> {
             path: path.display().to_string(),
             msg,
         };
-        let loaded = tokio::task::spawn_blocking(move || load(&p2, &lopts))
+        let loaded = tokio::task::spawn_blocking(move || load_unprepared(&p2, &lopts))
             .await
             .map_err(|e| load_error(e.to_string()))?
             .map_err(|e| load_error(e.to_string()))?;
