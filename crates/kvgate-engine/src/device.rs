@@ -43,7 +43,7 @@ pub enum ModelWeights {
     /// Weights as the file stores them.
     Stored(StoredModel),
     /// The CPU's layout already.
-    Cpu(Model),
+    Cpu(Box<Model>),
 }
 
 impl From<StoredModel> for ModelWeights {
@@ -54,7 +54,7 @@ impl From<StoredModel> for ModelWeights {
 
 impl From<Model> for ModelWeights {
     fn from(m: Model) -> ModelWeights {
-        ModelWeights::Cpu(m)
+        ModelWeights::Cpu(Box::new(m))
     }
 }
 
@@ -67,7 +67,7 @@ pub fn open_backend(model: impl Into<ModelWeights>, spec: &BackendSpec) -> Resul
                 int8_activations: spec.int8_activations,
             };
             let model = match model.into() {
-                ModelWeights::Cpu(m) => m,
+                ModelWeights::Cpu(m) => *m,
                 ModelWeights::Stored(m) => m
                     .into_cpu(CpuLayout {
                         five_bit: spec.int8_activations,
