@@ -41,14 +41,14 @@ fn no_backend(device: Device) -> BackendError {
 #[derive(Debug)]
 pub enum ModelWeights {
     /// Weights as the file stores them.
-    Stored(StoredModel),
+    Stored(Box<StoredModel>),
     /// The CPU's layout already.
     Cpu(Box<Model>),
 }
 
 impl From<StoredModel> for ModelWeights {
     fn from(m: StoredModel) -> ModelWeights {
-        ModelWeights::Stored(m)
+        ModelWeights::Stored(Box::new(m))
     }
 }
 
