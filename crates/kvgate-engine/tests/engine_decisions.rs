@@ -1,5 +1,6 @@
 //! Decisions in the engine on the tiny model: a read's probabilities are bitwise the same alone, in a
-//! batch of completions and over a warm prefix; a decision's shared prefix is computed once.
+//! batch of completions and over a warm prefix; a decision's shared prefix is computed once, and a
+//! decision asked again finds each read's own blocks as well.
 
 mod common;
 
@@ -56,6 +57,13 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
         let (warm, warm_usage) = ask(Some("cold")).await;
         assert_eq!(cold, warm, "warm prefix gives bitwise the same probabilities");
         assert!(warm_usage.cached_tokens > cold_usage.cached_tokens);
+        // asked again, each read finds its own blocks too, beyond the shared state: at most its last
+        // partial block and the token whose logits are read are computed again
+        let bs = 4;
+        assert!(
+            warm_usage.prompt_tokens - warm_usage.cached_tokens <= reads.len() * bs,
+            "{warm_usage:?}"
+        );
         // inside a batch of 16 concurrent completions
         let ps = prompts(&tok, 16);
         let mut streams = vec![];
@@ -122,6 +130,7 @@ fn decision_prefix_is_computed_once() {
             lcp + suffixes,
             "the shared prefix once, then each read's own tokens"
         );
+        let reads_len: Vec<usize> = reads.iter().map(|r| r.prompt.len()).collect();
         let usage = h
             .decide(DecideRequest {
                 reads,
@@ -135,10 +144,15 @@ fn decision_prefix_is_computed_once() {
             .unwrap()
             .usage;
         let computed_warm = total - usage.cached_tokens;
+        // warm: the prefix's partial block, then each read from its last cached full block on (its own
+        // blocks, computed the first time, are found too; the last token is always computed for its
+        // logits)
+        let own: usize = reads_len.iter().map(|&len| len - ((len - 1) / 4 * 4).max(lcp)).sum();
+        assert!(own < suffixes);
         assert_eq!(
             computed_warm,
-            lcp % 4 + suffixes,
-            "warm: only the prefix's partial block and the suffixes"
+            lcp % 4 + own,
+            "warm: the prefix's partial block and each read's tail"
         );
     });
 }

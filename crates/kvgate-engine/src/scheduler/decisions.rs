@@ -4,6 +4,7 @@
 
 use super::{Result, Scheduler};
 use crate::decision::{DecisionLayout, DecisionState};
+use crate::kv_manager::Salts;
 use crate::registry::{GroupId, GroupKind, SchedError};
 
 impl Scheduler {
@@ -76,13 +77,33 @@ impl Scheduler {
                 continue;
             }
             let mut ids = Vec::with_capacity(prompts.len());
+            let bs = self.cfg.block_size;
             for (i, p) in prompts.into_iter().enumerate() {
                 let id = self.reg.add_seq(g, p, false, true);
-                let sb = self.kv.fork(&self.reg.seq(prefix)?.blocks);
+                // A read computed before (the same question over the same state, asked again) is in
+                // the prefix cache beyond the shared prefix: it takes those blocks (their K/V are the
+                // same bits whatever batch computed them) and computes only the rest; otherwise it
+                // shares the prefix's table (copy-on-write of its partial block).
+                let max_blocks = self.matchable_blocks(self.reg.seq(id)?);
+                let grp = self.reg.group(g)?;
+                let salts = Salts {
+                    own: &grp.salt,
+                    exact: grp.exact_salt.as_deref(),
+                };
+                let mut found = self
+                    .kv
+                    .match_prefix(&self.reg.seq(id)?.tokens, max_blocks, salts, false);
+                let (sb, computed) = if found.len() * bs > shared {
+                    let n = found.len() * bs;
+                    (found, n)
+                } else {
+                    self.kv.release(&mut found);
+                    (self.kv.fork(&self.reg.seq(prefix)?.blocks), shared)
+                };
                 let s = self.reg.seq_mut(id)?;
                 s.read = Some(i);
                 s.blocks = sb;
-                s.computed = shared;
+                s.computed = computed;
                 s.matched = true;
                 ids.push(id);
             }
