@@ -70,24 +70,8 @@ pub struct StoredLinear {
     pub bias: Option<Vec<f32>>,
 }
 
-/// One transformer layer as stored (the fields of [`LayerWeights`]).
-#[derive(Debug, Clone)]
-#[allow(missing_docs)]
-pub struct StoredLayer {
-    pub attn_norm: Vec<f32>,
-    pub q: StoredLinear,
-    pub k: StoredLinear,
-    pub v: StoredLinear,
-    pub o: StoredLinear,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub post_ffn_norm: Option<Vec<f32>>,
-    pub gate: StoredLinear,
-    pub up: StoredLinear,
-    pub down: StoredLinear,
-}
+/// One transformer layer as stored.
+pub type StoredLayer = LayerWeights<StoredLinear>;
 
 /// All weights as stored.
 #[derive(Debug, Clone)]

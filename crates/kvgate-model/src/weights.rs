@@ -26,19 +26,20 @@ impl Embedding {
     }
 }
 
-/// One transformer layer.
+/// One transformer layer; `L` is how its linear layers are held — the CPU's [`Linear`], or as the file
+/// stores them ([`crate::StoredLinear`]).
 #[derive(Debug, Clone)]
-pub struct LayerWeights {
+pub struct LayerWeights<L = Linear> {
     /// Norm before attention.
     pub attn_norm: Vec<f32>,
     /// Query projection.
-    pub q: Linear,
+    pub q: L,
     /// Key projection.
-    pub k: Linear,
+    pub k: L,
     /// Value projection.
-    pub v: Linear,
+    pub v: L,
     /// Output projection.
-    pub o: Linear,
+    pub o: L,
     /// Per-head query norm (Qwen3, Gemma 3).
     pub q_norm: Option<Vec<f32>>,
     /// Per-head key norm (Qwen3, Gemma 3).
@@ -50,11 +51,11 @@ pub struct LayerWeights {
     /// Norm of the MLP output before the residual add (Gemma 3).
     pub post_ffn_norm: Option<Vec<f32>>,
     /// MLP gate.
-    pub gate: Linear,
+    pub gate: L,
     /// MLP up.
-    pub up: Linear,
+    pub up: L,
     /// MLP down.
-    pub down: Linear,
+    pub down: L,
 }
 
 /// All weights.

@@ -41,18 +41,33 @@ pub(super) fn pack_pairs_of(q: &[f32], group: usize, hd: usize, out: &mut Vec<f3
     unreachable!("wide() is false without AVX2: {q:?} {group} {hd} {out:?}")
 }
 
-/// Where a group's scores go (`group512::Dest`; a stand-in without AVX2, never built there).
-#[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-pub(super) use super::group512::Dest;
-#[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
-#[derive(Debug)]
-#[allow(dead_code)]
+/// Where `group512::scores4` puts a group's scores: head `h`'s score of key `j < cnt` at
+/// `at + h·stride + j`, times `scale`; or, with `scale` `None`, raw at `h·4 + j` (`cnt` = 4, `stride`
+/// unused). Without AVX2 nothing reads it.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")),
+    allow(dead_code)
+)]
 pub(super) struct Dest {
     pub(super) at: usize,
     pub(super) stride: usize,
     pub(super) cnt: usize,
     pub(super) heads: usize,
     pub(super) scale: Option<f32>,
+}
+
+impl Dest {
+    /// The raw scores of `heads` heads against four keys, `h·4 + j`.
+    pub(super) fn raw(heads: usize) -> Dest {
+        Dest {
+            at: 0,
+            stride: 0,
+            cnt: 4,
+            heads,
+            scale: None,
+        }
+    }
 }
 
 /// `group512::scores4` (only called when [`wide`]).

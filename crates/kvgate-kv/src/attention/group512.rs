@@ -16,6 +16,8 @@
 
 use std::arch::x86_64::*;
 
+use super::group::Dest;
+
 /// Query heads of one group packed in pairs for [`scores4`], appended to `out`: from where `out` ended,
 /// `[(p·chunks + c)·16 ..][..16]` holds
 /// head `2p`'s elements `8c..8c+8` then head `2p+1`'s (an odd last head paired with itself; its copy's
@@ -39,17 +41,6 @@ pub(super) fn pack_pairs(q: &[f32], group: usize, hd: usize, out: &mut Vec<f32>)
 #[inline(always)]
 unsafe fn hadd(a: __m512, b: __m512) -> __m512 {
     _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD))
-}
-
-/// Where [`scores4`] puts its scores: head `h`'s score of key `j < cnt` at `at + h·stride + j`, times
-/// `scale`; or, with `scale` `None`, raw at `h·4 + j` (`cnt` = 4, `stride` unused).
-#[derive(Clone, Copy)]
-pub(super) struct Dest {
-    pub(super) at: usize,
-    pub(super) stride: usize,
-    pub(super) cnt: usize,
-    pub(super) heads: usize,
-    pub(super) scale: Option<f32>,
 }
 
 /// Scores of pairs `P` (from `qp`, packed by [`pack_pairs`]) against four keys: pair `p`'s
@@ -197,13 +188,7 @@ mod tests {
                 pack_pairs(&q, group, hd, &mut qp);
                 let ks: [&[f32]; 4] = std::array::from_fn(|j| keys[j].as_slice());
                 let mut out = vec![0f32; group.div_ceil(2) * 8];
-                let raw = Dest {
-                    at: 0,
-                    stride: 0,
-                    cnt: 4,
-                    heads: group,
-                    scale: None,
-                };
+                let raw = Dest::raw(group);
                 // SAFETY: AVX-512 checked above; sizes as the kernel asks.
                 unsafe { scores4(&qp, hd, &ks, &mut out, raw) };
                 // scaled into rows of stride 7, three keys

@@ -280,14 +280,7 @@ fn partition(
                         j0 += cnt;
                         continue;
                     }
-                    let raw = Dest {
-                        at: 0,
-                        stride: 0,
-                        cnt: 4,
-                        heads: group,
-                        scale: None,
-                    };
-                    group_scores_of(qp, hd, &ks, group_scores, raw);
+                    group_scores_of(qp, hd, &ks, group_scores, Dest::raw(group));
                     for h in 0..group {
                         put(h, &group_scores[h * 4..h * 4 + 4]);
                     }
