@@ -327,7 +327,7 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
 fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
     for share in [0.5, 0.0] {
         let m = tiny();
-        let backend = open_backend(tiny().model, &spec(&m, 128)).unwrap();
+        let backend = open_backend(tiny().model, &spec(&m, 512)).unwrap();
         let tok = Arc::new(m.tokenizer);
         let rows = Arc::new(Mutex::new(vec![]));
         let rec = Recording {
@@ -337,7 +337,7 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
         };
         let cfg = EngineConfig {
             block_size: 4,
-            num_blocks: 128,
+            num_blocks: 512,
             max_num_batched_tokens: 16,
             max_model_len: m.max_model_len,
             decode_share: share,
@@ -369,11 +369,36 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
             }
         };
         rt.block_on(async {
-            let mut stream = submit("A stream that keeps decoding.", 100);
+            // the stream outlives the prompt however late the prompt arrives (a busy machine may
+            // run many decode steps first); it is dropped once the prompt is answered, so every
+            // prefill chunk has a stream beside it
+            let mut stream = submit("A stream that keeps decoding.", 900);
             // once it decodes, a long prompt arrives
             while !matches!(stream.next().await, Some(Event::Token { .. })) {}
             let flood = submit(&"A long prompt arriving while the stream decodes. ".repeat(4), 1);
-            tokio::join!(drain(stream), drain(flood));
+            let keep_reading = async {
+                while let Some(e) = stream.next().await {
+                    if matches!(e, Event::Done(_) | Event::Error(_)) {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = drain(flood) => {}
+                _ = keep_reading => panic!("the stream ended before the prompt was answered"),
+            }
+            // the stream goes on until the step after the prompt's last chunk is recorded
+            let settled = || {
+                let rows = rows.lock().unwrap();
+                let last = rows.iter().rposition(|r| r.iter().any(|&n| n > 1));
+                last.is_some_and(|l| rows.len() > l + 1)
+            };
+            while !settled() {
+                match stream.next().await {
+                    Some(Event::Token { .. }) => {}
+                    e => panic!("the stream ended early: {e:?}"),
+                }
+            }
         });
         let rows = rows.lock().unwrap().clone();
         // steps with a prefill chunk (a sequence with several rows) next to a decode row
