@@ -1,5 +1,6 @@
-// kvgate KV-cache kernels: quantize-on-store (reshape-and-cache) and paged-attention decode over
-// bf16, fp8 (e4m3 / e5m2) and nvfp4 blocks.
+// kvgate KV-cache kernels: quantize-on-store (reshape-and-cache) and paged attention over f32, f16,
+// bf16, fp8 (e4m3 / e5m2) and nvfp4 blocks: one query row per CTA row, each attending to its own range
+// of its sequence (decode rows and the rows of a prefill chunk alike: causal, sliding window, softcap).
 //
 // Self-contained (no #include): NVRTC compiles this file at run time to an sm_90 CUBIN. The codecs are
 // bit-for-bit the CPU reference of crates/kvgate-kv/src/codec (round to nearest even, saturating, NaN to
@@ -114,6 +115,19 @@ __device__ __forceinline__ u16 f32_to_bf16(float value) {
 
 __device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u32)b) << 16); }
 
+// IEEE half, round to nearest even (the `half` crate's f16::from_f32 for finite values and infinities).
+__device__ __forceinline__ u16 f32_to_f16(float x) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
 // ---------------------------------------------------------------- quantize-on-store
 
 // x: [ntok, nkv, hd] f32; slots[t] = block * bs + offset (negative: skip). One thread per element.
@@ -129,6 +143,35 @@ extern "C" __global__ void store_bf16(const float* __restrict__ x, const i64* __
     if (slot < 0) return;
     u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
     cache[((block * nkv + h) * bs + off) * hd + d] = f32_to_bf16(x[idx]);
+}
+
+// f32 and f16 caches: the value itself (f16 rounded to nearest even).
+extern "C" __global__ void store_f32(const float* __restrict__ x, const i64* __restrict__ slots,
+                                     float* __restrict__ cache, int ntok, int nkv, int hd, int bs) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 total = (u64)ntok * nkv * hd;
+    if (idx >= total) return;
+    int d = (int)(idx % hd);
+    int h = (int)((idx / hd) % nkv);
+    int t = (int)(idx / ((u64)hd * nkv));
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    cache[((block * nkv + h) * bs + off) * hd + d] = x[idx];
+}
+
+extern "C" __global__ void store_f16(const float* __restrict__ x, const i64* __restrict__ slots,
+                                     u16* __restrict__ cache, int ntok, int nkv, int hd, int bs) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 total = (u64)ntok * nkv * hd;
+    if (idx >= total) return;
+    int d = (int)(idx % hd);
+    int h = (int)((idx / hd) % nkv);
+    int t = (int)(idx / ((u64)hd * nkv));
+    i64 slot = slots[t];
+    if (slot < 0) return;
+    u64 block = (u64)(slot / bs), off = (u64)(slot % bs);
+    cache[((block * nkv + h) * bs + off) * hd + d] = f32_to_f16(x[idx]);
 }
 
 // fmt 0 = e4m3, 1 = e5m2; stores code(x * inv_scale).
@@ -361,6 +404,8 @@ extern "C" __global__ void store_quant(const float* __restrict__ x, const i64* _
 #define DT_E4M3 1
 #define DT_E5M2 2
 #define DT_NVFP4 3
+#define DT_F32 4
+#define DT_F16 5
 #define WARPS 8
 
 // Loads the PER consecutive elements starting at `d` of the vector (block, kvh, off), dequantized, with
@@ -370,7 +415,26 @@ template <int DT, int PER>
 __device__ __forceinline__ void load_vec(const u8* __restrict__ cache, u64 block, int kvh, int off, int nkv,
                                          int hd, int bs, int d, float scale, int fine, float* out) {
     u64 vec = (u64)kvh * bs + off;
-    if (DT == DT_BF16) {
+    if (DT == DT_F32) {
+        const float* p = (const float*)cache + (block * nkv * bs + vec) * hd + d;
+        if (PER % 4 == 0) {
+#pragma unroll
+            for (int i = 0; i < PER; i += 4) {
+                float4 w = *(const float4*)(p + i);
+                out[i] = w.x;
+                out[i + 1] = w.y;
+                out[i + 2] = w.z;
+                out[i + 3] = w.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PER; i++) out[i] = p[i];
+        }
+    } else if (DT == DT_F16) {
+        const u16* p = (const u16*)cache + (block * nkv * bs + vec) * hd + d;
+#pragma unroll
+        for (int i = 0; i < PER; i++) out[i] = f16_to_f32(p[i]);
+    } else if (DT == DT_BF16) {
         const u16* p = (const u16*)cache + (block * nkv * bs + vec) * hd + d;
         if (PER % 4 == 0) {
 #pragma unroll
@@ -435,47 +499,52 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// out, q: [nseq, nh, hd] f32; tables: [nseq, max_blocks]; ctx_lens: [nseq]. Grid (nh, nseq), WARPS * 32
+// out, q: [nrows, nh, hd] f32; tables: [nseq, max_blocks]; rows: [nrows, 3] = (sequence, first position,
+// end position) of each query row, which attends to positions first .. end-1 of its sequence (a decode row:
+// 0 .. ctx; a prefill row at position p: 0 .. p+1, or its window's tail). Grid (nh, nrows), WARPS * 32
 // threads, dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp takes UNROLL (4 or 8) consecutive
 // tokens at a time (their K and V loads in flight together) with an online softmax; lane l owns elements
 // l*per .. l*per+per-1; the warps' partial results are merged at the end.
 template <int DT, int PER>
 __device__ void paged_attention(float* __restrict__ out, const float* __restrict__ q, const u8* __restrict__ kc,
                                 const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
-                                const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs, float scale,
+                                const int* __restrict__ rows, int nh, int nkv, int hd, int bs, float scale,
                                 float k_scale, float v_scale, int rotate, int fine, float norm,
-                                const float* __restrict__ v_offsets, int has_offsets) {
+                                const float* __restrict__ v_offsets, int has_offsets, float softcap) {
     extern __shared__ float smem[];
-    int head = blockIdx.x, seq = blockIdx.y;
+    int head = blockIdx.x, row = blockIdx.y;
+    int seq = rows[3 * row], first = rows[3 * row + 1];
     int kvh = head / (nh / nkv);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float* qs = smem;
     float* part = smem + hd;  // per warp: m, l, acc[hd]
-    const float* qrow = q + ((u64)seq * nh + head) * hd;
+    const float* qrow = q + ((u64)row * nh + head) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qrow[d] * scale;
     __syncthreads();
     // The cache holds R·k: scores from R·q.
     if (rotate) rotate_vec<true>(qs, hd, norm, threadIdx.x, blockDim.x);
     const int per = PER;  // hd / 32, a compile-time constant so the per-lane arrays stay in registers
     int d0 = lane * per;
+    // head_dim below 32 (PER 1): lanes past the vector hold nothing and read nothing
+    bool live = d0 < hd;
     float qv[PER];
 #pragma unroll
-    for (int i = 0; i < per; i++) qv[i] = qs[d0 + i];
+    for (int i = 0; i < per; i++) qv[i] = live ? qs[d0 + i] : 0.0f;
     float m = -KV_INF, l = 0.0f, acc[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) acc[i] = 0.0f;
-    int n = ctx_lens[seq];
+    int n = rows[3 * row + 2];
     const int* table = tables + (u64)seq * max_blocks;
     // Tokens in flight per warp: 8 for the byte formats; nvfp4's dequantization needs more registers per
     // token, and 8 measured slower there than 4 on the H200.
     constexpr int UNROLL = DT == DT_NVFP4 ? 4 : 8;
     float buf[UNROLL][PER];
-    for (int t0 = warp * UNROLL; t0 < n; t0 += WARPS * UNROLL) {
+    for (int t0 = first + warp * UNROLL; t0 < n; t0 += WARPS * UNROLL) {
         float s[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT, PER>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, k_scale, fine, buf[u]);
+            if (t < n && live) load_vec<DT, PER>(kc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, k_scale, fine, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
@@ -484,6 +553,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
             float d = 0.0f;
             for (int i = 0; i < per; i++) d += qv[i] * buf[u][i];
             s[u] = warp_sum(d);
+            if (softcap > 0.0f) s[u] = softcap * tanhf(s[u] / softcap);
         }
         float m_new = m;
 #pragma unroll
@@ -500,7 +570,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int t = t0 + u;
-            if (t < n) load_vec<DT, PER>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, v_scale, fine, buf[u]);
+            if (t < n && live) load_vec<DT, PER>(vc, (u64)table[t / bs], kvh, t % bs, nkv, hd, bs, d0, v_scale, fine, buf[u]);
             else
                 for (int i = 0; i < per; i++) buf[u][i] = 0.0f;
         }
@@ -518,7 +588,8 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         mine[0] = m;
         mine[1] = l;
     }
-    for (int i = 0; i < per; i++) mine[2 + d0 + i] = acc[i];
+    if (live)
+        for (int i = 0; i < per; i++) mine[2 + d0 + i] = acc[i];
     __syncthreads();
     float big = -KV_INF;
     for (int w = 0; w < WARPS; w++) big = fmaxf(big, part[w * (hd + 2)]);
@@ -527,7 +598,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         float mw = part[w * (hd + 2)];
         if (mw != -KV_INF) total += part[w * (hd + 2) + 1] * expf(mw - big);
     }
-    float* orow = out + ((u64)seq * nh + head) * hd;
+    float* orow = out + ((u64)row * nh + head) * hd;
     // Without rotation each output goes straight out; with it, the vector is gathered in qs (free once
     // every lane holds its q) and rotated back first.
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -551,19 +622,22 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 
 #define PA_CASE(P)                                                                                            \
     case P:                                                                                                   \
-        paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale, k_scale, \
-                               v_scale, rotate, fine, norm, v_offsets, has_offsets);                          \
+        paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale, k_scale,     \
+                               v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap);                 \
         break;
 
-// head_dim is a multiple of 32 up to 256 (checked by the host): one instantiation per head_dim / 32.
+// head_dim is below 32 or a multiple of 32 up to 256 (checked by the host): one instantiation per
+// head_dim / 32.
 template <int DT>
 __device__ void paged_attention_dispatch(float* __restrict__ out, const float* __restrict__ q,
                                          const u8* __restrict__ kc, const u8* __restrict__ vc,
                                          const int* __restrict__ tables, int max_blocks,
-                                         const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,
+                                         const int* __restrict__ rows, int nh, int nkv, int hd, int bs,
                                          float scale, float k_scale, float v_scale, int rotate, int fine,
-                                         float norm, const float* __restrict__ v_offsets, int has_offsets) {
+                                         float norm, const float* __restrict__ v_offsets, int has_offsets,
+                                         float softcap) {
     switch (hd / 32) {
+        case 0:  // head_dim below 32: one element per lane
         PA_CASE(1)
         PA_CASE(2)
         PA_CASE(3)
@@ -581,13 +655,16 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
     extern "C" __global__ void name(float* __restrict__ out, const float* __restrict__ q,                    \
                                     const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
                                     const int* __restrict__ tables, int max_blocks,                          \
-                                    const int* __restrict__ ctx_lens, int nh, int nkv, int hd, int bs,       \
+                                    const int* __restrict__ rows, int nh, int nkv, int hd, int bs,           \
                                     float scale, float k_scale, float v_scale, int rotate, int fine,         \
-                                    float norm, const float* __restrict__ v_offsets, int has_offsets) {      \
-        paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, ctx_lens, nh, nkv, hd, bs, scale,  \
-                                     k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets);           \
+                                    float norm, const float* __restrict__ v_offsets, int has_offsets,        \
+                                    float softcap) {                                                         \
+        paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale,      \
+                                     k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap);  \
     }
 
+PAGED_ATTENTION_ENTRY(paged_attention_f32, DT_F32)
+PAGED_ATTENTION_ENTRY(paged_attention_f16, DT_F16)
 PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)
 PAGED_ATTENTION_ENTRY(paged_attention_e4m3, DT_E4M3)
 PAGED_ATTENTION_ENTRY(paged_attention_e5m2, DT_E5M2)

@@ -6,7 +6,12 @@
 #   2. the NVRTC compile of every kernel for sm_90;
 #   3. with KVGATE_REQUIRE_GPU=1 (a missing GPU fails): CUDA codecs byte for byte against the CPU codecs,
 #      CUDA paged attention against the CPU attention, and the bandwidth report (GB/s per kernel
-#      against the measured device-to-device copy bandwidth), written to $OUT/gpu-report.md.
+#      against the measured device-to-device copy bandwidth), written to $OUT/gpu-report.md;
+#   4. the CUDA backend against the CPU backend (tests/backend_parity.rs): every weight format, the
+#      tiny model of every architecture (logits, 32 greedy tokens, decisions, batch invariance),
+#      every KV dtype and method, calibration, block reads/writes/copies;
+#   5. when a model is there (MODEL=path, or device-bundle/model.part-* carried and reassembled):
+#      `serve --device cuda:0` on it — a completion, a streamed chat, a decision and its follow-up.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -32,5 +37,25 @@ KVGATE_REQUIRE_GPU=1 KVGATE_GPU_REPORT="$OUT/gpu-report.md" timeout 240 device-b
   > "$OUT/gpu.log" 2>&1 || status=1
 tail -40 "$OUT/gpu.log"
 [ -f "$OUT/gpu-report.md" ] && cat "$OUT/gpu-report.md"
+echo "== backend parity"
+KVGATE_REQUIRE_GPU=1 timeout 300 device-bundle/backend_parity-tests --test-threads=1 --nocapture \
+  > "$OUT/parity.log" 2>&1 || status=1
+grep -E "^test |test result|panicked|within|match" "$OUT/parity.log" | tail -40
+MODEL=${MODEL:-}
+if [ -z "$MODEL" ] && ls device-bundle/model.part-* >/dev/null 2>&1; then
+  cat device-bundle/model.part-* > /tmp/kvgate-model.gguf
+  if [ "$(sha256sum /tmp/kvgate-model.gguf | cut -d' ' -f1)" = "$(cat device-bundle/model.sha256)" ]; then
+    MODEL=/tmp/kvgate-model.gguf
+  else
+    echo "model parts incomplete: serve smoke skipped"
+  fi
+fi
+if [ -n "$MODEL" ]; then
+  echo "== serve --device cuda:0 on $MODEL"
+  scripts/device-serve-smoke.sh "$MODEL" > "$OUT/serve.log" 2>&1 || status=1
+  tail -30 "$OUT/serve.log"
+else
+  echo "== serve smoke skipped: no model on this machine (MODEL=path, or carry device-bundle/model.part-*)"
+fi
 echo "device-check status: $status"
 exit $status

@@ -28,11 +28,13 @@ impl Slots {
     }
 }
 
-/// Block tables (`seqs × max_blocks` ids) and context lengths on the device.
+/// Block tables (`seqs × max_blocks` ids) and the query rows that read them on the device: per row,
+/// its sequence and the positions `first .. end` it attends to.
 pub struct BlockTables {
     pub(crate) tables: CudaSlice<i32>,
-    pub(crate) ctx_lens: CudaSlice<i32>,
+    pub(crate) rows: CudaSlice<i32>,
     pub(crate) seqs: usize,
+    pub(crate) num_rows: usize,
     pub(crate) max_blocks: usize,
     pub(crate) block_size: usize,
     pub(crate) max_block: Option<usize>,
@@ -43,6 +45,56 @@ impl BlockTables {
     pub fn seqs(&self) -> usize {
         self.seqs
     }
+
+    /// Query rows.
+    pub fn rows(&self) -> usize {
+        self.num_rows
+    }
+}
+
+/// One query row of an attention launch: its sequence (a table index) and the positions
+/// `first .. end` of that sequence it attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryRow {
+    /// Table index.
+    pub seq: usize,
+    /// First position read.
+    pub first: usize,
+    /// One past the last position read (the row's own position + 1).
+    pub end: usize,
+}
+
+/// Checks query rows against the tables and returns the largest block a kernel will read: the
+/// entries holding positions `first .. end` of each row (the others — padding, or blocks released
+/// before a window — are never read, whatever they hold).
+pub(crate) fn max_row_block(
+    tables: &[i32],
+    max_blocks: usize,
+    rows: &[QueryRow],
+    block_size: usize,
+) -> Result<Option<usize>, CudaError> {
+    if block_size == 0 || max_blocks == 0 || !tables.len().is_multiple_of(max_blocks) {
+        return Err(bad(format!(
+            "{} table entries are not whole tables of {max_blocks} blocks (block size {block_size})",
+            tables.len()
+        )));
+    }
+    let seqs = tables.len() / max_blocks;
+    let mut max = None;
+    for (r, q) in rows.iter().enumerate() {
+        if q.seq >= seqs || q.first >= q.end || q.end > max_blocks * block_size || q.end > i32::MAX as usize {
+            return Err(bad(format!(
+                "row {r}: positions {}..{} of sequence {} do not fit {seqs} tables of {max_blocks} blocks of {block_size}",
+                q.first, q.end, q.seq
+            )));
+        }
+        let t = &tables[q.seq * max_blocks..(q.seq + 1) * max_blocks];
+        for &b in &t[q.first / block_size..q.end.div_ceil(block_size)] {
+            let b = usize::try_from(b).map_err(|_| bad(format!("row {r}: negative block id {b}")))?;
+            max = max.max(Some(b));
+        }
+    }
+    Ok(max)
 }
 
 fn bad(msg: String) -> CudaError {
@@ -149,5 +201,25 @@ mod tests {
         assert!(check_below("block", Some(5), 5).is_err());
         assert!(check_below("block", Some(4), 5).is_ok());
         assert!(check_below("slot", None, 0).is_ok());
+    }
+
+    #[test]
+    fn rows_are_checked_over_what_they_read() {
+        // sequence 0 released its first block (-1) before a window; sequence 1 is one block
+        let t = [-1, 1, 2, 5, -1, 99];
+        let row = |seq, first, end| QueryRow { seq, first, end };
+        assert_eq!(max_row_block(&t, 3, &[row(0, 20, 40), row(1, 0, 10)], 16), Ok(Some(5)));
+        assert!(
+            max_row_block(&t, 3, &[row(0, 0, 40)], 16).is_err(),
+            "reads the released block"
+        );
+        assert!(
+            max_row_block(&t, 3, &[row(1, 0, 20)], 16).is_err(),
+            "reads a negative id"
+        );
+        assert!(max_row_block(&t, 3, &[row(2, 0, 1)], 16).is_err(), "no such sequence");
+        assert!(max_row_block(&t, 3, &[row(0, 5, 5)], 16).is_err(), "empty range");
+        assert!(max_row_block(&t, 3, &[row(0, 0, 49)], 16).is_err(), "beyond the table");
+        assert!(max_row_block(&t[..5], 3, &[], 16).is_err(), "ragged tables");
     }
 }

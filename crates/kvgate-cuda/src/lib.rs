@@ -1,28 +1,39 @@
-//! kvgate's CUDA side: the kernels of `kernels/*.cu` (quantize-on-store and paged-attention decode over
-//! bf16, fp8 and nvfp4 KV blocks), compiled at run time by NVRTC to an sm_90 CUBIN and launched through
-//! cudarc.
+//! kvgate's CUDA side: the kernels of `kernels/*.cu` — the model's layer code over weights as stored
+//! (`model.cu`: embedding, dequantize-on-the-fly matmul, norms, RoPE, activations, log-probabilities) and
+//! the paged KV cache (`kv_cache.cu`: quantize-on-store and paged attention over f32, f16, bf16, fp8 and
+//! nvfp4 blocks) — compiled at run time by NVRTC to an sm_90 CUBIN and launched through cudarc; and
+//! [`CudaBackend`], the model on the GPU behind the `kvgate_backend` seam (`--device cuda:N`).
 //!
 //! Nothing here needs CUDA at build time: cudarc loads `libcuda` and `libnvrtc` with `dlopen` when first
 //! used. Before any call into them this crate checks that the libraries can be loaded, so a machine
 //! without a driver gets [`CudaError::NoDriver`] ("no CUDA device") instead of a crash, and one without
-//! NVRTC gets [`CudaError::NoNvrtc`]. Compiled kernels are cached per process.
+//! NVRTC gets [`CudaError::NoNvrtc`]; [`explain`] turns either into what to install. Compiled kernels
+//! are cached per process.
 //!
 //! The device layout of a cache layer is exactly `kvgate_kv::CacheShape`'s, so bytes written by
 //! [`Gpu::store`] can be compared with the CPU codecs byte for byte.
 
+mod backend;
 mod checked;
+mod kv;
 pub mod nvrtc;
+mod ops;
 
-pub use checked::{BlockTables, Slots};
+pub use backend::{explain, probe, CudaBackend, CudaSettings, DTYPES};
+pub use checked::{BlockTables, QueryRow, Slots};
+pub use ops::{DevMatrix, WeightFormat};
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use kvgate_kv::{quant, KvDtype, KvQuant, Rotation, Scales};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
+use kvgate_kv::{KvDtype, KvQuant};
 use thiserror::Error;
 
 /// The kernel sources, embedded.
-pub const SOURCES: &[(&str, &str)] = &[("kv_cache.cu", include_str!("../../../kernels/kv_cache.cu"))];
+pub const SOURCES: &[(&str, &str)] = &[
+    ("kv_cache.cu", include_str!("../../../kernels/kv_cache.cu")),
+    ("model.cu", include_str!("../../../kernels/model.cu")),
+];
 
 /// The architecture kernels are built for (the H200).
 pub const ARCH: &str = "sm_90";
@@ -60,7 +71,7 @@ pub enum CudaError {
     Unsupported(&'static str),
 }
 
-fn drv(e: impl std::fmt::Debug) -> CudaError {
+pub(crate) fn drv(e: impl std::fmt::Debug) -> CudaError {
     CudaError::Driver(format!("{e:?}"))
 }
 
@@ -104,13 +115,33 @@ pub fn cubins() -> Result<&'static [Cubin], CudaError> {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
+    /// One module per source of [`SOURCES`], in order.
+    modules: Vec<Arc<CudaModule>>,
 }
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gpu").field("ordinal", &self.ctx.ordinal()).finish()
     }
+}
+
+/// The scalar arguments of one attention launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attention {
+    /// The cache's dtype.
+    pub dtype: KvDtype,
+    /// The method it was written with.
+    pub quant: KvQuant,
+    /// Shapes.
+    pub d: Dims,
+    /// Score multiplier.
+    pub scale: f32,
+    /// The layer's K scale (fp8 / nvfp4).
+    pub k_scale: f32,
+    /// The layer's V scale.
+    pub v_scale: f32,
+    /// Soft cap of the scores.
+    pub softcap: Option<f32>,
 }
 
 /// Shape arguments shared by the kernels.
@@ -126,7 +157,7 @@ pub struct Dims {
     pub block_size: usize,
 }
 
-fn grid_for(n: usize, threads: u32) -> LaunchConfig {
+pub(crate) fn grid_for(n: usize, threads: u32) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((n as u32).div_ceil(threads).max(1), 1, 1),
         block_dim: (threads, 1, 1),
@@ -144,10 +175,17 @@ impl Gpu {
         let cubins = cubins()?;
         let ctx = CudaContext::new(ordinal).map_err(drv)?;
         let stream = ctx.default_stream();
-        let module = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubins[0].1.clone()))
+        let modules = cubins
+            .iter()
+            .map(|(_, c)| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.clone())))
+            .collect::<Result<Vec<_>, _>>()
             .map_err(drv)?;
-        Ok(Gpu { ctx, stream, module })
+        Ok(Gpu { ctx, stream, modules })
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
     }
 
     /// The device's name.
@@ -160,8 +198,22 @@ impl Gpu {
         &self.stream
     }
 
-    fn func(&self, name: &str) -> Result<CudaFunction, CudaError> {
-        self.module.load_function(name).map_err(drv)
+    /// The kernel `name`, from whichever source defines it.
+    pub(crate) fn func(&self, name: &str) -> Result<CudaFunction, CudaError> {
+        let mut last = None;
+        for m in &self.modules {
+            match m.load_function(name) {
+                Ok(f) => return Ok(f),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(CudaError::Driver(format!("no kernel {name}: {last:?}")))
+    }
+
+    /// Total and free bytes of device memory.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        let (free, total) = self.ctx.mem_get_info().map_err(drv)?;
+        Ok((total, free))
     }
 
     /// Uploads a host slice.
@@ -200,257 +252,46 @@ impl Gpu {
         block_size: usize,
     ) -> Result<BlockTables, CudaError> {
         let max_block = checked::max_table_block(tables, max_blocks, ctx_lens, block_size)?;
-        let lens: Vec<i32> = ctx_lens.iter().map(|&l| l as i32).collect();
+        let rows: Vec<i32> = ctx_lens
+            .iter()
+            .enumerate()
+            .flat_map(|(s, &l)| [s as i32, 0, l as i32])
+            .collect();
         Ok(BlockTables {
             tables: self.upload(tables)?,
-            ctx_lens: self.upload(&lens)?,
+            rows: self.upload(&rows)?,
             seqs: ctx_lens.len(),
+            num_rows: ctx_lens.len(),
             max_blocks,
             block_size,
             max_block,
         })
     }
 
-    /// Quantize-on-store: writes `x` (`slots.len() × kv_heads × head_dim` f32) into the cache layer
-    /// `cache` (bytes, `kvgate_kv` layout) at `slots`, with the layer's `scale` (fp8: stored
-    /// `x / scale`; nvfp4: global scale `1 / scale`) and the method `quant` (rotation, fine scales: as
-    /// `kvgate_kv::quant`), after subtracting `offsets` (`kv_heads × head_dim`, `smooth` methods only).
-    /// Refused unless every slot is inside `cache`, `x` holds every row, the offsets every channel and
-    /// the method fits the dtype and shape.
-    #[allow(clippy::too_many_arguments)]
-    pub fn store(
+    /// Uploads block tables (`max_blocks` ids per sequence, row-major) and the query rows that read
+    /// them (each attends to positions `first .. end` of its sequence), checking every entry a row
+    /// reads and remembering the largest block in use.
+    pub fn upload_rows(
         &self,
-        dtype: KvDtype,
-        quant: KvQuant,
-        x: &CudaSlice<f32>,
-        slots: &Slots,
-        cache: &mut CudaSlice<u8>,
-        d: Dims,
-        scale: f32,
-        offsets: Option<&CudaSlice<f32>>,
-    ) -> Result<(), CudaError> {
-        quant
-            .check(dtype, d.head_dim, d.block_size)
-            .map_err(|e| CudaError::Invalid(e.to_string()))?;
-        let mut dummy = None;
-        let (offsets, has_offsets) = self.offsets_arg(quant, offsets, d, &mut dummy)?;
-        let tokens = slots.len;
-        let blocks = checked::cache_blocks(cache.len(), dtype, quant, d)?;
-        checked::check_below("slot", slots.max, blocks * d.block_size)?;
-        checked::check_len("x", x.len(), tokens * d.num_kv_heads * d.head_dim)?;
-        let slots = &slots.dev;
-        let (nt, nkv, hd, bs) = (
-            tokens as i32,
-            d.num_kv_heads as i32,
-            d.head_dim as i32,
-            d.block_size as i32,
-        );
-        let elems = tokens * d.num_kv_heads * d.head_dim;
-        if quant != KvQuant::PLAIN {
-            let f = self.func("store_quant")?;
-            let (fmt, layer): (i32, f32) = match dtype {
-                KvDtype::Fp8E4m3 => (0, 1.0 / scale),
-                KvDtype::Fp8E5m2 => (1, 1.0 / scale),
-                KvDtype::Nvfp4 => (2, 1.0 / scale),
-                other => return Err(CudaError::Unsupported(other.name())),
-            };
-            let rotate = i32::from(quant.rotation == Rotation::Hadamard);
-            let fine = i32::from(quant.scales == Scales::Fine);
-            let norm = quant::hadamard_norm(quant::hadamard_block(d.head_dim));
-            // 4 warps per block, one vector per warp, each with head_dim floats of shared memory
-            const WARPS: u32 = 4;
-            let vectors = (tokens * d.num_kv_heads) as u32;
-            let cfg = LaunchConfig {
-                grid_dim: (vectors.div_ceil(WARPS).max(1), 1, 1),
-                block_dim: (32 * WARPS, 1, 1),
-                shared_mem_bytes: WARPS * d.head_dim as u32 * 4,
-            };
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(x)
-                .arg(slots)
-                .arg(cache)
-                .arg(&layer)
-                .arg(&fmt)
-                .arg(&rotate)
-                .arg(&fine)
-                .arg(&norm)
-                .arg(offsets)
-                .arg(&has_offsets)
-                .arg(&nt)
-                .arg(&nkv)
-                .arg(&hd)
-                .arg(&bs);
-            // SAFETY: arguments match the kernel's signature; writes stay inside the slots' blocks,
-            // checked above to be inside the cache, laid out for this method.
-            unsafe { b.launch(cfg) }.map_err(drv)?;
-            return Ok(());
-        }
-        match dtype {
-            KvDtype::BF16 => {
-                let f = self.func("store_bf16")?;
-                // SAFETY: the cache is reinterpreted as u16 through its byte length; the kernel writes
-                // only inside the slots' blocks, checked above to be inside the cache.
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(x).arg(slots).arg(cache).arg(&nt).arg(&nkv).arg(&hd).arg(&bs);
-                unsafe { b.launch(grid_for(elems, 256)) }.map_err(drv)?;
-            }
-            KvDtype::Fp8E4m3 | KvDtype::Fp8E5m2 => {
-                let f = self.func("store_fp8")?;
-                let inv = 1.0f32 / scale;
-                let fmt: i32 = if dtype == KvDtype::Fp8E4m3 { 0 } else { 1 };
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(x)
-                    .arg(slots)
-                    .arg(cache)
-                    .arg(&inv)
-                    .arg(&fmt)
-                    .arg(&nt)
-                    .arg(&nkv)
-                    .arg(&hd)
-                    .arg(&bs);
-                // SAFETY: arguments match the kernel's signature; writes stay inside the slots' blocks.
-                unsafe { b.launch(grid_for(elems, 256)) }.map_err(drv)?;
-            }
-            KvDtype::Nvfp4 => {
-                let f = self.func("store_nvfp4")?;
-                let gs = 1.0f32 / scale;
-                let mut b = self.stream.launch_builder(&f);
-                b.arg(x)
-                    .arg(slots)
-                    .arg(cache)
-                    .arg(&gs)
-                    .arg(&nt)
-                    .arg(&nkv)
-                    .arg(&hd)
-                    .arg(&bs);
-                // SAFETY: arguments match the kernel's signature; writes stay inside the slots' blocks.
-                unsafe { b.launch(grid_for(elems / 16, 128)) }.map_err(drv)?;
-            }
-            other => return Err(CudaError::Unsupported(other.name())),
-        }
-        Ok(())
-    }
-
-    /// Paged-attention decode: one query row per sequence (`q`: `seqs × heads × head_dim`), attending to
-    /// the first `ctx_lens[s]` tokens through `tables`, over caches written with `quant` (a rotating
-    /// method rotates `q` and rotates the output back; fp8 fine scales are read per vector). Refused
-    /// unless every block in use is inside both caches and `q`/`out` hold every row.
-    #[allow(clippy::too_many_arguments)]
-    pub fn paged_attention(
-        &self,
-        dtype: KvDtype,
-        quant: KvQuant,
-        v_offsets: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<f32>,
-        q: &CudaSlice<f32>,
-        k_cache: &CudaSlice<u8>,
-        v_cache: &CudaSlice<u8>,
-        tables: &BlockTables,
-        d: Dims,
-        scale: f32,
-        k_scale: f32,
-        v_scale: f32,
-    ) -> Result<(), CudaError> {
-        if tables.block_size != d.block_size {
-            return Err(CudaError::Invalid(format!(
-                "tables of block size {} for a cache of block size {}",
-                tables.block_size, d.block_size
-            )));
-        }
-        quant
-            .check(dtype, d.head_dim, d.block_size)
-            .map_err(|e| CudaError::Invalid(e.to_string()))?;
-        let mut dummy = None;
-        let (v_offsets, has_offsets) = self.offsets_arg(quant, v_offsets, d, &mut dummy)?;
-        let blocks = checked::cache_blocks(k_cache.len(), dtype, quant, d)?;
-        if checked::cache_blocks(v_cache.len(), dtype, quant, d)? != blocks {
-            return Err(CudaError::Invalid("K and V caches of different sizes".into()));
-        }
-        checked::check_below("block", tables.max_block, blocks)?;
-        let (seqs, max_blocks) = (tables.seqs, tables.max_blocks);
-        let rows = seqs * d.num_heads * d.head_dim;
-        checked::check_len("q", q.len(), rows)?;
-        checked::check_len("out", out.len(), rows)?;
-        let (tables, ctx_lens) = (&tables.tables, &tables.ctx_lens);
-        let name = match dtype {
-            KvDtype::BF16 => "paged_attention_bf16",
-            KvDtype::Fp8E4m3 => "paged_attention_e4m3",
-            KvDtype::Fp8E5m2 => "paged_attention_e5m2",
-            KvDtype::Nvfp4 => "paged_attention_nvfp4",
-            other => return Err(CudaError::Unsupported(other.name())),
-        };
-        if !d.head_dim.is_multiple_of(32) || d.head_dim > 256 {
-            return Err(CudaError::Driver(format!(
-                "head_dim {} must be a multiple of 32 up to 256",
-                d.head_dim
-            )));
-        }
-        let f = self.func(name)?;
-        let rotate = i32::from(quant.rotation == Rotation::Hadamard);
-        let fine = i32::from(quant.scales == Scales::Fine && dtype != KvDtype::Nvfp4);
-        let norm = quant::hadamard_norm(quant::hadamard_block(d.head_dim));
-        let (mb, nh, nkv, hd, bs) = (
-            max_blocks as i32,
-            d.num_heads as i32,
-            d.num_kv_heads as i32,
-            d.head_dim as i32,
-            d.block_size as i32,
-        );
-        // Must match WARPS in kernels/kv_cache.cu.
-        const WARPS: usize = 8;
-        let cfg = LaunchConfig {
-            grid_dim: (d.num_heads as u32, seqs as u32, 1),
-            block_dim: ((WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: ((d.head_dim + WARPS * (d.head_dim + 2)) * 4) as u32,
-        };
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(out)
-            .arg(q)
-            .arg(k_cache)
-            .arg(v_cache)
-            .arg(tables)
-            .arg(&mb)
-            .arg(ctx_lens)
-            .arg(&nh)
-            .arg(&nkv)
-            .arg(&hd)
-            .arg(&bs)
-            .arg(&scale)
-            .arg(&k_scale)
-            .arg(&v_scale)
-            .arg(&rotate)
-            .arg(&fine)
-            .arg(&norm)
-            .arg(v_offsets)
-            .arg(&has_offsets);
-        // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
-        // inside both caches, and q/out hold every row.
-        unsafe { b.launch(cfg) }.map_err(drv)?;
-        Ok(())
-    }
-
-    /// The offsets argument of a kernel: the given buffer (checked: a `smooth` method, `kv_heads ×
-    /// head_dim` values) and 1, or a one-float stand-in (kept alive in `dummy`) and 0.
-    fn offsets_arg<'a>(
-        &self,
-        quant: KvQuant,
-        offsets: Option<&'a CudaSlice<f32>>,
-        d: Dims,
-        dummy: &'a mut Option<CudaSlice<f32>>,
-    ) -> Result<(&'a CudaSlice<f32>, i32), CudaError> {
-        match offsets {
-            Some(o) => {
-                if !quant.smooth {
-                    return Err(CudaError::Invalid(format!(
-                        "the {} method keeps no offsets",
-                        quant.name()
-                    )));
-                }
-                checked::check_len("offsets", o.len(), d.num_kv_heads * d.head_dim)?;
-                Ok((o, 1))
-            }
-            None => Ok((dummy.insert(self.upload(&[0f32])?), 0)),
-        }
+        tables: &[i32],
+        max_blocks: usize,
+        rows: &[QueryRow],
+        block_size: usize,
+    ) -> Result<BlockTables, CudaError> {
+        let max_block = checked::max_row_block(tables, max_blocks, rows, block_size)?;
+        let flat: Vec<i32> = rows
+            .iter()
+            .flat_map(|r| [r.seq as i32, r.first as i32, r.end as i32])
+            .collect();
+        Ok(BlockTables {
+            tables: self.upload(tables)?,
+            rows: self.upload(&flat)?,
+            seqs: tables.len() / max_blocks,
+            num_rows: rows.len(),
+            max_blocks,
+            block_size,
+            max_block,
+        })
     }
 
     /// Waits for the stream.

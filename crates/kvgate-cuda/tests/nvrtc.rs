@@ -17,20 +17,47 @@ fn every_kernel_compiles_for_sm_90() {
     }
     let (major, minor) = nvrtc::version().unwrap();
     eprintln!("NVRTC {major}.{minor}");
-    for (name, src) in kvgate_cuda::SOURCES {
+    let kernels: &[(&str, &[&str])] = &[
+        (
+            "kv_cache.cu",
+            &[
+                "store_f32",
+                "store_f16",
+                "store_bf16",
+                "store_fp8",
+                "store_nvfp4",
+                "store_quant",
+                "paged_attention_f32",
+                "paged_attention_f16",
+                "paged_attention_bf16",
+                "paged_attention_e4m3",
+                "paged_attention_e5m2",
+                "paged_attention_nvfp4",
+            ],
+        ),
+        (
+            "model.cu",
+            &[
+                "embed",
+                "matmul",
+                "rms_norm",
+                "rms_norm_inplace",
+                "add",
+                "rope",
+                "gated_act",
+                "softcap",
+                "gather_rows",
+                "logprobs",
+            ],
+        ),
+    ];
+    assert_eq!(kernels.len(), kvgate_cuda::SOURCES.len(), "every source is checked");
+    for ((name, src), (file, names)) in kvgate_cuda::SOURCES.iter().zip(kernels) {
+        assert_eq!(name, file);
         let cubin = nvrtc::compile_cubin(name, src, "sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "{name}: a CUBIN is an ELF image");
         eprintln!("{name}: {} bytes of sm_90 CUBIN", cubin.len());
-        for f in [
-            "store_bf16",
-            "store_fp8",
-            "store_nvfp4",
-            "store_quant",
-            "paged_attention_bf16",
-            "paged_attention_e4m3",
-            "paged_attention_e5m2",
-            "paged_attention_nvfp4",
-        ] {
+        for f in names.iter() {
             assert!(
                 cubin.windows(f.len()).any(|w| w == f.as_bytes()),
                 "{name}: kernel {f} is in the CUBIN"

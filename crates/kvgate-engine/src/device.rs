@@ -1,10 +1,12 @@
 //! The one backend factory: `--device`, the model (its weights as stored, or already laid out for the
 //! CPU) and the cache asked for in, a [`Backend`] out. The CPU backend lays stored weights out for its
-//! kernels here and is the model over a host cache; a device this build has no backend for is refused with a
-//! [`BackendError::Unavailable`] that names it (the CUDA kernels in `kvgate-cuda` are not yet a
-//! backend). A new backend is one arm here plus its crate.
+//! kernels here and is the model over a host cache; the CUDA backend (`kvgate-cuda`) uploads the
+//! stored weights as they are. A device that cannot be used (no driver, no device, no NVRTC) is
+//! refused with a [`BackendError::Unavailable`] that says what to install. A new backend is one arm
+//! here plus its crate.
 
 use kvgate_backend::{Backend, BackendError, Device, KvMemory};
+use kvgate_cuda::{CudaBackend, CudaSettings};
 use kvgate_kv::CacheShape;
 use kvgate_model::{CpuBackend, CpuLayout, CpuSettings, Model, StoredModel};
 
@@ -19,20 +21,21 @@ pub struct BackendSpec {
     pub memory: KvMemory,
     /// The CPU's 8-bit-activation path for completions (`--activations int8`, serve's default).
     pub int8_activations: bool,
+    /// A GPU's share of its memory kvgate may take (`--gpu-memory-utilization`, as vLLM's).
+    pub gpu_memory_utilization: f64,
 }
 
-/// Whether this build has a backend for `device` (checked before a model is loaded for it).
+/// vLLM's default `--gpu-memory-utilization`.
+pub const DEFAULT_GPU_MEMORY_UTILIZATION: f64 = 0.9;
+
+/// Whether `device` can be opened on this machine (checked before a model is loaded for it): for
+/// `cuda:N`, that the driver, device N and NVRTC are there.
 pub fn device_available(device: Device) -> Result<(), BackendError> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(_) => Err(no_backend(device)),
-    }
-}
-
-fn no_backend(device: Device) -> BackendError {
-    BackendError::Unavailable {
-        device,
-        reason: "this build has no CUDA backend yet (the CUDA kernels in kvgate-cuda are not wired to a backend); use --device cpu".into(),
+        Device::Cuda(n) => {
+            kvgate_cuda::probe(n as usize).map_err(|reason| BackendError::Unavailable { device, reason })
+        }
     }
 }
 
@@ -80,6 +83,22 @@ pub fn open_backend(model: impl Into<ModelWeights>, spec: &BackendSpec) -> Resul
             };
             Ok(Box::new(CpuBackend::open(model, spec.shape, spec.memory, settings)?))
         }
-        device @ Device::Cuda(_) => Err(no_backend(device)),
+        device @ Device::Cuda(n) => {
+            device_available(device)?;
+            let stored = match model.into() {
+                ModelWeights::Stored(m) => *m,
+                ModelWeights::Cpu(_) => {
+                    return Err(BackendError::Unavailable {
+                        device,
+                        reason: "the model was laid out for the CPU already; a GPU uploads the weights as stored (load it with load_unprepared)".into(),
+                    })
+                }
+            };
+            let settings = CudaSettings {
+                ordinal: n as usize,
+                gpu_memory_utilization: spec.gpu_memory_utilization,
+            };
+            Ok(Box::new(CudaBackend::open(stored, spec.shape, spec.memory, settings)?))
+        }
     }
 }

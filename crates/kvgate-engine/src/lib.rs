@@ -44,7 +44,7 @@ mod scheduler_fuzz;
 pub use block_pool::{BlockId, PoolCounts};
 pub use config::EngineConfig;
 pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
-pub use device::{device_available, open_backend, BackendSpec, ModelWeights};
+pub use device::{device_available, open_backend, BackendSpec, ModelWeights, DEFAULT_GPU_MEMORY_UTILIZATION};
 pub use encoder::{start_encoder, EncoderHandle};
 pub use engine::{start, start_with_backend};
 pub use error::EngineError;

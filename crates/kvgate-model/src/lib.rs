@@ -30,13 +30,14 @@ mod tokenizer;
 mod weights;
 
 pub use chat::{strftime, ChatTemplate};
-pub use config::{Arch, ModelConfig};
+pub use config::{Activation, Arch, ModelConfig, RopeScaling, RopeStyle};
 pub use cpu_backend::{CpuBackend, CpuSettings};
 pub use error::{ModelError, Result};
 pub use kvgate_backend::{Batch, KvAmax, Output, Precision, Want, RELEASED_BLOCK};
 pub use load_hf::load_hf_dir;
 pub use loader::{load, load_stored, load_unprepared, GenerationDefaults, LoadOptions, LoadedModel};
 pub use model::{ForwardOut, Model};
+pub use ops::Rope;
 pub use qmatmul::{QKind, QMatrix};
 pub use stored::{Configured, CpuLayout, StoredLayer, StoredLinear, StoredModel, StoredTensor, StoredWeights};
 pub use tokenizer::{IncrementalDecoder, Tokenizer};

@@ -96,6 +96,17 @@ impl Rope {
         }
     }
 
+    /// The tables, `max_pos × head_dim / 2` each (position-major): what a device backend uploads so
+    /// that its rotations use the CPU's own angles.
+    pub fn cos_sin(&self) -> (&[f32], &[f32]) {
+        (&self.cos, &self.sin)
+    }
+
+    /// The pairing.
+    pub fn style(&self) -> RopeStyle {
+        self.style
+    }
+
     /// Positions the table covers.
     pub fn max_pos(&self) -> usize {
         self.max_pos

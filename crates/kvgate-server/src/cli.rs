@@ -243,7 +243,7 @@ where
             });
         }
     }
-    let dtype = args.kv_cache_dtype.resolve();
+    let dtype = args.kv_cache_dtype.resolve(args.device);
     let shape = mc
         .cache_shape(args.block_size, dtype)
         .map_err(|err| StartError::KvDtype {
@@ -266,6 +266,7 @@ where
             (None, None) => KvMemory::Auto,
         },
         int8_activations: args.activations == Activations::Int8,
+        gpu_memory_utilization: args.gpu_memory_utilization,
     };
     let vocab_size = mc.vocab_size;
     let fitted = kvgate_decide::temperature::fitted_for(kvgate_decide::temperature::ModelShape {

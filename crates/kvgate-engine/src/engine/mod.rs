@@ -70,6 +70,7 @@ pub fn start(model: Model, tok: Arc<Tokenizer>, eos: Vec<u32>, cfg: EngineConfig
         shape,
         memory: KvMemory::Blocks(cfg.num_blocks),
         int8_activations: cfg.int8_activations,
+        gpu_memory_utilization: crate::device::DEFAULT_GPU_MEMORY_UTILIZATION,
     };
     start_with_backend(open_backend(model, &spec)?, tok, eos, cfg)
 }

@@ -80,7 +80,7 @@ pub struct Args {
     #[arg(long, env = "KVGATE_BLOCK_SIZE", default_value_t = 16)]
     pub block_size: usize,
 
-    /// KV-cache dtype: auto, float32, bfloat16, float16, int8 (an f16 scale per 32 elements), fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
+    /// KV-cache dtype: auto (float32 on the CPU, bfloat16 on a GPU), float32, bfloat16, float16, int8 (an f16 scale per 32 elements; CPU only), fp8 (= fp8_e4m3), fp8_e5m2, nvfp4
     #[arg(long, env = "KVGATE_KV_CACHE_DTYPE", default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
 
@@ -92,7 +92,7 @@ pub struct Args {
     #[arg(long, env = "KVGATE_CALCULATE_KV_SCALES", default_value_t = false)]
     pub calculate_kv_scales: bool,
 
-    /// Bytes for the KV cache ("2GiB", "512MiB", or a number) [default: a quarter of available memory, at most 4GiB]
+    /// Bytes for the KV cache ("2GiB", "512MiB", or a number) [default: on the CPU a quarter of available memory, at most 4GiB; on a GPU what --gpu-memory-utilization leaves]
     #[arg(long, env = "KVGATE_KV_CACHE_MEMORY")]
     pub kv_cache_memory: Option<ByteSize>,
 
@@ -223,9 +223,14 @@ pub struct Args {
     #[arg(long, env = "KVGATE_THREADS")]
     pub threads: Option<usize>,
 
-    /// Device: cpu (cuda:N is refused until a CUDA backend exists)
+    /// Device: cpu, or cuda:N (an NVIDIA GPU: needs the driver and NVRTC 13; the kernels are compiled at start-up)
     #[arg(long, env = "KVGATE_DEVICE", default_value = "cpu")]
     pub device: Device,
+
+    /// On cuda:N, the share of the GPU's memory kvgate may take in all (weights, KV cache, activations); the
+    /// KV cache gets what is left after the weights
+    #[arg(long, env = "KVGATE_GPU_MEMORY_UTILIZATION", default_value_t = 0.9)]
+    pub gpu_memory_utilization: f64,
 
     /// Largest request body, after decompression; larger ones get 413
     #[arg(long, env = "KVGATE_MAX_REQUEST_BODY", default_value = "32MiB")]
@@ -418,6 +423,12 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     }
     if a.num_kv_blocks == Some(0) {
         return bad("num-kv-blocks", "must be at least 1".into());
+    }
+    if !(a.gpu_memory_utilization.is_finite() && a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0) {
+        return bad(
+            "gpu-memory-utilization",
+            format!("must be above 0 and at most 1, got {}", a.gpu_memory_utilization),
+        );
     }
     if a.threads == Some(0) {
         return bad("threads", "must be at least 1".into());

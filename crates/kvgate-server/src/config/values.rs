@@ -106,18 +106,19 @@ string_setting!(DecisionTemperatureSetting);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum KvCacheDtype {
-    /// float32 on the CPU.
+    /// float32 on the CPU, bfloat16 on a GPU.
     Auto,
     /// This dtype.
     Fixed(KvDtype),
 }
 
 impl KvCacheDtype {
-    /// The dtype the cache is stored in.
-    pub fn resolve(self) -> KvDtype {
-        match self {
-            KvCacheDtype::Auto => KvDtype::F32,
-            KvCacheDtype::Fixed(d) => d,
+    /// The dtype the cache is stored in on `device`.
+    pub fn resolve(self, device: kvgate_engine::Device) -> KvDtype {
+        match (self, device) {
+            (KvCacheDtype::Auto, kvgate_engine::Device::Cpu) => KvDtype::F32,
+            (KvCacheDtype::Auto, kvgate_engine::Device::Cuda(_)) => KvDtype::BF16,
+            (KvCacheDtype::Fixed(d), _) => d,
         }
     }
 }
