@@ -10,7 +10,10 @@
 #   4. the CUDA backend against the CPU backend (tests/backend_parity.rs): every weight format, the
 #      tiny model of every architecture (logits, 32 greedy tokens, decisions, batch invariance),
 #      every KV dtype and method, calibration, block reads/writes/copies;
-#   5. when a model is there (MODEL=path, or device-bundle/model.part-* carried and reassembled):
+#   5. a benchmark on the benchmark models' shapes with random weights (tests/gpu_bench.rs): prefill
+#      4k/12k, decode at 1/32/256 streams, a decision on a warm 12k state, bandwidth against copy;
+#   6. when a model is there (MODEL=path, or device-models/part-* carried and reassembled; calls that
+#      carry only further parts run just `mkdir -p /tmp/kvgate-parts && cp device-models/part-* /tmp/kvgate-parts/`):
 #      `serve --device cuda:0` on it — a completion, a streamed chat, a decision and its follow-up.
 set -u
 OUT=${OUT:-device-out}
@@ -41,13 +44,25 @@ echo "== backend parity"
 KVGATE_REQUIRE_GPU=1 timeout 300 device-bundle/backend_parity-tests --test-threads=1 --nocapture \
   > "$OUT/parity.log" 2>&1 || status=1
 grep -E "^test |test result|panicked|within|match" "$OUT/parity.log" | tail -40
+echo "== benchmark (Qwen2.5-0.5B and SmolLM2-135M shapes, random weights)"
+KVGATE_REQUIRE_GPU=1 KVGATE_BENCH_REPORT="$OUT/bench-report.md" timeout 240 device-bundle/gpu_bench-tests \
+  --test-threads=1 --nocapture > "$OUT/bench.log" 2>&1 || status=1
+[ -f "$OUT/bench-report.md" ] && cat "$OUT/bench-report.md" || tail -20 "$OUT/bench.log"
 MODEL=${MODEL:-}
-if [ -z "$MODEL" ] && ls device-bundle/model.part-* >/dev/null 2>&1; then
-  cat device-bundle/model.part-* > /tmp/kvgate-model.gguf
-  if [ "$(sha256sum /tmp/kvgate-model.gguf | cut -d' ' -f1)" = "$(cat device-bundle/model.sha256)" ]; then
-    MODEL=/tmp/kvgate-model.gguf
+# model parts carried by this call or earlier ones on this (warm) machine
+mkdir -p /tmp/kvgate-parts
+cp device-models/part-* /tmp/kvgate-parts/ 2>/dev/null || true
+if [ -z "$MODEL" ] && [ -f device-bundle/parts ]; then
+  have=$(ls /tmp/kvgate-parts/part-* 2>/dev/null | wc -l)
+  if [ "$have" -eq "$(cat device-bundle/parts)" ]; then
+    cat /tmp/kvgate-parts/part-* > /tmp/kvgate-model.gguf
+    if [ "$(sha256sum /tmp/kvgate-model.gguf | cut -d' ' -f1)" = "$(cat device-bundle/sha256)" ]; then
+      MODEL=/tmp/kvgate-model.gguf
+    else
+      echo "model parts do not reassemble to the checksum: serve smoke skipped"
+    fi
   else
-    echo "model parts incomplete: serve smoke skipped"
+    echo "$have of $(cat device-bundle/parts) model parts here: serve smoke skipped (carry the rest)"
   fi
 fi
 if [ -n "$MODEL" ]; then
@@ -55,7 +70,7 @@ if [ -n "$MODEL" ]; then
   scripts/device-serve-smoke.sh "$MODEL" > "$OUT/serve.log" 2>&1 || status=1
   tail -30 "$OUT/serve.log"
 else
-  echo "== serve smoke skipped: no model on this machine (MODEL=path, or carry device-bundle/model.part-*)"
+  echo "== serve smoke skipped: no model on this machine (MODEL=path, or carry device-models/part-*)"
 fi
 echo "device-check status: $status"
 exit $status
