@@ -2,7 +2,8 @@
 // bf16, fp8 (e4m3 / e5m2) and nvfp4 blocks: one query row per CTA row, each attending to its own range
 // of its sequence (decode rows and the rows of a prefill chunk alike: causal, sliding window, softcap).
 //
-// Self-contained (no #include): NVRTC compiles this file at run time to an sm_90 CUBIN. The codecs are
+// Self-contained (no #include): NVRTC compiles this file at run time to an sm_90 CUBIN (the tests also
+// build it for the host, emulating threads, warps and blocks: crates/kvgate-cuda/tests/host_kernels.rs). The codecs are
 // bit-for-bit the CPU reference of crates/kvgate-kv/src/codec (round to nearest even, saturating, NaN to
 // one defined code whatever its sign, since the GPU's arithmetic returns the canonical positive NaN),
 // done in software: sm_90 has no e2m1 conversion instruction.
@@ -28,6 +29,14 @@ typedef long long i64;
 typedef unsigned long long u64;
 
 #define KV_INF __int_as_float(0x7f800000)
+
+// Dynamic shared memory; the host build of the kernels (crates/kvgate-cuda/tests/host_kernels.rs) gives
+// each emulated block its own buffer.
+#ifdef __CUDA_ARCH__
+#define DYNAMIC_SHARED(name) extern __shared__ float name[]
+#else
+#define DYNAMIC_SHARED(name) float* name = host_dynamic_shared()
+#endif
 
 // ---------------------------------------------------------------- codecs
 
@@ -117,15 +126,28 @@ __device__ __forceinline__ float bf16_to_f32(u16 b) { return __uint_as_float(((u
 
 // IEEE half, round to nearest even (the `half` crate's f16::from_f32 for finite values and infinities).
 __device__ __forceinline__ u16 f32_to_f16(float x) {
+#ifdef __CUDA_ARCH__
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
+#else
+    _Float16 h = (_Float16)x;  // the host build (tests/host_kernels.rs): the compiler's correctly rounded cast
+    u16 b;
+    memcpy(&b, &h, 2);
+    return b;
+#endif
 }
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#ifdef __CUDA_ARCH__
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    _Float16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+#endif
 }
 
 // ---------------------------------------------------------------- quantize-on-store
@@ -336,7 +358,7 @@ extern "C" __global__ void store_quant(const float* __restrict__ x, const i64* _
                                        u8* __restrict__ cache, float layer, int fmt, int rotate, int fine,
                                        float norm, const float* __restrict__ offsets, int has_offsets,
                                        int ntok, int nkv, int hd, int bs) {
-    extern __shared__ float svec[];
+    DYNAMIC_SHARED(svec);
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     u64 vid = (u64)blockIdx.x * (blockDim.x >> 5) + w;
     if (vid >= (u64)ntok * nkv) return;
@@ -511,7 +533,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
                                 const int* __restrict__ rows, int nh, int nkv, int hd, int bs, float scale,
                                 float k_scale, float v_scale, int rotate, int fine, float norm,
                                 const float* __restrict__ v_offsets, int has_offsets, float softcap) {
-    extern __shared__ float smem[];
+    DYNAMIC_SHARED(smem);
     int head = blockIdx.x, row = blockIdx.y;
     int seq = rows[3 * row], first = rows[3 * row + 1];
     int kvh = head / (nh / nkv);
