@@ -54,14 +54,22 @@ fn startup_logs_env_keys_and_refused_settings() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("allow-credentials"));
-    // a CUDA device is refused with one clear message naming the flag and value
+    // a CUDA device this machine cannot open is refused before the model loads, with one message
+    // naming the flag, what is missing and what to do (on a GPU machine the missing model file fails)
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_serve"))
         .args(["--device", "cuda:0", "--model", "/nonexistent.gguf"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--device cuda:0") && err.contains("--device cpu"), "{err}");
+    let no_driver = err.contains("--device cuda:0: the NVIDIA driver library (libcuda.so.1) cannot be loaded")
+        && err.contains("install the NVIDIA driver")
+        && err.contains("--device cpu");
+    assert!(
+        no_driver || err.contains("no usable CUDA device") || err.contains("nonexistent.gguf"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -66,6 +66,21 @@ fn typed_settings_parse_once_and_name_the_flag() {
     assert_eq!(a.device, Device::Cuda(1));
     assert_eq!(a.log_format, LogFormat::Json);
     assert_eq!(a.kv_cache_memory.map(ByteSize::bytes), Some(512 << 20));
+    // auto is float32 on the CPU, bfloat16 on a GPU; a fixed dtype is itself everywhere
+    assert_eq!(KvCacheDtype::Auto.resolve(Device::Cpu), KvDtype::F32);
+    assert_eq!(KvCacheDtype::Auto.resolve(Device::Cuda(0)), KvDtype::BF16);
+    assert_eq!(a.kv_cache_dtype.resolve(Device::Cpu), KvDtype::Fp8E4m3);
+    assert_eq!(a.gpu_memory_utilization, 0.9);
+    for v in ["0", "1.5", "-0.1", "nan"] {
+        let arg = format!("--gpu-memory-utilization={v}");
+        let e = load(["serve", arg.as_str()]).unwrap_err().to_string();
+        assert!(
+            e.contains("gpu-memory-utilization") && e.contains("at most 1"),
+            "{v}: {e}"
+        );
+    }
+    let a = load(["serve", "--gpu-memory-utilization", "0.5"]).unwrap();
+    assert_eq!(a.gpu_memory_utilization, 0.5);
     for (flag, value) in [
         ("--kv-cache-dtype", "int3"),
         ("--device", "tpu"),
