@@ -254,10 +254,18 @@ def events(url, endpoint, replay):
         ids = post(url, "/tokenize", {"prompt": p})["tokens"]
         for i in range(len(ids) // 16):
             assert tuple(ids[i * 16:(i + 1) * 16]) in held, f"a full block of a cached prompt is not indexed"
+    # The salted prompt's blocks are never published. (Checked per block: a lone token of it may turn
+    # up in a published block among the tokens an unsalted request sampled.)
     secret = set(salted_ids) - set(t for p in prompts for t in post(url, "/tokenize", {"prompt": p})["tokens"])
+    salted_blocks = {tuple(salted_ids[i * 16:(i + 1) * 16]) for i in range(len(salted_ids) // 16)}
+    assert salted_blocks, "the salted prompt fills blocks"
     for _, payload in batches:
         for e in msgpack.unpackb(payload)[1]:
-            assert not secret & set(e.get("token_ids", [])), "a salted prompt's token ids were published"
+            toks = e.get("token_ids", [])
+            for i in range(0, len(toks), 16):
+                block = toks[i:i + 16]
+                assert tuple(block) not in salted_blocks, "a salted prompt's block was published"
+                assert sum(t in secret for t in block) <= 2, f"a block of mostly salted tokens was published: {block}"
     print(f"events: {len(batches)} batches from seq {seqs[0]}, {stores} blocks stored, {removes} removed, "
           f"{len(index)} indexed; parents always known; the salted prompt unpublished")
     assert removes > 0, "the small cache evicted"
