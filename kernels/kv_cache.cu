@@ -532,10 +532,19 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
                                 const u8* __restrict__ vc, const int* __restrict__ tables, int max_blocks,
                                 const int* __restrict__ rows, int nh, int nkv, int hd, int bs, float scale,
                                 float k_scale, float v_scale, int rotate, int fine, float norm,
-                                const float* __restrict__ v_offsets, int has_offsets, float softcap) {
+                                const float* __restrict__ v_offsets, int has_offsets, float softcap,
+                                int split_len, float* __restrict__ partial) {
     DYNAMIC_SHARED(smem);
     int head = blockIdx.x, row = blockIdx.y;
-    int seq = rows[3 * row], first = rows[3 * row + 1];
+    int seq = rows[3 * row], first = rows[3 * row + 1], n = rows[3 * row + 2];
+    // split-K: this CTA takes split_len positions of the row from first + blockIdx.z · split_len (a row
+    // shorter than that has nothing for it: the whole CTA leaves before any barrier)
+    if (split_len > 0) {
+        int lo = first + (int)blockIdx.z * split_len;
+        if (lo >= n) return;
+        first = lo;
+        n = min(n, lo + split_len);
+    }
     int kvh = head / (nh / nkv);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float* qs = smem;
@@ -555,7 +564,6 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     float m = -KV_INF, l = 0.0f, acc[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) acc[i] = 0.0f;
-    int n = rows[3 * row + 2];
     const int* table = tables + (u64)seq * max_blocks;
     // Tokens in flight per warp: 8 for the byte formats; nvfp4's dequantization needs more registers per
     // token, and 8 measured slower there than 4 on the H200.
@@ -621,6 +629,23 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
         if (mw != -KV_INF) total += part[w * (hd + 2) + 1] * expf(mw - big);
     }
     float* orow = out + ((u64)row * nh + head) * hd;
+    if (split_len > 0) {
+        // this split's (max, sum, unnormalised output): attention_merge finishes the row
+        float* pp = partial + (((u64)row * nh + head) * gridDim.z + blockIdx.z) * (hd + 2);
+        if (threadIdx.x == 0) {
+            pp[0] = big;
+            pp[1] = total;
+        }
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+            float o = 0.0f;
+            for (int w = 0; w < WARPS; w++) {
+                float mw = part[w * (hd + 2)];
+                if (mw != -KV_INF) o += part[w * (hd + 2) + 2 + d] * expf(mw - big);
+            }
+            pp[2 + d] = o;
+        }
+        return;
+    }
     // Without rotation each output goes straight out; with it, the vector is gathered in qs (free once
     // every lane holds its q) and rotated back first.
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
@@ -645,7 +670,8 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
 #define PA_CASE(P)                                                                                            \
     case P:                                                                                                   \
         paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale, k_scale,     \
-                               v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap);                 \
+                               v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap, split_len,       \
+                               partial);                                                                      \
         break;
 
 // head_dim is below 32 or a multiple of 32 up to 256 (checked by the host): one instantiation per
@@ -657,7 +683,7 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                          const int* __restrict__ rows, int nh, int nkv, int hd, int bs,
                                          float scale, float k_scale, float v_scale, int rotate, int fine,
                                          float norm, const float* __restrict__ v_offsets, int has_offsets,
-                                         float softcap) {
+                                         float softcap, int split_len, float* __restrict__ partial) {
     switch (hd / 32) {
         case 0:  // head_dim below 32: one element per lane
         PA_CASE(1)
@@ -680,9 +706,10 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                     const int* __restrict__ rows, int nh, int nkv, int hd, int bs,           \
                                     float scale, float k_scale, float v_scale, int rotate, int fine,         \
                                     float norm, const float* __restrict__ v_offsets, int has_offsets,        \
-                                    float softcap) {                                                         \
+                                    float softcap, int split_len, float* __restrict__ partial) {             \
         paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale,      \
-                                     k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap);  \
+                                     k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap,   \
+                                     split_len, partial);                                                     \
     }
 
 PAGED_ATTENTION_ENTRY(paged_attention_f32, DT_F32)
@@ -691,3 +718,44 @@ PAGED_ATTENTION_ENTRY(paged_attention_bf16, DT_BF16)
 PAGED_ATTENTION_ENTRY(paged_attention_e4m3, DT_E4M3)
 PAGED_ATTENTION_ENTRY(paged_attention_e5m2, DT_E5M2)
 PAGED_ATTENTION_ENTRY(paged_attention_nvfp4, DT_NVFP4)
+
+// Finishes split-K attention: per (head, row), the splits' (max, sum, unnormalised output) of
+// paged_attention_* with split_len > 0 merged in split order, normalised, rotated back and offset as the
+// single pass does. A row of one split comes out bit for bit as the single pass computes it (every
+// factor is exp(0) = 1), so whether a batch splits does not change a short row. Grid (nh, nrows),
+// 128 threads, hd floats of dynamic shared memory.
+extern "C" __global__ void attention_merge(float* __restrict__ out, const float* __restrict__ partial,
+                                           const int* __restrict__ rows, int nh, int nkv, int hd, int nsplit,
+                                           int split_len, int rotate, float norm,
+                                           const float* __restrict__ v_offsets, int has_offsets) {
+    DYNAMIC_SHARED(vec);
+    int head = blockIdx.x, row = blockIdx.y;
+    int kvh = head / (nh / nkv);
+    int first = rows[3 * row + 1], end = rows[3 * row + 2];
+    int splits = (end - first + split_len - 1) / split_len;
+    const float* pp = partial + ((u64)row * nh + head) * nsplit * (hd + 2);
+    float big = -KV_INF;
+    for (int s = 0; s < splits; s++) big = fmaxf(big, pp[s * (hd + 2)]);
+    float total = 0.0f;
+    for (int s = 0; s < splits; s++) {
+        float ms = pp[s * (hd + 2)];
+        if (ms != -KV_INF) total += pp[s * (hd + 2) + 1] * expf(ms - big);
+    }
+    float* orow = out + ((u64)row * nh + head) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < splits; s++) {
+            float ms = pp[s * (hd + 2)];
+            if (ms != -KV_INF) o += pp[s * (hd + 2) + 2 + d] * expf(ms - big);
+        }
+        o = total > 0.0f ? o / total : 0.0f;
+        if (rotate) vec[d] = o;
+        else orow[d] = has_offsets ? o + v_offsets[kvh * hd + d] : o;
+    }
+    if (rotate) {
+        __syncthreads();
+        unrotate_vec<true>(vec, hd, norm, threadIdx.x, blockDim.x);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x)
+            orow[d] = has_offsets ? vec[d] + v_offsets[kvh * hd + d] : vec[d];
+    }
+}

@@ -38,6 +38,8 @@ pub struct BlockTables {
     pub(crate) max_blocks: usize,
     pub(crate) block_size: usize,
     pub(crate) max_block: Option<usize>,
+    /// The most positions any row attends to (what split-K divides).
+    pub(crate) max_span: usize,
 }
 
 impl BlockTables {

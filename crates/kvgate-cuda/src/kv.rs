@@ -8,6 +8,10 @@ use kvgate_kv::{quant, KvDtype, KvQuant, Rotation, Scales};
 
 use crate::{checked, drv, grid_for, Attention, BlockTables, CudaError, Dims, Gpu, Slots};
 
+/// Positions one attention CTA takes of a longer row (split-K, flash-decoding): a long decode row is
+/// read by ⌈span / SPLIT_TOKENS⌉ CTAs per head instead of one.
+pub const SPLIT_TOKENS: usize = 512;
+
 impl Gpu {
     /// Quantize-on-store: writes `x` (`slots.len() × kv_heads × head_dim` f32) into the cache layer
     /// `cache` (bytes, `kvgate_kv` layout) at `slots`, with the layer's `scale` (fp8: stored
@@ -216,6 +220,7 @@ impl Gpu {
         if num_rows == 0 {
             return Ok(());
         }
+        let max_span = tables.max_span;
         let (tables, row_info) = (&tables.tables, &tables.rows);
         let name = match dtype {
             KvDtype::F32 => "paged_attention_f32",
@@ -245,13 +250,25 @@ impl Gpu {
         );
         // Must match WARPS in kernels/kv_cache.cu.
         const WARPS: usize = 8;
+        // split-K: rows longer than SPLIT_TOKENS positions are cut into pieces of that many, one CTA
+        // each, merged after (a fixed length: a row's split, so its bits, never depends on the batch)
+        let nsplit = max_span.div_ceil(SPLIT_TOKENS).max(1);
+        let split_len = if nsplit > 1 { SPLIT_TOKENS as i32 } else { 0 };
+        let mut partial = self
+            .stream
+            .alloc_zeros::<f32>(if nsplit > 1 {
+                rows / d.head_dim * nsplit * (d.head_dim + 2)
+            } else {
+                1
+            })
+            .map_err(drv)?;
         let cfg = LaunchConfig {
-            grid_dim: (d.num_heads as u32, num_rows as u32, 1),
+            grid_dim: (d.num_heads as u32, num_rows as u32, nsplit as u32),
             block_dim: ((WARPS * 32) as u32, 1, 1),
             shared_mem_bytes: ((d.head_dim + WARPS * (d.head_dim + 2)) * 4) as u32,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(out)
+        b.arg(&mut *out)
             .arg(q)
             .arg(k_cache)
             .arg(v_cache)
@@ -270,10 +287,36 @@ impl Gpu {
             .arg(&norm)
             .arg(v_offsets)
             .arg(&has_offsets)
-            .arg(&softcap);
+            .arg(&softcap)
+            .arg(&split_len)
+            .arg(&mut partial);
         // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
-        // inside both caches, and q/out hold every row.
+        // inside both caches, q/out hold every row, and partial every (row, head, split) when splitting.
         unsafe { b.launch(cfg) }.map_err(drv)?;
+        if nsplit > 1 {
+            let merge = self.func("attention_merge")?;
+            let ns = nsplit as i32;
+            let cfg = LaunchConfig {
+                grid_dim: (d.num_heads as u32, num_rows as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: (d.head_dim * 4) as u32,
+            };
+            let mut b = self.stream.launch_builder(&merge);
+            b.arg(out)
+                .arg(&partial)
+                .arg(row_info)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&hd)
+                .arg(&ns)
+                .arg(&split_len)
+                .arg(&rotate)
+                .arg(&norm)
+                .arg(v_offsets)
+                .arg(&has_offsets);
+            // SAFETY: partial holds every split the first launch wrote; out holds every row.
+            unsafe { b.launch(cfg) }.map_err(drv)?;
+        }
         Ok(())
     }
 

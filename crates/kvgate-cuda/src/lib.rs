@@ -265,6 +265,7 @@ impl Gpu {
             max_blocks,
             block_size,
             max_block,
+            max_span: ctx_lens.iter().copied().max().unwrap_or(0),
         })
     }
 
@@ -291,6 +292,7 @@ impl Gpu {
             max_blocks,
             block_size,
             max_block,
+            max_span: rows.iter().map(|r| r.end - r.first).max().unwrap_or(0),
         })
     }
 

@@ -140,7 +140,7 @@ fn store_kernels_match_the_cpu_codecs_byte_for_byte() {
 #[test]
 fn paged_attention_matches_the_cpu() {
     let Some(g) = gpu() else { return };
-    let (nkv, nh, bs, blocks) = (2usize, 6usize, 16usize, 128usize);
+    let (nkv, nh, bs, blocks) = (2usize, 6usize, 16usize, 256usize);
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     // head_dim 96: a lane's elements straddle two nvfp4 groups.
     for ((dtype, quant), hd) in cases().into_iter().flat_map(|c| [64usize, 96, 128].map(|h| (c, h))) {
@@ -155,8 +155,9 @@ fn paged_attention_matches_the_cpu() {
         if quant.smooth {
             cpu.set_offsets(0, k_off, v_off.clone()).unwrap();
         }
-        // five sequences with scattered, disjoint block tables
-        let lens = [1usize, 17, 250, 333, 511];
+        // six sequences with scattered, disjoint block tables; the longest is read split-K (3 CTAs
+        // per head, merged after)
+        let lens = [1usize, 17, 250, 333, 511, 1300];
         let mut perm: Vec<u32> = (0..blocks as u32).collect();
         for i in (1..perm.len()).rev() {
             perm.swap(i, rng.random_range(0..=i));

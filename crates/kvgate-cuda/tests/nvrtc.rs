@@ -33,6 +33,7 @@ fn every_kernel_compiles_for_sm_90() {
                 "paged_attention_e4m3",
                 "paged_attention_e5m2",
                 "paged_attention_nvfp4",
+                "attention_merge",
             ],
         ),
         (
