@@ -34,8 +34,7 @@ impl Gpu {
         quant
             .check(dtype, d.head_dim, d.block_size)
             .map_err(|e| CudaError::Invalid(e.to_string()))?;
-        let mut dummy = None;
-        let (offsets, has_offsets) = self.offsets_arg(quant, offsets, d, &mut dummy)?;
+        let (offsets, has_offsets) = self.offsets_arg(quant, offsets, d)?;
         let tokens = slots.len;
         let blocks = checked::cache_blocks(cache.len(), dtype, quant, d)?;
         checked::check_below("slot", slots.max, blocks * d.block_size)?;
@@ -206,8 +205,7 @@ impl Gpu {
         quant
             .check(dtype, d.head_dim, d.block_size)
             .map_err(|e| CudaError::Invalid(e.to_string()))?;
-        let mut dummy = None;
-        let (v_offsets, has_offsets) = self.offsets_arg(quant, v_offsets, d, &mut dummy)?;
+        let (v_offsets, has_offsets) = self.offsets_arg(quant, v_offsets, d)?;
         let blocks = checked::cache_blocks(k_cache.len(), dtype, quant, d)?;
         if checked::cache_blocks(v_cache.len(), dtype, quant, d)? != blocks {
             return Err(CudaError::Invalid("K and V caches of different sizes".into()));
@@ -321,13 +319,12 @@ impl Gpu {
     }
 
     /// The offsets argument of a kernel: the given buffer (checked: a `smooth` method, `kv_heads ×
-    /// head_dim` values) and 1, or a one-float stand-in (kept alive in `dummy`) and 0.
+    /// head_dim` values) and 1, or the one-float stand-in and 0.
     fn offsets_arg<'a>(
-        &self,
+        &'a self,
         quant: KvQuant,
         offsets: Option<&'a CudaSlice<f32>>,
         d: Dims,
-        dummy: &'a mut Option<CudaSlice<f32>>,
     ) -> Result<(&'a CudaSlice<f32>, i32), CudaError> {
         match offsets {
             Some(o) => {
@@ -340,7 +337,7 @@ impl Gpu {
                 checked::check_len("offsets", o.len(), d.num_kv_heads * d.head_dim)?;
                 Ok((o, 1))
             }
-            None => Ok((dummy.insert(self.upload(&[0f32])?), 0)),
+            None => Ok((&self.absent, 0)),
         }
     }
 }

@@ -117,6 +117,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     /// One module per source of [`SOURCES`], in order.
     modules: Vec<Arc<CudaModule>>,
+    /// A one-float stand-in for an absent optional buffer (bias, offsets), allocated once: not an
+    /// upload per launch.
+    pub(crate) absent: CudaSlice<f32>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -180,7 +183,13 @@ impl Gpu {
             .map(|(_, c)| ctx.load_module(cudarc::nvrtc::Ptx::from_binary(c.clone())))
             .collect::<Result<Vec<_>, _>>()
             .map_err(drv)?;
-        Ok(Gpu { ctx, stream, modules })
+        let absent = stream.alloc_zeros::<f32>(1).map_err(drv)?;
+        Ok(Gpu {
+            ctx,
+            stream,
+            modules,
+            absent,
+        })
     }
 
     /// The device's ordinal.
