@@ -8,6 +8,14 @@
 //!   the same alone and among 16 sequences);
 //! - every KV dtype and method the kernels take, end to end, against the CPU backend with the same cache;
 //! - without any GPU, opening the backend fails with a message that names what is missing.
+//!
+//! Without a GPU, `the_backend_runs_on_an_emulated_device` runs all of the above once more in a child
+//! process whose libcuda.so.1 and libnvrtc.so.13 are the emulated device of `tests/host` (every kernel
+//! launch executed on host fibers): the unchanged backend — cudarc calls, kernel arguments, the
+//! forward pass — against the CPU backend, in CI. It runs a lighter profile (8 greedy steps, one or
+//! two methods per KV dtype); the real device runs the whole one.
+
+mod host;
 
 use std::path::PathBuf;
 
@@ -19,6 +27,11 @@ use kvgate_kv::{KvDtype, KvQuant};
 use kvgate_model::{CpuBackend, CpuLayout, CpuSettings, StoredModel, StoredTensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// Inside the emulated run: the lighter profile.
+fn emulated() -> bool {
+    std::env::var_os("KVGATE_EMULATED").is_some()
+}
 
 fn gpu() -> Option<Gpu> {
     match Gpu::new(0) {
@@ -213,9 +226,10 @@ fn parity(name: &str, m: &StoredModel, dtype: KvDtype, quant: KvQuant, tol: f32)
         "{name} {dtype} {}: prefill logits differ by {d}",
         quant.name()
     );
-    // greedy: 32 steps, each backend on its own tokens
+    // greedy: 32 steps (8 on the emulated device), each backend on its own tokens
+    let steps = if emulated() { 8 } else { 32 };
     let (mut ta, mut tb) = (argmax(&a.logits[18 * vocab..]), argmax(&b.logits[18 * vocab..]));
-    for step in 0..32 {
+    for step in 0..steps {
         assert_eq!(ta, tb, "{name} {dtype} {}: greedy token {step}", quant.name());
         let pos = ids.len() + step;
         let la = gpu.forward(&decode_row(ta, pos, Want::Logits)).unwrap().logits;
@@ -223,7 +237,7 @@ fn parity(name: &str, m: &StoredModel, dtype: KvDtype, quant: KvQuant, tol: f32)
         (ta, tb) = (argmax(&la), argmax(&lb));
     }
     // a decision's few log-probabilities, computed on the device
-    let pos = ids.len() + 32;
+    let pos = ids.len() + steps;
     let want = Want::Logprobs(vec![1, 2, 3, (vocab - 1) as u32]);
     let la = gpu.forward(&decode_row(ta, pos, want.clone())).unwrap();
     let lb = cpu.forward(&decode_row(tb, pos, want)).unwrap();
@@ -232,7 +246,7 @@ fn parity(name: &str, m: &StoredModel, dtype: KvDtype, quant: KvQuant, tol: f32)
         assert!((x - y).abs() <= 1e-3, "{name}: logprob {x} vs {y}");
     }
     eprintln!(
-        "{name} {dtype} {}: prefill within {d:.2e}, 32 greedy tokens equal",
+        "{name} {dtype} {}: prefill within {d:.2e}, {steps} greedy tokens equal",
         quant.name()
     );
 }
@@ -266,6 +280,10 @@ fn every_kv_dtype_and_method_matches_the_cpu() {
         for &quant in KvQuant::methods_for(dtype) {
             if quant.smooth {
                 continue; // offsets come from a calibration pass: see calibration_matches_the_cpu
+            }
+            // emulated: each dtype plain, and the rotating + fine method of the 8- and 4-bit ones
+            if emulated() && quant != KvQuant::PLAIN && !(quant.name() == "both" && dtype != KvDtype::Fp8E5m2) {
+                continue;
             }
             // quantized caches: a K/V value a rounding boundary apart may round differently
             let tol = if matches!(dtype, KvDtype::F32 | KvDtype::F16 | KvDtype::BF16) {
@@ -381,7 +399,8 @@ fn blocks_read_back_are_the_bytes_written_and_copies_are_exact() {
 #[test]
 fn without_a_gpu_opening_says_what_is_missing() {
     if kvgate_cuda::device_count().is_ok() {
-        eprintln!("a GPU is here: nothing to refuse");
+        let name = Gpu::new(0).map(|g| g.name()).unwrap_or_default();
+        eprintln!("a GPU is here ({name}): nothing to refuse");
         return;
     }
     let m = tiny("llama");
@@ -401,4 +420,41 @@ fn without_a_gpu_opening_says_what_is_missing() {
         .unwrap_err()
         .to_string();
     assert!(msg.contains("int8") && msg.contains("bfloat16"), "{msg}");
+}
+
+#[test]
+fn the_backend_runs_on_an_emulated_device() {
+    if emulated() || kvgate_cuda::device_count().is_ok() {
+        return; // the emulated run itself, or a real GPU: the tests above run on it
+    }
+    let Some(cxx) = host::compiler() else {
+        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the emulated device");
+        return;
+    };
+    let dir = host::emulated_driver(cxx);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--test-threads=1",
+            "--nocapture",
+            "--skip",
+            "the_backend_runs_on_an_emulated_device",
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("KVGATE_EMULATED", "1")
+        .env("KVGATE_REQUIRE_GPU", "1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "the CUDA backend on the emulated device:\n{text}");
+    assert!(text.contains("test result: ok. 7 passed"), "every test ran: {text}");
+    assert!(
+        text.contains("emulated device"),
+        "the emulated driver was the one loaded: {text}"
+    );
 }

@@ -8,6 +8,11 @@
 //!   for every dtype and method;
 //! - a bandwidth report: each kernel's GB/s against the device's measured copy bandwidth
 //!   (`KVGATE_GPU_REPORT=path` also writes it to a file).
+//!
+//! Without a GPU, `the_kernels_run_on_an_emulated_device` runs the two correctness checks in a child
+//! process on the emulated device of `tests/host` (its libcuda.so.1 and libnvrtc.so.13).
+
+mod host;
 
 use kvgate_cuda::{CudaError, Dims, Gpu};
 use kvgate_kv::Which;
@@ -242,6 +247,9 @@ fn paged_attention_matches_the_cpu() {
 
 #[test]
 fn bandwidth_report() -> Result<(), CudaError> {
+    if std::env::var_os("KVGATE_EMULATED").is_some() {
+        return Ok(()); // timings of the emulated device mean nothing
+    }
     let Some(g) = gpu() else { return Ok(()) };
     let mut report = format!("device: {}\n", g.name());
     // Copy bandwidth: a 1 GiB device-to-device copy (read + write counted).
@@ -305,4 +313,37 @@ fn bandwidth_report() -> Result<(), CudaError> {
         std::fs::write(path, &report).ok();
     }
     Ok(())
+}
+
+#[test]
+fn the_kernels_run_on_an_emulated_device() {
+    if std::env::var_os("KVGATE_EMULATED").is_some() || kvgate_cuda::device_count().is_ok() {
+        return;
+    }
+    let Some(cxx) = host::compiler() else {
+        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the emulated device");
+        return;
+    };
+    let dir = host::emulated_driver(cxx);
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--test-threads=1",
+            "--nocapture",
+            "--skip",
+            "the_kernels_run_on_an_emulated_device",
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("KVGATE_EMULATED", "1")
+        .env("KVGATE_REQUIRE_GPU", "1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "the kernels on the emulated device:\n{text}");
+    assert!(text.contains("test result: ok. 3 passed"), "every test ran: {text}");
 }
