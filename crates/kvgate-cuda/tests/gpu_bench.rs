@@ -187,6 +187,92 @@ fn decode(be: &mut dyn Backend, streams: usize) -> f64 {
     (streams * 16) as f64 / t0.elapsed().as_secs_f64()
 }
 
+/// Where a decode step's time goes on the Qwen2.5-0.5B shape: the launch floor (a one-element kernel),
+/// each matmul shape at 1 and 8 rows, and one row's attention over 4k and 12k bf16 positions (split-K),
+/// each in µs and as read bandwidth against the copy's.
+fn kernel_breakdown(gpu: &Gpu, copy_gbs: f64, report: &mut String) {
+    use kvgate_cuda::{Attention, DevMatrix, Dims, QueryRow, WeightFormat};
+    use kvgate_kv::KvQuant;
+    report.push_str("| kernel (Qwen2.5-0.5B shape) | time | read rate |\n|---|---|---|\n");
+    let mut one = gpu.zeros_f32(1).unwrap();
+    let ms = gpu
+        .time_ms(200, || gpu.add(&mut one, &gpu.zeros_f32(1).unwrap(), 1))
+        .unwrap();
+    report.push_str(&format!(
+        "| launch floor (one-element add, with its 1-float alloc) | {:.1} µs | |\n",
+        ms * 1e3
+    ));
+    let shapes = [
+        ("q (896×896 Q4_K)", 896, 896, GgmlDType::Q4K, WeightFormat::Q4K),
+        ("k/v (128×896 Q4_K)", 128, 896, GgmlDType::Q4K, WeightFormat::Q4K),
+        ("gate/up (4864×896 Q4_K)", 4864, 896, GgmlDType::Q4K, WeightFormat::Q4K),
+        ("down (896×4864 Q6_K)", 896, 4864, GgmlDType::Q6K, WeightFormat::Q6K),
+        (
+            "head (151936×896 Q8_0)",
+            151_936,
+            896,
+            GgmlDType::Q8_0,
+            WeightFormat::Q8_0,
+        ),
+    ];
+    for (name, rows, cols, gt, wf) in shapes {
+        let StoredTensor::Gguf(q) = matrix(rows, cols, gt, 3) else {
+            unreachable!()
+        };
+        let m = DevMatrix::upload(gpu, wf, rows, cols, &q.data().unwrap(), None).unwrap();
+        for n in [1usize, 8] {
+            let x = gpu.upload(&vec![0.01f32; n * cols]).unwrap();
+            let mut y = gpu.zeros_f32(n * rows).unwrap();
+            let ms = gpu.time_ms(20, || gpu.matmul(&mut y, &x, &m, n)).unwrap();
+            let gbs = m.bytes() as f64 / (ms / 1e3) / 1e9;
+            report.push_str(&format!(
+                "| matmul {name}, {n} row(s) | {:.1} µs | {gbs:.0} GB/s ({:.0}% of copy) |\n",
+                ms * 1e3,
+                100.0 * gbs / copy_gbs
+            ));
+        }
+    }
+    let d = Dims {
+        num_kv_heads: 2,
+        num_heads: 14,
+        head_dim: 64,
+        block_size: BS,
+    };
+    for ctx in [4096usize, 12_288] {
+        let blocks = ctx / BS;
+        let bytes = blocks * 2 * BS * 64 * 2; // bf16 K of one layer
+        let (k, v) = (gpu.zeros(bytes).unwrap(), gpu.zeros(bytes).unwrap());
+        let table: Vec<i32> = (0..blocks as i32).collect();
+        let rows = [QueryRow {
+            seq: 0,
+            first: 0,
+            end: ctx,
+        }];
+        let t = gpu.upload_rows(&table, blocks, &rows, BS).unwrap();
+        let q = gpu.upload(&vec![0.1f32; 14 * 64]).unwrap();
+        let mut out = gpu.zeros_f32(14 * 64).unwrap();
+        let a = Attention {
+            dtype: KvDtype::BF16,
+            quant: KvQuant::PLAIN,
+            d,
+            scale: 0.125,
+            k_scale: 1.0,
+            v_scale: 1.0,
+            softcap: None,
+        };
+        let ms = gpu
+            .time_ms(20, || gpu.attention(&a, None, &mut out, &q, &k, &v, &t))
+            .unwrap();
+        let gbs = 2.0 * bytes as f64 / (ms / 1e3) / 1e9;
+        report.push_str(&format!(
+            "| attention, 1 row over {ctx} bf16 positions (one layer, split-K) | {:.1} µs | {gbs:.0} GB/s ({:.0}% of copy) |\n",
+            ms * 1e3,
+            100.0 * gbs / copy_gbs
+        ));
+    }
+    report.push('\n');
+}
+
 #[test]
 fn bench_report() {
     if std::env::var_os("KVGATE_EMULATED").is_some() {
@@ -212,6 +298,7 @@ fn bench_report() {
         "# CUDA backend benchmark ({})\n\ndevice copy bandwidth: {copy_gbs:.0} GB/s (1 GiB device-to-device, read + write)\n\n",
         gpu.name()
     );
+    kernel_breakdown(&gpu, copy_gbs, &mut report);
     drop(gpu);
     report.push_str("| model shape | measure | result |\n|---|---|---|\n");
     for s in shapes() {
