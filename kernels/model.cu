@@ -230,16 +230,14 @@ extern "C" __global__ void embed(float* __restrict__ out, const u8* __restrict__
 #define MM_WARPS 4
 #define MM_ROWS 8
 
-// y[r, j] = sum_k W[j, k] x[r, k] (+ bias[j]) for r < n, j < out_dim; x is n × cols, y n × out_dim.
-// Grid (ceil(out_dim / MM_WARPS), ceil(n / MM_ROWS)), MM_WARPS * 32 threads. One warp per output j and
-// tile of MM_ROWS rows: each lane dequantizes its chunks (lane, lane + 32, …) once and takes the dot
-// product with every row of the tile.
-extern "C" __global__ void matmul(float* __restrict__ y, const float* __restrict__ x, const u8* __restrict__ wt,
-                                  int fmt, u64 row_bytes, const float* __restrict__ bias, int has_bias,
-                                  int out_dim, int cols, int n) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int j = blockIdx.x * MM_WARPS + warp;
-    if (j >= out_dim) return;  // warp-uniform
+// Output j of one matrix for the rows r0 .. r0 + MM_ROWS − 1 (below n), by one warp: each lane
+// dequantizes its chunks (lane, lane + 32, …) once and takes the dot product with every row of the tile;
+// the lanes' sums meet in a fixed butterfly. The same arithmetic whatever the launch around it.
+__device__ __forceinline__ void matmul_output(float* __restrict__ y, const float* __restrict__ x,
+                                              const u8* __restrict__ wt, int fmt, u64 row_bytes,
+                                              const float* __restrict__ bias, int has_bias, int out_dim,
+                                              int cols, int n, int j) {
+    int lane = threadIdx.x & 31;
     int r0 = blockIdx.y * MM_ROWS;
     int nr = min(MM_ROWS, n - r0);
     const u8* row = wt + (u64)j * row_bytes;
@@ -267,6 +265,32 @@ extern "C" __global__ void matmul(float* __restrict__ y, const float* __restrict
         float v = warp_sum(acc[r]);
         if (lane == 0 && r < nr) y[(u64)(r0 + r) * out_dim + j] = has_bias ? v + bias[j] : v;
     }
+}
+
+// y[r, j] = sum_k W[j, k] x[r, k] (+ bias[j]) for r < n, j < out_dim; x is n × cols, y n × out_dim.
+// Grid (ceil(out_dim / MM_WARPS), ceil(n / MM_ROWS)), MM_WARPS * 32 threads: one warp per output j and
+// tile of MM_ROWS rows.
+extern "C" __global__ void matmul(float* __restrict__ y, const float* __restrict__ x, const u8* __restrict__ wt,
+                                  int fmt, u64 row_bytes, const float* __restrict__ bias, int has_bias,
+                                  int out_dim, int cols, int n) {
+    int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (j >= out_dim) return;  // warp-uniform
+    matmul_output(y, x, wt, fmt, row_bytes, bias, has_bias, out_dim, cols, n, j);
+}
+
+// Up to three matrices over the same input in one launch (q·k·v, gate·up): outputs 0 .. o0 − 1 are
+// matrix 0's into y0, the next o1 matrix 1's into y1, the next o2 matrix 2's into y2 — each computed
+// exactly as `matmul` computes it. Grid (ceil((o0 + o1 + o2) / MM_WARPS), ceil(n / MM_ROWS)).
+extern "C" __global__ void matmul3(float* __restrict__ y0, float* __restrict__ y1, float* __restrict__ y2,
+                                   const float* __restrict__ x, const u8* __restrict__ w0,
+                                   const u8* __restrict__ w1, const u8* __restrict__ w2, int f0, int f1, int f2,
+                                   u64 rb0, u64 rb1, u64 rb2, const float* __restrict__ b0,
+                                   const float* __restrict__ b1, const float* __restrict__ b2, int hb0, int hb1,
+                                   int hb2, int o0, int o1, int o2, int cols, int n) {
+    int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (j < o0) matmul_output(y0, x, w0, f0, rb0, b0, hb0, o0, cols, n, j);
+    else if (j < o0 + o1) matmul_output(y1, x, w1, f1, rb1, b1, hb1, o1, cols, n, j - o0);
+    else if (j < o0 + o1 + o2) matmul_output(y2, x, w2, f2, rb2, b2, hb2, o2, cols, n, j - o0 - o1);
 }
 
 // ---------------------------------------------------------------- per-row element-wise ops
@@ -320,6 +344,28 @@ extern "C" __global__ void rms_norm_inplace(float* x, const float* __restrict__ 
     rms_norm_row(x, x, w, d, eps, plus_one);
 }
 
+// x[r] += y[r], then out[r] = RMSNorm(x[r]) (the residual add and the next norm in one pass; the same
+// values and reduction as `add` then `rms_norm`). Grid (rows), 256 threads.
+extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ y, float* __restrict__ out,
+                                        const float* __restrict__ w, int d, float eps, int plus_one) {
+    __shared__ float shared[32];
+    float* xr = x + (u64)blockIdx.x * d;
+    const float* yr = y + (u64)blockIdx.x * d;
+    float* orow = out + (u64)blockIdx.x * d;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, shared);
+    float r = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float g = plus_one ? 1.0f + w[i] : w[i];
+        orow[i] = xr[i] * r * g;
+    }
+}
+
 // x += y, n elements.
 extern "C" __global__ void add(float* __restrict__ x, const float* __restrict__ y, u64 n) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -339,6 +385,30 @@ extern "C" __global__ void rope(float* __restrict__ x, const float* __restrict__
     u64 rh = idx / half;
     int r = (int)(rh / heads);
     float* h = x + rh * hd;
+    u64 p = pos[r];
+    float c = cos_t[p * half + i], s = sin_t[p * half + i];
+    int ia = style == 0 ? 2 * i : i, ib = style == 0 ? 2 * i + 1 : i + half;
+    float a = h[ia], b = h[ib];
+    h[ia] = a * c - b * s;
+    h[ib] = style == 0 ? a * s + b * c : b * c + a * s;
+}
+
+// `rope` over q (rows × nh heads) and k (rows × nkv heads) in one launch.
+extern "C" __global__ void rope_qk(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ cos_t,
+                                   const float* __restrict__ sin_t, const u32* __restrict__ pos, int rows, int nh,
+                                   int nkv, int hd, int style) {
+    int half = hd / 2;
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 nq = (u64)rows * nh * half;
+    u64 total = nq + (u64)rows * nkv * half;
+    if (idx >= total) return;
+    bool is_q = idx < nq;
+    int heads = is_q ? nh : nkv;
+    u64 e = is_q ? idx : idx - nq;
+    int i = (int)(e % half);
+    u64 rh = e / half;
+    int r = (int)(rh / heads);
+    float* h = (is_q ? q : k) + rh * hd;
     u64 p = pos[r];
     float c = cos_t[p * half + i], s = sin_t[p * half + i];
     int ia = style == 0 ? 2 * i : i, ib = style == 0 ? 2 * i + 1 : i + half;

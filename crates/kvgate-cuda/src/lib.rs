@@ -120,6 +120,8 @@ pub struct Gpu {
     /// A one-float stand-in for an absent optional buffer (bias, offsets), allocated once: not an
     /// upload per launch.
     pub(crate) absent: CudaSlice<f32>,
+    /// The same for an absent byte buffer (a matrix `matmul3` does not use).
+    pub(crate) absent_bytes: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -184,11 +186,13 @@ impl Gpu {
             .collect::<Result<Vec<_>, _>>()
             .map_err(drv)?;
         let absent = stream.alloc_zeros::<f32>(1).map_err(drv)?;
+        let absent_bytes = stream.alloc_zeros::<u8>(4).map_err(drv)?;
         Ok(Gpu {
             ctx,
             stream,
             modules,
             absent,
+            absent_bytes,
         })
     }
 

@@ -41,6 +41,9 @@ fn every_kernel_compiles_for_sm_90() {
             &[
                 "embed",
                 "matmul",
+                "matmul3",
+                "add_rms_norm",
+                "rope_qk",
                 "rms_norm",
                 "rms_norm_inplace",
                 "add",

@@ -134,11 +134,17 @@ pub(crate) fn run(
     let mut o = gpu.zeros_f32(n * d)?;
     let mut g = gpu.zeros_f32(n * inter)?;
     let mut u = gpu.zeros_f32(n * inter)?;
-    for (li, l) in m.w.layers.iter().enumerate() {
+    // the first layer's norm; every later one comes with the residual add before it (add_rms_norm)
+    if let Some(l) = m.w.layers.first() {
         gpu.rms_norm(&mut h, &x, &l.attn_norm, n, eps, p1)?;
-        gpu.matmul(&mut q, &h, &l.q, n)?;
-        gpu.matmul(&mut k, &h, &l.k, n)?;
-        gpu.matmul(&mut v, &h, &l.v, n)?;
+    }
+    for (li, l) in m.w.layers.iter().enumerate() {
+        gpu.matmul3(
+            [Some(&mut q), Some(&mut k), Some(&mut v)],
+            &h,
+            [Some(&l.q), Some(&l.k), Some(&l.v)],
+            n,
+        )?;
         if let Some(w) = &l.q_norm {
             gpu.rms_norm_inplace(&mut q, w, n * nh, eps, p1)?;
         }
@@ -149,8 +155,7 @@ pub(crate) fn run(
             (Some(r), true) => (&r.0, &r.1),
             _ => (&m.rope.0, &m.rope.1),
         };
-        gpu.rope(&mut q, cos, sin, &pos, n, nh, hd, interleaved)?;
-        gpu.rope(&mut k, cos, sin, &pos, n, nkv, hd, interleaved)?;
+        gpu.rope_qk(&mut q, &mut k, cos, sin, &pos, n, (nh, nkv, hd), interleaved)?;
         if let Some(ms) = measure.as_deref_mut() {
             let (hk, hv) = (gpu.download(&k)?, gpu.download(&v)?);
             ms.amax.k.push(amax(&hk[..n * nkv * hd]));
@@ -204,16 +209,22 @@ pub(crate) fn run(
         if let Some(w) = &l.post_attn_norm {
             gpu.rms_norm_inplace(&mut o, w, n, eps, p1)?;
         }
-        gpu.add(&mut x, &o, n * d)?;
-        gpu.rms_norm(&mut h, &x, &l.ffn_norm, n, eps, p1)?;
-        gpu.matmul(&mut g, &h, &l.gate, n)?;
-        gpu.matmul(&mut u, &h, &l.up, n)?;
+        gpu.add_rms_norm(&mut x, &o, &mut h, &l.ffn_norm, n, eps, p1)?;
+        gpu.matmul3(
+            [Some(&mut g), Some(&mut u), None],
+            &h,
+            [Some(&l.gate), Some(&l.up), None],
+            n,
+        )?;
         gpu.gated_act(&mut g, &u, n * inter, c.activation == Activation::GeluTanh)?;
         gpu.matmul(&mut o, &g, &l.down, n)?;
         if let Some(w) = &l.post_ffn_norm {
             gpu.rms_norm_inplace(&mut o, w, n, eps, p1)?;
         }
-        gpu.add(&mut x, &o, n * d)?;
+        match m.w.layers.get(li + 1) {
+            Some(next) => gpu.add_rms_norm(&mut x, &o, &mut h, &next.attn_norm, n, eps, p1)?,
+            None => gpu.add(&mut x, &o, n * d)?,
+        }
     }
     // the final norm per row; the head only for the rows that need it
     let hidden_rows: Vec<u32> = b

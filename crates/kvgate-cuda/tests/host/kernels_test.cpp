@@ -116,6 +116,61 @@ static void test_matmul() {
     }
 }
 
+// The fused launches compute exactly what the separate ones do.
+static void test_fused() {
+    // matmul3 over three matrices of different formats and sizes, against matmul each
+    Mat a = make_mat(WF_F32, 12, 64), b = make_mat(WF_Q8_0, 7, 64), c = make_mat(WF_F32, 20, 64);
+    int n = 11;
+    auto x = rvec((size_t)n * 64);
+    auto ba = rvec(12), bb = rvec(7), bc = rvec(20);
+    std::vector<float> ya(n * 12), yb(n * 7), yc(n * 20), none(1);
+    launch({cdiv(39, MM_WARPS), cdiv(n, MM_ROWS), 1}, MM_WARPS * 32, 0, [&] {
+        mk::matmul3(ya.data(), yb.data(), yc.data(), x.data(), a.bytes.data(), b.bytes.data(), c.bytes.data(), a.fmt,
+                    b.fmt, c.fmt, a.row_bytes, b.row_bytes, c.row_bytes, ba.data(), bb.data(), bc.data(), 1, 1, 0,
+                    12, 7, 20, 64, n);
+    });
+    auto ra = run_matmul(a, x, n, ba), rb = run_matmul(b, x, n, bb);
+    std::vector<float> rc((size_t)n * 20);
+    launch({cdiv(20, MM_WARPS), cdiv(n, MM_ROWS), 1}, MM_WARPS * 32, 0, [&] {
+        mk::matmul(rc.data(), x.data(), c.bytes.data(), c.fmt, c.row_bytes, bc.data(), 0, 20, 64, n);
+    });
+    CHECK(memcmp(ya.data(), ra.data(), 4 * ya.size()) == 0 && memcmp(yb.data(), rb.data(), 4 * yb.size()) == 0 &&
+              memcmp(yc.data(), rc.data(), 4 * yc.size()) == 0,
+          "matmul3 differs from matmul");
+    // add + rms_norm in one launch
+    int rows = 3, d = 200;
+    auto x0 = rvec((size_t)rows * d), y0 = rvec((size_t)rows * d), w = rvec(d);
+    auto x1 = x0, x2 = x0;
+    std::vector<float> h1(x0.size()), h2(x0.size());
+    launch({(unsigned)rows, 1, 1}, 256, 0,
+           [&] { mk::add_rms_norm(x1.data(), y0.data(), h1.data(), w.data(), d, 1e-6f, 1); });
+    launch({cdiv(x2.size(), 256), 1, 1}, 256, 0, [&] { mk::add(x2.data(), y0.data(), x2.size()); });
+    launch({(unsigned)rows, 1, 1}, 256, 0, [&] { mk::rms_norm(h2.data(), x2.data(), w.data(), d, 1e-6f, 1); });
+    CHECK(memcmp(x1.data(), x2.data(), 4 * x1.size()) == 0 && memcmp(h1.data(), h2.data(), 4 * h1.size()) == 0,
+          "add_rms_norm differs from add then rms_norm");
+    // rope over q and k in one launch
+    int nh = 4, nkv = 2, hd = 16, maxp = 9;
+    auto cs = rvec((size_t)maxp * hd / 2), sn = rvec((size_t)maxp * hd / 2);
+    std::vector<unsigned> pos = {0, 8, 3};
+    for (int style = 0; style < 2; style++) {
+        auto q1 = rvec(pos.size() * nh * hd), k1 = rvec(pos.size() * nkv * hd);
+        auto q2 = q1, k2 = k1;
+        unsigned total = pos.size() * (nh + nkv) * hd / 2;
+        launch({cdiv(total, 256), 1, 1}, 256, 0, [&] {
+            mk::rope_qk(q1.data(), k1.data(), cs.data(), sn.data(), pos.data(), (int)pos.size(), nh, nkv, hd, style);
+        });
+        launch({cdiv(total, 256), 1, 1}, 256, 0, [&] {
+            mk::rope(q2.data(), cs.data(), sn.data(), pos.data(), (int)pos.size(), nh, hd, style);
+        });
+        launch({cdiv(total, 256), 1, 1}, 256, 0, [&] {
+            mk::rope(k2.data(), cs.data(), sn.data(), pos.data(), (int)pos.size(), nkv, hd, style);
+        });
+        CHECK(memcmp(q1.data(), q2.data(), 4 * q1.size()) == 0 && memcmp(k1.data(), k2.data(), 4 * k1.size()) == 0,
+              "rope_qk style %d differs from rope twice", style);
+    }
+    printf("fused launches (matmul3, add_rms_norm, rope_qk): bit for bit the separate ones\n");
+}
+
 static void test_rowwise() {
     // RMSNorm, plain and 1 + w, into a buffer and in place
     int rows = 5, d = 300;
@@ -359,6 +414,7 @@ static void test_attention(int dt, int hd, bool every_case) {
 
 int main() {
     test_matmul();
+    test_fused();
     test_rowwise();
     // every window/softcap case on f32 at both head sizes; the other formats' loads once each
     test_attention(DT_F32, 16, true);
