@@ -232,11 +232,10 @@ extern "C" __global__ void embed(float* __restrict__ out, const u8* __restrict__
 
 // Output j of one matrix for the rows r0 .. r0 + MM_ROWS − 1 (below n), by one warp: each lane
 // dequantizes its chunks (lane, lane + 32, …) once and takes the dot product with every row of the tile;
-// the lanes' sums meet in a fixed butterfly. The same arithmetic whatever the launch around it.
-__device__ __forceinline__ void matmul_output(float* __restrict__ y, const float* __restrict__ x,
-                                              const u8* __restrict__ wt, int fmt, u64 row_bytes,
-                                              const float* __restrict__ bias, int has_bias, int out_dim,
-                                              int cols, int n, int j) {
+// the lanes' sums meet in a fixed butterfly (every lane ends with the same v[r]). The same arithmetic
+// whatever the launch around it.
+__device__ __forceinline__ void matmul_tile(const float* __restrict__ x, const u8* __restrict__ wt, int fmt,
+                                            u64 row_bytes, int cols, int n, int j, float* v) {
     int lane = threadIdx.x & 31;
     int r0 = blockIdx.y * MM_ROWS;
     int nr = min(MM_ROWS, n - r0);
@@ -261,10 +260,44 @@ __device__ __forceinline__ void matmul_output(float* __restrict__ y, const float
         }
     }
 #pragma unroll
-    for (int r = 0; r < MM_ROWS; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0 && r < nr) y[(u64)(r0 + r) * out_dim + j] = has_bias ? v + bias[j] : v;
-    }
+    for (int r = 0; r < MM_ROWS; r++) v[r] = warp_sum(acc[r]);
+}
+
+__device__ __forceinline__ void matmul_output(float* __restrict__ y, const float* __restrict__ x,
+                                              const u8* __restrict__ wt, int fmt, u64 row_bytes,
+                                              const float* __restrict__ bias, int has_bias, int out_dim,
+                                              int cols, int n, int j) {
+    float v[MM_ROWS];
+    matmul_tile(x, wt, fmt, row_bytes, cols, n, j, v);
+    int r0 = blockIdx.y * MM_ROWS;
+    int nr = min(MM_ROWS, n - r0);
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++)
+        if ((threadIdx.x & 31) == 0 && r < nr) y[(u64)(r0 + r) * out_dim + j] = has_bias ? v[r] + bias[j] : v[r];
+}
+
+__device__ __forceinline__ float gate_act(float x, float u, int act) {
+    if (act == 0) return x / (1.0f + expf(-x)) * u;
+    const float C = 0.7978846f;
+    return 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x))) * u;
+}
+
+// The MLP's first half in one launch: y[r, j] = act(gate_j · x[r]) · (up_j · x[r]) (act 0: SiLU, 1:
+// GELU-tanh), each dot product computed as `matmul` computes it and the activation as `gated_act`: the
+// same bits as matmul, matmul, gated_act. Grid (ceil(inter / MM_WARPS), ceil(n / MM_ROWS)).
+extern "C" __global__ void matmul_gated(float* __restrict__ y, const float* __restrict__ x,
+                                        const u8* __restrict__ wg, const u8* __restrict__ wu, int fg, int fu,
+                                        u64 rbg, u64 rbu, int inter, int cols, int n, int act) {
+    int j = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (j >= inter) return;  // warp-uniform
+    float g[MM_ROWS], u[MM_ROWS];
+    matmul_tile(x, wg, fg, rbg, cols, n, j, g);
+    matmul_tile(x, wu, fu, rbu, cols, n, j, u);
+    int r0 = blockIdx.y * MM_ROWS;
+    int nr = min(MM_ROWS, n - r0);
+#pragma unroll
+    for (int r = 0; r < MM_ROWS; r++)
+        if ((threadIdx.x & 31) == 0 && r < nr) y[(u64)(r0 + r) * inter + j] = gate_act(g[r], u[r], act);
 }
 
 // y[r, j] = sum_k W[j, k] x[r, k] (+ bias[j]) for r < n, j < out_dim; x is n × cols, y n × out_dim.
@@ -420,14 +453,7 @@ extern "C" __global__ void rope_qk(float* __restrict__ q, float* __restrict__ k,
 // gate = act(gate) · up; act 0: SiLU, 1: GELU (tanh approximation).
 extern "C" __global__ void gated_act(float* __restrict__ g, const float* __restrict__ u, u64 n, int act) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float x = g[i];
-    if (act == 0) {
-        g[i] = x / (1.0f + expf(-x)) * u[i];
-    } else {
-        const float C = 0.7978846f;
-        g[i] = 0.5f * x * (1.0f + tanhf(C * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    if (i < n) g[i] = gate_act(g[i], u[i], act);
 }
 
 // x = cap · tanh(x / cap).

@@ -296,6 +296,57 @@ impl Gpu {
         Ok(())
     }
 
+    /// The MLP's first half in one launch: `y = act(x · gateᵀ) · (x · upᵀ)` over `n` rows of `cols`
+    /// (`gelu` picks GELU-tanh, else SiLU) — the same bits as two [`Gpu::matmul`]s and
+    /// [`Gpu::gated_act`].
+    pub fn matmul_gated(
+        &self,
+        y: &mut CudaSlice<f32>,
+        x: &CudaSlice<f32>,
+        gate: &DevMatrix,
+        up: &DevMatrix,
+        n: usize,
+        gelu: bool,
+    ) -> Result<(), CudaError> {
+        if gate.dims() != up.dims() || gate.bias.is_some() || up.bias.is_some() {
+            return Err(CudaError::Invalid(format!(
+                "matmul_gated over gate {:?} and up {:?} (equal shapes, no biases)",
+                gate.dims(),
+                up.dims()
+            )));
+        }
+        check_len("x", x.len(), n * gate.cols)?;
+        check_len("y", y.len(), n * gate.rows)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.func("matmul_gated")?;
+        let cfg = LaunchConfig {
+            grid_dim: ((gate.rows as u32).div_ceil(4), (n as u32).div_ceil(8), 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (fg, fu) = (gate.format.code(), up.format.code());
+        let (rbg, rbu) = (gate.row_bytes as u64, up.row_bytes as u64);
+        let (inter, cols, rows, act) = (gate.rows as i32, gate.cols as i32, n as i32, i32::from(gelu));
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(y)
+            .arg(x)
+            .arg(&gate.data)
+            .arg(&up.data)
+            .arg(&fg)
+            .arg(&fu)
+            .arg(&rbg)
+            .arg(&rbu)
+            .arg(&inter)
+            .arg(&cols)
+            .arg(&rows)
+            .arg(&act);
+        // SAFETY: arguments match the kernel; x holds n rows of cols, y n rows of the matrices' outputs.
+        unsafe { b.launch(cfg) }.map_err(drv)?;
+        Ok(())
+    }
+
     /// `x += y`, then `out = RMSNorm(x)` (`rows` rows of `w.len()` values) in one launch: the same
     /// values as [`Gpu::add`] then [`Gpu::rms_norm`].
     #[allow(clippy::too_many_arguments)]

@@ -42,6 +42,7 @@ fn every_kernel_compiles_for_sm_90() {
                 "embed",
                 "matmul",
                 "matmul3",
+                "matmul_gated",
                 "add_rms_norm",
                 "rope_qk",
                 "rms_norm",

@@ -28,6 +28,68 @@ pub(crate) struct DevModel {
     pub max_positions: usize,
 }
 
+/// The step's activations, kept between steps and grown to the largest batch seen: no allocation per
+/// step. Rows past the batch hold stale values no kernel reads.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    rows: usize,
+    x: Option<CudaSlice<f32>>,
+    h: Option<CudaSlice<f32>>,
+    q: Option<CudaSlice<f32>>,
+    k: Option<CudaSlice<f32>>,
+    v: Option<CudaSlice<f32>>,
+    att: Option<CudaSlice<f32>>,
+    o: Option<CudaSlice<f32>>,
+    g: Option<CudaSlice<f32>>,
+}
+
+/// The scratch buffers of a batch of `n` rows, borrowed out of [`Scratch`].
+struct Buffers<'a> {
+    x: &'a mut CudaSlice<f32>,
+    h: &'a mut CudaSlice<f32>,
+    q: &'a mut CudaSlice<f32>,
+    k: &'a mut CudaSlice<f32>,
+    v: &'a mut CudaSlice<f32>,
+    att: &'a mut CudaSlice<f32>,
+    o: &'a mut CudaSlice<f32>,
+    g: &'a mut CudaSlice<f32>,
+}
+
+impl Scratch {
+    /// Buffers for `n` rows of model `c` (grown, never shrunk).
+    fn reserve<'a>(&'a mut self, gpu: &Gpu, c: &ModelConfig, n: usize) -> Result<Buffers<'a>, CudaError> {
+        if n > self.rows || self.x.is_none() {
+            let rows = n.max(self.rows);
+            let (d, qd, kvd, inter) = (
+                c.hidden_size,
+                c.num_heads * c.head_dim,
+                c.num_kv_heads * c.head_dim,
+                c.intermediate_size,
+            );
+            self.x = Some(gpu.zeros_f32(rows * d)?);
+            self.h = Some(gpu.zeros_f32(rows * d)?);
+            self.q = Some(gpu.zeros_f32(rows * qd)?);
+            self.k = Some(gpu.zeros_f32(rows * kvd)?);
+            self.v = Some(gpu.zeros_f32(rows * kvd)?);
+            self.att = Some(gpu.zeros_f32(rows * qd)?);
+            self.o = Some(gpu.zeros_f32(rows * d)?);
+            self.g = Some(gpu.zeros_f32(rows * inter)?);
+            self.rows = rows;
+        }
+        let missing = || CudaError::Invalid("scratch not allocated".into());
+        Ok(Buffers {
+            x: self.x.as_mut().ok_or_else(missing)?,
+            h: self.h.as_mut().ok_or_else(missing)?,
+            q: self.q.as_mut().ok_or_else(missing)?,
+            k: self.k.as_mut().ok_or_else(missing)?,
+            v: self.v.as_mut().ok_or_else(missing)?,
+            att: self.att.as_mut().ok_or_else(missing)?,
+            o: self.o.as_mut().ok_or_else(missing)?,
+            g: self.g.as_mut().ok_or_else(missing)?,
+        })
+    }
+}
+
 /// What a measuring pass saw: per layer the amax of K and V and their per-channel means.
 #[derive(Debug, Default)]
 pub(crate) struct Measured {
@@ -85,18 +147,13 @@ pub(crate) fn run(
     gpu: &Gpu,
     m: &DevModel,
     cache: &mut DevCache,
+    scratch: &mut Scratch,
     b: &Batch,
     mut measure: Option<&mut Measured>,
 ) -> Result<StepOutput, CudaError> {
     let c = &m.cfg;
     let n = b.len();
-    let (hd, nh, nkv, d, inter) = (
-        c.head_dim,
-        c.num_heads,
-        c.num_kv_heads,
-        c.hidden_size,
-        c.intermediate_size,
-    );
+    let (hd, nh, nkv, d) = (c.head_dim, c.num_heads, c.num_kv_heads, c.hidden_size);
     let mut out = StepOutput {
         vocab: c.vocab_size,
         width: d,
@@ -123,41 +180,42 @@ pub(crate) fn run(
     let dims = cache.dims(nh);
     let (dtype, quant) = (cache.shape.dtype(), cache.shape.quant());
 
-    let mut x = gpu.zeros_f32(n * d)?;
+    let Buffers {
+        x,
+        h,
+        q,
+        k,
+        v,
+        att,
+        o,
+        g,
+    } = scratch.reserve(gpu, c, n)?;
     let scale = if c.scale_embeddings { (d as f32).sqrt() } else { 1.0 };
-    gpu.embed(&mut x, &m.w.embed, &tokens, n, scale)?;
-    let mut h = gpu.zeros_f32(n * d)?;
-    let mut q = gpu.zeros_f32(n * nh * hd)?;
-    let mut k = gpu.zeros_f32(n * nkv * hd)?;
-    let mut v = gpu.zeros_f32(n * nkv * hd)?;
-    let mut att = gpu.zeros_f32(n * nh * hd)?;
-    let mut o = gpu.zeros_f32(n * d)?;
-    let mut g = gpu.zeros_f32(n * inter)?;
-    let mut u = gpu.zeros_f32(n * inter)?;
+    gpu.embed(x, &m.w.embed, &tokens, n, scale)?;
     // the first layer's norm; every later one comes with the residual add before it (add_rms_norm)
     if let Some(l) = m.w.layers.first() {
-        gpu.rms_norm(&mut h, &x, &l.attn_norm, n, eps, p1)?;
+        gpu.rms_norm(h, x, &l.attn_norm, n, eps, p1)?;
     }
     for (li, l) in m.w.layers.iter().enumerate() {
         gpu.matmul3(
-            [Some(&mut q), Some(&mut k), Some(&mut v)],
-            &h,
+            [Some(&mut *q), Some(&mut *k), Some(&mut *v)],
+            h,
             [Some(&l.q), Some(&l.k), Some(&l.v)],
             n,
         )?;
         if let Some(w) = &l.q_norm {
-            gpu.rms_norm_inplace(&mut q, w, n * nh, eps, p1)?;
+            gpu.rms_norm_inplace(q, w, n * nh, eps, p1)?;
         }
         if let Some(w) = &l.k_norm {
-            gpu.rms_norm_inplace(&mut k, w, n * nkv, eps, p1)?;
+            gpu.rms_norm_inplace(k, w, n * nkv, eps, p1)?;
         }
         let (cos, sin) = match (&m.rope_local, c.sliding_layers[li]) {
             (Some(r), true) => (&r.0, &r.1),
             _ => (&m.rope.0, &m.rope.1),
         };
-        gpu.rope_qk(&mut q, &mut k, cos, sin, &pos, n, (nh, nkv, hd), interleaved)?;
+        gpu.rope_qk(q, k, cos, sin, &pos, n, (nh, nkv, hd), interleaved)?;
         if let Some(ms) = measure.as_deref_mut() {
-            let (hk, hv) = (gpu.download(&k)?, gpu.download(&v)?);
+            let (hk, hv) = (gpu.download(k)?, gpu.download(v)?);
             ms.amax.k.push(amax(&hk[..n * nkv * hd]));
             ms.amax.v.push(amax(&hv[..n * nkv * hd]));
             ms.means.push((
@@ -167,26 +225,8 @@ pub(crate) fn run(
         }
         let lc = &mut cache.layers[li];
         let offs = lc.offsets.as_ref();
-        gpu.store(
-            dtype,
-            quant,
-            &k,
-            &slots,
-            &mut lc.k,
-            dims,
-            lc.k_scale,
-            offs.map(|o| &o.0),
-        )?;
-        gpu.store(
-            dtype,
-            quant,
-            &v,
-            &slots,
-            &mut lc.v,
-            dims,
-            lc.v_scale,
-            offs.map(|o| &o.1),
-        )?;
+        gpu.store(dtype, quant, k, &slots, &mut lc.k, dims, lc.k_scale, offs.map(|o| &o.0))?;
+        gpu.store(dtype, quant, v, &slots, &mut lc.v, dims, lc.v_scale, offs.map(|o| &o.1))?;
         cache.written = true;
         let lc = &cache.layers[li];
         let a = Attention {
@@ -204,26 +244,20 @@ pub(crate) fn run(
             .find(|(x, _)| *x == w)
             .map(|(_, t)| t)
             .ok_or_else(|| CudaError::Invalid("no ranges for a window".into()))?;
-        gpu.attention(&a, lc.offsets.as_ref().map(|o| &o.1), &mut att, &q, &lc.k, &lc.v, rows)?;
-        gpu.matmul(&mut o, &att, &l.o, n)?;
+        gpu.attention(&a, lc.offsets.as_ref().map(|o| &o.1), att, q, &lc.k, &lc.v, rows)?;
+        gpu.matmul(o, att, &l.o, n)?;
         if let Some(w) = &l.post_attn_norm {
-            gpu.rms_norm_inplace(&mut o, w, n, eps, p1)?;
+            gpu.rms_norm_inplace(o, w, n, eps, p1)?;
         }
-        gpu.add_rms_norm(&mut x, &o, &mut h, &l.ffn_norm, n, eps, p1)?;
-        gpu.matmul3(
-            [Some(&mut g), Some(&mut u), None],
-            &h,
-            [Some(&l.gate), Some(&l.up), None],
-            n,
-        )?;
-        gpu.gated_act(&mut g, &u, n * inter, c.activation == Activation::GeluTanh)?;
-        gpu.matmul(&mut o, &g, &l.down, n)?;
+        gpu.add_rms_norm(x, o, h, &l.ffn_norm, n, eps, p1)?;
+        gpu.matmul_gated(g, h, &l.gate, &l.up, n, c.activation == Activation::GeluTanh)?;
+        gpu.matmul(o, g, &l.down, n)?;
         if let Some(w) = &l.post_ffn_norm {
-            gpu.rms_norm_inplace(&mut o, w, n, eps, p1)?;
+            gpu.rms_norm_inplace(o, w, n, eps, p1)?;
         }
         match m.w.layers.get(li + 1) {
-            Some(next) => gpu.add_rms_norm(&mut x, &o, &mut h, &next.attn_norm, n, eps, p1)?,
-            None => gpu.add(&mut x, &o, n * d)?,
+            Some(next) => gpu.add_rms_norm(x, o, h, &next.attn_norm, n, eps, p1)?,
+            None => gpu.add(x, o, n * d)?,
         }
     }
     // the final norm per row; the head only for the rows that need it
@@ -235,7 +269,7 @@ pub(crate) fn run(
         .collect();
     if !hidden_rows.is_empty() {
         let mut hs = gpu.zeros_f32(hidden_rows.len() * d)?;
-        gpu.gather_rows(&mut hs, &x, n, &hidden_rows, d)?;
+        gpu.gather_rows(&mut hs, x, n, &hidden_rows, d)?;
         gpu.rms_norm_inplace(&mut hs, &m.w.final_norm, hidden_rows.len(), eps, p1)?;
         out.hidden = gpu.download(&hs)?;
         out.hidden.truncate(hidden_rows.len() * d);
@@ -248,7 +282,7 @@ pub(crate) fn run(
     let kr = rows.len();
     let vocab = c.vocab_size;
     let mut sel = gpu.zeros_f32(kr * d)?;
-    gpu.gather_rows(&mut sel, &x, n, &rows, d)?;
+    gpu.gather_rows(&mut sel, x, n, &rows, d)?;
     gpu.rms_norm_inplace(&mut sel, &m.w.final_norm, kr, eps, p1)?;
     let mut logits = gpu.zeros_f32(kr * vocab)?;
     gpu.matmul(&mut logits, &sel, m.w.head(), kr)?;

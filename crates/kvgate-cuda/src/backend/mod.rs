@@ -20,7 +20,7 @@ use kvgate_model::{ModelConfig, Rope, RopeScaling, StoredModel, StoredTensor};
 
 use crate::{CudaError, Gpu};
 use cache::{compute, DevCache};
-use forward::{DevModel, Measured};
+use forward::{DevModel, Measured, Scratch};
 
 /// Device memory kept out of the KV cache for the step's activations and the kernels' modules.
 const ACTIVATION_RESERVE: u64 = 1 << 30;
@@ -145,6 +145,7 @@ pub struct CudaBackend {
     gpu: Gpu,
     model: DevModel,
     cache: DevCache,
+    scratch: Scratch,
     budget_bytes: u64,
     model_fingerprint: u64,
 }
@@ -230,6 +231,7 @@ impl CudaBackend {
             },
             gpu,
             cache,
+            scratch: Scratch::default(),
             budget_bytes,
             model_fingerprint,
         })
@@ -269,7 +271,7 @@ impl CudaBackend {
     }
 
     /// Runs `batch` on a scratch f32 cache (the real one untouched) and reports what K and V were.
-    fn measure(&self, batch: &Batch) -> Result<KvStats, BackendError> {
+    fn measure(&mut self, batch: &Batch) -> Result<KvStats, BackendError> {
         self.check(batch)?;
         let shape = self.cache.shape.with_dtype(KvDtype::F32)?;
         let blocks = batch
@@ -280,7 +282,15 @@ impl CudaBackend {
             .map_or(1, |&m| m as usize + 1);
         let mut scratch = DevCache::new(&self.gpu, shape, blocks).map_err(|e| self.err(e))?;
         let mut ms = Measured::default();
-        forward::run(&self.gpu, &self.model, &mut scratch, batch, Some(&mut ms)).map_err(|e| self.err(e))?;
+        forward::run(
+            &self.gpu,
+            &self.model,
+            &mut scratch,
+            &mut self.scratch,
+            batch,
+            Some(&mut ms),
+        )
+        .map_err(|e| compute(&self.gpu, e))?;
         Ok(KvStats {
             amax: ms.amax,
             means: ms.means,
@@ -364,7 +374,8 @@ impl Backend for CudaBackend {
 
     fn forward(&mut self, batch: &Batch) -> Result<StepOutput, BackendError> {
         self.check(batch)?;
-        forward::run(&self.gpu, &self.model, &mut self.cache, batch, None).map_err(|e| compute(&self.gpu, e))
+        forward::run(&self.gpu, &self.model, &mut self.cache, &mut self.scratch, batch, None)
+            .map_err(|e| compute(&self.gpu, e))
     }
 
     fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {

@@ -48,6 +48,10 @@ static void th_matmul3(void** p) {
                 A(11, mk::u64), A(12, mk::u64), A(13, const float*), A(14, const float*), A(15, const float*),
                 A(16, int), A(17, int), A(18, int), A(19, int), A(20, int), A(21, int), A(22, int), A(23, int));
 }
+static void th_matmul_gated(void** p) {
+    mk::matmul_gated(A(0, float*), A(1, const float*), A(2, const mk::u8*), A(3, const mk::u8*), A(4, int), A(5, int),
+                     A(6, mk::u64), A(7, mk::u64), A(8, int), A(9, int), A(10, int), A(11, int));
+}
 static void th_add_rms_norm(void** p) {
     mk::add_rms_norm(A(0, float*), A(1, const float*), A(2, float*), A(3, const float*), A(4, int), A(5, float),
                      A(6, int));
@@ -114,7 +118,7 @@ static void th_attention_merge(void** p) {
 }
 
 #define K(n) {#n, th_##n}
-static Func FUNCS[] = {K(embed), K(matmul), K(matmul3), K(add_rms_norm), K(rope_qk), K(rms_norm), K(rms_norm_inplace), K(add), K(rope), K(gated_act),
+static Func FUNCS[] = {K(embed), K(matmul), K(matmul3), K(matmul_gated), K(add_rms_norm), K(rope_qk), K(rms_norm), K(rms_norm_inplace), K(add), K(rope), K(gated_act),
                        K(softcap), K(gather_rows), K(logprobs), K(store_f32), K(store_f16), K(store_bf16),
                        K(store_fp8), K(store_nvfp4), K(store_quant), K(paged_attention_f32),
                        K(paged_attention_f16), K(paged_attention_bf16), K(paged_attention_e4m3),

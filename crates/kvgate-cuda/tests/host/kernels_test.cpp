@@ -137,6 +137,22 @@ static void test_fused() {
     CHECK(memcmp(ya.data(), ra.data(), 4 * ya.size()) == 0 && memcmp(yb.data(), rb.data(), 4 * yb.size()) == 0 &&
               memcmp(yc.data(), rc.data(), 4 * yc.size()) == 0,
           "matmul3 differs from matmul");
+    // gate·up with the activation in one launch, against matmul, matmul, gated_act (matrices a and c's
+    // first 12 rows: same width)
+    for (int act = 0; act < 2; act++) {
+        std::vector<float> yg(n * 12);
+        launch({cdiv(12, MM_WARPS), cdiv(n, MM_ROWS), 1}, MM_WARPS * 32, 0, [&] {
+            mk::matmul_gated(yg.data(), x.data(), a.bytes.data(), c.bytes.data(), a.fmt, c.fmt, a.row_bytes,
+                             c.row_bytes, 12, 64, n, act);
+        });
+        auto g2 = run_matmul(a, x, n, std::vector<float>(12, 0.0f));
+        auto u2 = run_matmul(c, x, n, std::vector<float>(20, 0.0f));
+        std::vector<float> u12((size_t)n * 12);
+        for (int r = 0; r < n; r++)
+            for (int j = 0; j < 12; j++) u12[r * 12 + j] = u2[r * 20 + j];
+        launch({1, 1, 1}, 256, 0, [&] { mk::gated_act(g2.data(), u12.data(), g2.size(), act); });
+        CHECK(memcmp(yg.data(), g2.data(), 4 * yg.size()) == 0, "matmul_gated act %d differs", act);
+    }
     // add + rms_norm in one launch
     int rows = 3, d = 200;
     auto x0 = rvec((size_t)rows * d), y0 = rvec((size_t)rows * d), w = rvec(d);
@@ -168,7 +184,7 @@ static void test_fused() {
         CHECK(memcmp(q1.data(), q2.data(), 4 * q1.size()) == 0 && memcmp(k1.data(), k2.data(), 4 * k1.size()) == 0,
               "rope_qk style %d differs from rope twice", style);
     }
-    printf("fused launches (matmul3, add_rms_norm, rope_qk): bit for bit the separate ones\n");
+    printf("fused launches (matmul3, matmul_gated, add_rms_norm, rope_qk): bit for bit the separate ones\n");
 }
 
 static void test_rowwise() {
