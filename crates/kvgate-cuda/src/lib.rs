@@ -15,6 +15,7 @@
 
 mod backend;
 mod checked;
+mod fused;
 mod kv;
 pub mod nvrtc;
 mod ops;
