@@ -19,9 +19,15 @@ for t in gpu nvrtc backend_parity gpu_bench; do
   cp "$bin" "device-bundle/${t}-tests"
   strip "device-bundle/${t}-tests" 2>/dev/null || true
 done
+# the kernels compiled here (NVRTC 13.0 from the test venv), so the device loads them instead of
+# spending tens of seconds per process compiling (keyed by source, arch and NVRTC version: a device
+# with another NVRTC compiles its own)
+rm -rf device-bundle/cubin
+KVGATE_CUBIN_CACHE=device-bundle/cubin LD_LIBRARY_PATH="$(scripts/nvrtc-libdir.sh)" \
+  device-bundle/nvrtc-tests every_source_compiles_into_the_cache --nocapture
 cp target/release/serve device-bundle/serve
 strip device-bundle/serve 2>/dev/null || true
-rm -rf device-models
+rm -rf device-models device-bundle/parts device-bundle/sha256
 if [ -n "${DEVICE_MODEL:-}" ]; then
   mkdir -p device-models
   split -b 30M -d "$DEVICE_MODEL" device-models/part-

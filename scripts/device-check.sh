@@ -32,20 +32,22 @@ for l in libcuda.so.1 libnvrtc.so.13 libnvrtc-builtins.so.13.0; do
 done
 cat "$OUT/env.log"
 status=0
+# CUBINs compiled by the bundle builder (used when this NVRTC's version matches; else compiled here)
+export KVGATE_CUBIN_CACHE="$PWD/device-bundle/cubin"
 echo "== nvrtc"
-KVGATE_REQUIRE_NVRTC=1 timeout 120 device-bundle/nvrtc-tests --test-threads=1 --nocapture > "$OUT/nvrtc.log" 2>&1 || status=1
+KVGATE_REQUIRE_NVRTC=1 timeout 60 device-bundle/nvrtc-tests --test-threads=1 --nocapture > "$OUT/nvrtc.log" 2>&1 || status=1
 tail -5 "$OUT/nvrtc.log"
 echo "== gpu"
-KVGATE_REQUIRE_GPU=1 KVGATE_GPU_REPORT="$OUT/gpu-report.md" timeout 240 device-bundle/gpu-tests --test-threads=1 --nocapture \
+KVGATE_REQUIRE_GPU=1 KVGATE_GPU_REPORT="$OUT/gpu-report.md" timeout 120 device-bundle/gpu-tests --test-threads=1 --nocapture \
   > "$OUT/gpu.log" 2>&1 || status=1
 tail -40 "$OUT/gpu.log"
 [ -f "$OUT/gpu-report.md" ] && cat "$OUT/gpu-report.md"
 echo "== backend parity"
-KVGATE_REQUIRE_GPU=1 timeout 300 device-bundle/backend_parity-tests --test-threads=1 --nocapture \
+KVGATE_REQUIRE_GPU=1 timeout 120 device-bundle/backend_parity-tests --test-threads=1 --nocapture \
   > "$OUT/parity.log" 2>&1 || status=1
 grep -E "^test |test result|panicked|within|match" "$OUT/parity.log" | tail -40
 echo "== benchmark (Qwen2.5-0.5B and SmolLM2-135M shapes, random weights)"
-KVGATE_REQUIRE_GPU=1 KVGATE_BENCH_REPORT="$OUT/bench-report.md" timeout 240 device-bundle/gpu_bench-tests \
+KVGATE_REQUIRE_GPU=1 KVGATE_BENCH_REPORT="$OUT/bench-report.md" timeout 180 device-bundle/gpu_bench-tests \
   --test-threads=1 --nocapture > "$OUT/bench.log" 2>&1 || status=1
 [ -f "$OUT/bench-report.md" ] && cat "$OUT/bench-report.md" || tail -20 "$OUT/bench.log"
 MODEL=${MODEL:-}
@@ -67,7 +69,7 @@ if [ -z "$MODEL" ] && [ -f device-bundle/parts ]; then
 fi
 if [ -n "$MODEL" ]; then
   echo "== serve --device cuda:0 on $MODEL"
-  scripts/device-serve-smoke.sh "$MODEL" > "$OUT/serve.log" 2>&1 || status=1
+  timeout 150 scripts/device-serve-smoke.sh "$MODEL" > "$OUT/serve.log" 2>&1 || status=1
   tail -30 "$OUT/serve.log"
 else
   echo "== serve smoke skipped: no model on this machine (MODEL=path, or carry device-models/part-*)"

@@ -15,6 +15,7 @@
 
 mod backend;
 mod checked;
+pub mod cubin_cache;
 mod fused;
 mod kv;
 pub mod nvrtc;
@@ -97,14 +98,15 @@ pub fn device_count() -> Result<usize, CudaError> {
 /// A compiled source: its file name and CUBIN.
 pub type Cubin = (String, Vec<u8>);
 
-/// The CUBIN of every source for [`ARCH`], compiled once per process.
+/// The CUBIN of every source for [`ARCH`], once per process: from the on-disk cache
+/// ([`cubin_cache`]) or compiled by NVRTC.
 pub fn cubins() -> Result<&'static [Cubin], CudaError> {
     static CACHE: OnceLock<Result<Vec<Cubin>, CudaError>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
             SOURCES
                 .iter()
-                .map(|(name, src)| nvrtc::compile_cubin(name, src, ARCH).map(|c| (name.to_string(), c)))
+                .map(|(name, src)| cubin_cache::compile_cached(name, src, ARCH).map(|c| (name.to_string(), c)))
                 .collect()
         })
         .as_ref()

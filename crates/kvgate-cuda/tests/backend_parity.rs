@@ -441,6 +441,7 @@ fn the_backend_runs_on_an_emulated_device() {
         ])
         .env("LD_LIBRARY_PATH", &dir)
         .env("KVGATE_EMULATED", "1")
+        .env("KVGATE_CUBIN_CACHE", dir.join("cubin"))
         .env("KVGATE_REQUIRE_GPU", "1")
         .output()
         .unwrap();

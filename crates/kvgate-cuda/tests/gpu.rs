@@ -334,6 +334,7 @@ fn the_kernels_run_on_an_emulated_device() {
         ])
         .env("LD_LIBRARY_PATH", &dir)
         .env("KVGATE_EMULATED", "1")
+        .env("KVGATE_CUBIN_CACHE", dir.join("cubin"))
         .env("KVGATE_REQUIRE_GPU", "1")
         .output()
         .unwrap();

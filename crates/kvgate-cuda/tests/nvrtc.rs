@@ -94,3 +94,44 @@ fn a_broken_kernel_fails_to_compile_with_its_log() {
     let e = nvrtc::compile_cubin("e2m1.cu", src, "sm_90").unwrap_err().to_string();
     assert!(e.contains("e2m1x2") && e.contains("not supported"), "{e}");
 }
+
+#[test]
+fn compiled_kernels_are_kept_on_disk_keyed_by_source() {
+    use kvgate_cuda::cubin_cache::compile_in;
+    if !nvrtc::present() {
+        eprintln!("SKIP: libnvrtc.so.13 not found");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kvgate-cubin-cache-{}", std::process::id()));
+    let d = Some(dir.as_path());
+    let src = "extern \"C\" __global__ void k(float* x) { x[threadIdx.x] += 1.0f; }";
+    let a = compile_in(d, "probe.cu", src, "sm_90").unwrap();
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().map(|e| e.path()).collect();
+    assert_eq!(files.len(), 1, "one CUBIN stored: {files:?}");
+    assert_eq!(std::fs::read(&files[0]).unwrap(), a);
+    // the second call reads it back (a marker written over it shows it was not recompiled)
+    let mut marked = a.clone();
+    marked.extend_from_slice(b"cached");
+    std::fs::write(&files[0], &marked).unwrap();
+    assert_eq!(compile_in(d, "probe.cu", src, "sm_90").unwrap(), marked);
+    // another source is another file; a file that is not a CUBIN is compiled over
+    let other = src.replace("1.0f", "2.0f");
+    compile_in(d, "probe.cu", &other, "sm_90").unwrap();
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+    std::fs::write(&files[0], b"garbage").unwrap();
+    assert_eq!(compile_in(d, "probe.cu", src, "sm_90").unwrap(), a);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With `KVGATE_CUBIN_CACHE` set (scripts/build-device-bundle.sh sets it to device-bundle/cubin), every
+/// source's CUBIN is compiled into that cache, so the device machine loads them instead of compiling.
+#[test]
+fn every_source_compiles_into_the_cache() {
+    if !nvrtc::present() || std::env::var_os("KVGATE_CUBIN_CACHE").is_none() {
+        eprintln!("SKIP: needs libnvrtc.so.13 and KVGATE_CUBIN_CACHE");
+        return;
+    }
+    let cubins = kvgate_cuda::cubins().unwrap();
+    assert_eq!(cubins.len(), kvgate_cuda::SOURCES.len());
+    eprintln!("cached in {:?}", kvgate_cuda::cubin_cache::dir());
+}

@@ -221,7 +221,8 @@ CUresult cuGetErrorName(CUresult, const char** s) { *s = "CUDA_ERROR_EMULATED"; 
 // NVRTC: a program is its name; the "CUBIN" an ELF-marked blob the module loader ignores.
 typedef int nvrtcResult;
 static const char CUBIN[] = "\x7f" "ELF kvgate emulated module";
-nvrtcResult nvrtcVersion(int* major, int* minor) { *major = 13; *minor = 0; return 0; }
+// a version no real NVRTC has, so an emulated "CUBIN" can never be cached under a real one's key
+nvrtcResult nvrtcVersion(int* major, int* minor) { *major = 13; *minor = 99; return 0; }
 nvrtcResult nvrtcCreateProgram(void** prog, const char*, const char*, int, const char* const*, const char* const*) {
     *prog = (void*)CUBIN;
     return 0;
