@@ -1,9 +1,12 @@
 //! KV calibration as one typed call: where a scaled cache's per-layer k/v scales come from (none, the
 //! checkpoint, or measured on the first prefill), whether a `smooth` method takes per-channel offsets
-//! from it, and what a measurement saw. The scale rule (a power of two with headroom) is here too, so
-//! every backend calibrates alike.
+//! from it, and what a measurement saw. The scale rule (a power of two with headroom) and the plan of
+//! what to set ([`KvCalibration::plan`]) are here too, so every backend calibrates alike.
 
 use kvgate_kv::KvDtype;
+
+use crate::batch::Batch;
+use crate::error::BackendError;
 
 /// Where the per-layer (k_scale, v_scale) of a scaled cache come from.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -57,6 +60,68 @@ pub struct KvAmax {
     pub k: Vec<f32>,
     /// amax of V per layer.
     pub v: Vec<f32>,
+}
+
+/// What a calibration sets, decided the same way for every backend ([`KvCalibration::plan`]): the
+/// per-layer scales, the per-layer `smooth` offsets, and how many rows were measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CalibrationPlan {
+    /// Per-layer (k_scale, v_scale); empty when none are set.
+    pub scales: Vec<(f32, f32)>,
+    /// Per-layer (K, V) offsets, at most one entry per layer; empty when none are set.
+    pub offsets: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Rows the measurement ran (0 when nothing was measured).
+    pub measured_rows: usize,
+}
+
+impl CalibrationPlan {
+    /// What the calibration did, once the backend has set the plan.
+    pub fn report(self) -> CalibrationReport {
+        CalibrationReport {
+            offset_layers: self.offsets.len(),
+            scales: self.scales,
+            measured_rows: self.measured_rows,
+        }
+    }
+}
+
+impl KvCalibration {
+    /// The batch this calibration measures (`first`), `None` when it measures nothing, or
+    /// [`BackendError::CalibrationNeedsBatch`] when it measures and none was given.
+    pub fn batch_to_measure<'a>(&self, first: Option<&'a Batch>) -> Result<Option<&'a Batch>, BackendError> {
+        match (self.needs_batch(), first) {
+            (false, _) => Ok(None),
+            (true, Some(b)) => Ok(Some(b)),
+            (true, None) => Err(BackendError::CalibrationNeedsBatch),
+        }
+    }
+
+    /// What to set on a cache of `layers` layers of `dtype`, given what the measurement of
+    /// [`KvCalibration::batch_to_measure`] saw (`stats`, over `rows` rows).
+    pub fn plan(
+        &self,
+        dtype: KvDtype,
+        layers: usize,
+        stats: Option<KvStats>,
+        rows: usize,
+    ) -> Result<CalibrationPlan, BackendError> {
+        let scales = match (&self.scales, &stats) {
+            (Scales::Unit, _) => vec![],
+            (Scales::Given(s), _) => s.clone(),
+            (Scales::Measured, Some(st)) => scales_from_amax(dtype, &st.amax),
+            (Scales::Measured, None) => return Err(BackendError::CalibrationNeedsBatch),
+        };
+        let measured_rows = if stats.is_some() { rows } else { 0 };
+        let offsets = match stats {
+            Some(st) if self.offsets => st.means.into_iter().take(layers).collect(),
+            _ => vec![],
+        };
+        Ok(CalibrationPlan {
+            scales,
+            offsets,
+            measured_rows,
+        })
+    }
 }
 
 /// What one measuring forward pass saw.

@@ -21,7 +21,7 @@ mod output;
 
 pub use batch::{check_batch, Batch, BlockCopy, Output, Precision, Want, RELEASED_BLOCK};
 pub use calibrate::{
-    dtype_range, kv_scale, scales_from_amax, CalibrationReport, KvAmax, KvCalibration, KvStats, Scales,
+    dtype_range, kv_scale, scales_from_amax, CalibrationPlan, CalibrationReport, KvAmax, KvCalibration, KvStats, Scales,
 };
 pub use capacity::{Capacity, Device, KvMemory};
 pub use error::{BackendError, BatchError};

@@ -6,8 +6,8 @@
 //! memory when asked for the default.
 
 use kvgate_backend::{
-    check_batch, scales_from_amax, Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device,
-    KvCalibration, KvMemory, KvStats, Scales, StepOutput,
+    check_batch, Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device, KvCalibration, KvMemory,
+    KvStats, StepOutput,
 };
 use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype, Which};
 
@@ -248,36 +248,15 @@ impl Backend for CpuBackend {
     }
 
     fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {
-        let stats = match (how.needs_batch(), first) {
-            (false, _) => None,
-            (true, Some(b)) => Some(self.measure(b)?),
-            (true, None) => return Err(BackendError::CalibrationNeedsBatch),
-        };
+        let stats = how.batch_to_measure(first)?.map(|b| self.measure(b)).transpose()?;
         let layers = self.cache.shape().num_layers();
-        let mut report = CalibrationReport {
-            measured_rows: if stats.is_some() {
-                first.map_or(0, Batch::len)
-            } else {
-                0
-            },
-            ..CalibrationReport::default()
-        };
-        let scales = match (&how.scales, &stats) {
-            (Scales::Unit, _) => vec![],
-            (Scales::Given(s), _) => s.clone(),
-            (Scales::Measured, Some(st)) => scales_from_amax(self.cache.shape().dtype(), &st.amax),
-            (Scales::Measured, None) => return Err(BackendError::CalibrationNeedsBatch),
-        };
-        for (l, &(k, v)) in scales.iter().enumerate().take(layers) {
+        let plan = how.plan(self.cache.shape().dtype(), layers, stats, first.map_or(0, Batch::len))?;
+        for (l, &(k, v)) in plan.scales.iter().enumerate().take(layers) {
             self.cache.set_scales(l, k, v)?;
         }
-        report.scales = scales;
-        if let (true, Some(st)) = (how.offsets, &stats) {
-            for (l, (k, v)) in st.means.iter().enumerate().take(layers) {
-                self.cache.set_offsets(l, k.clone(), v.clone())?;
-                report.offset_layers += 1;
-            }
+        for (l, (k, v)) in plan.offsets.iter().enumerate() {
+            self.cache.set_offsets(l, k.clone(), v.clone())?;
         }
-        Ok(report)
+        Ok(plan.report())
     }
 }

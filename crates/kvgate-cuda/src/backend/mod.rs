@@ -12,8 +12,8 @@ mod forward;
 mod weights;
 
 use kvgate_backend::{
-    check_batch, scales_from_amax, Backend, BackendError, Batch, BatchError, BlockCopy, CalibrationReport, Capacity,
-    Device, KvCalibration, KvMemory, KvStats, Scales, StepOutput,
+    check_batch, Backend, BackendError, Batch, BatchError, BlockCopy, CalibrationReport, Capacity, Device,
+    KvCalibration, KvMemory, KvStats, StepOutput,
 };
 use kvgate_kv::{CacheShape, KvDtype, KvError};
 use kvgate_model::{ModelConfig, Rope, RopeScaling, StoredModel, StoredTensor};
@@ -379,36 +379,15 @@ impl Backend for CudaBackend {
     }
 
     fn calibrate(&mut self, how: &KvCalibration, first: Option<&Batch>) -> Result<CalibrationReport, BackendError> {
-        let stats = match (how.needs_batch(), first) {
-            (false, _) => None,
-            (true, Some(b)) => Some(self.measure(b)?),
-            (true, None) => return Err(BackendError::CalibrationNeedsBatch),
-        };
+        let stats = how.batch_to_measure(first)?.map(|b| self.measure(b)).transpose()?;
         let layers = self.cache.shape.num_layers();
-        let mut report = CalibrationReport {
-            measured_rows: if stats.is_some() {
-                first.map_or(0, Batch::len)
-            } else {
-                0
-            },
-            ..CalibrationReport::default()
-        };
-        let scales = match (&how.scales, &stats) {
-            (Scales::Unit, _) => vec![],
-            (Scales::Given(s), _) => s.clone(),
-            (Scales::Measured, Some(st)) => scales_from_amax(self.cache.shape.dtype(), &st.amax),
-            (Scales::Measured, None) => return Err(BackendError::CalibrationNeedsBatch),
-        };
-        for (l, &(k, v)) in scales.iter().enumerate().take(layers) {
+        let plan = how.plan(self.cache.shape.dtype(), layers, stats, first.map_or(0, Batch::len))?;
+        for (l, &(k, v)) in plan.scales.iter().enumerate().take(layers) {
             self.cache.set_scales(l, k, v)?;
         }
-        report.scales = scales;
-        if let (true, Some(st)) = (how.offsets, &stats) {
-            for (l, (k, v)) in st.means.iter().enumerate().take(layers) {
-                self.cache.set_offsets(&self.gpu, l, k, v)?;
-                report.offset_layers += 1;
-            }
+        for (l, (k, v)) in plan.offsets.iter().enumerate() {
+            self.cache.set_offsets(&self.gpu, l, k, v)?;
         }
-        Ok(report)
+        Ok(plan.report())
     }
 }
