@@ -3,6 +3,7 @@
 //! what the launch reads and writes before launching, so a wrong length is a [`CudaError::Invalid`],
 //! never an out-of-bounds access.
 
+use candle_core::quantized::GgmlDType;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use crate::checked::check_len;
@@ -36,8 +37,45 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
+    /// Every layout the kernels read.
+    pub const ALL: [WeightFormat; 11] = [
+        WeightFormat::F32,
+        WeightFormat::F16,
+        WeightFormat::BF16,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q5_1,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4K,
+        WeightFormat::Q5K,
+        WeightFormat::Q6K,
+    ];
+
     pub(crate) fn code(self) -> i32 {
         self as i32
+    }
+
+    /// The GGUF (ggml) type stored in this layout.
+    pub fn gguf(self) -> GgmlDType {
+        match self {
+            WeightFormat::F32 => GgmlDType::F32,
+            WeightFormat::F16 => GgmlDType::F16,
+            WeightFormat::BF16 => GgmlDType::BF16,
+            WeightFormat::Q4_0 => GgmlDType::Q4_0,
+            WeightFormat::Q4_1 => GgmlDType::Q4_1,
+            WeightFormat::Q5_0 => GgmlDType::Q5_0,
+            WeightFormat::Q5_1 => GgmlDType::Q5_1,
+            WeightFormat::Q8_0 => GgmlDType::Q8_0,
+            WeightFormat::Q4K => GgmlDType::Q4K,
+            WeightFormat::Q5K => GgmlDType::Q5K,
+            WeightFormat::Q6K => GgmlDType::Q6K,
+        }
+    }
+
+    /// The layout of a GGUF type, when a kernel reads it.
+    pub fn of_gguf(t: GgmlDType) -> Option<WeightFormat> {
+        WeightFormat::ALL.into_iter().find(|f| f.gguf() == t)
     }
 
     /// `(elements, bytes)` of one storage block.

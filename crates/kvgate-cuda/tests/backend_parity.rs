@@ -151,20 +151,8 @@ fn every_weight_format_matches_the_cpu() {
     let (rows, cols) = (48, 512);
     let w: Vec<f32> = (0..rows * cols).map(|_| r.random_range(-1.0..1.0)).collect();
     let t = Tensor::from_vec(w.clone(), (rows, cols), &CDevice::Cpu).unwrap();
-    let formats = [
-        (GgmlDType::F32, WeightFormat::F32),
-        (GgmlDType::F16, WeightFormat::F16),
-        (GgmlDType::BF16, WeightFormat::BF16),
-        (GgmlDType::Q4_0, WeightFormat::Q4_0),
-        (GgmlDType::Q4_1, WeightFormat::Q4_1),
-        (GgmlDType::Q5_0, WeightFormat::Q5_0),
-        (GgmlDType::Q5_1, WeightFormat::Q5_1),
-        (GgmlDType::Q8_0, WeightFormat::Q8_0),
-        (GgmlDType::Q4K, WeightFormat::Q4K),
-        (GgmlDType::Q5K, WeightFormat::Q5K),
-        (GgmlDType::Q6K, WeightFormat::Q6K),
-    ];
-    for (gt, wf) in formats {
+    for wf in WeightFormat::ALL {
+        let gt = wf.gguf();
         let q = QTensor::quantize(&t, gt).unwrap();
         let deq: Vec<f32> = q
             .dequantize(&CDevice::Cpu)

@@ -203,20 +203,14 @@ fn kernel_breakdown(gpu: &Gpu, copy_gbs: f64, report: &mut String) {
         ms * 1e3
     ));
     let shapes = [
-        ("q (896×896 Q4_K)", 896, 896, GgmlDType::Q4K, WeightFormat::Q4K),
-        ("k/v (128×896 Q4_K)", 128, 896, GgmlDType::Q4K, WeightFormat::Q4K),
-        ("gate/up (4864×896 Q4_K)", 4864, 896, GgmlDType::Q4K, WeightFormat::Q4K),
-        ("down (896×4864 Q6_K)", 896, 4864, GgmlDType::Q6K, WeightFormat::Q6K),
-        (
-            "head (151936×896 Q8_0)",
-            151_936,
-            896,
-            GgmlDType::Q8_0,
-            WeightFormat::Q8_0,
-        ),
+        ("q (896×896 Q4_K)", 896, 896, WeightFormat::Q4K),
+        ("k/v (128×896 Q4_K)", 128, 896, WeightFormat::Q4K),
+        ("gate/up (4864×896 Q4_K)", 4864, 896, WeightFormat::Q4K),
+        ("down (896×4864 Q6_K)", 896, 4864, WeightFormat::Q6K),
+        ("head (151936×896 Q8_0)", 151_936, 896, WeightFormat::Q8_0),
     ];
-    for (name, rows, cols, gt, wf) in shapes {
-        let StoredTensor::Gguf(q) = matrix(rows, cols, gt, 3) else {
+    for (name, rows, cols, wf) in shapes {
+        let StoredTensor::Gguf(q) = matrix(rows, cols, wf.gguf(), 3) else {
             unreachable!()
         };
         let m = DevMatrix::upload(gpu, wf, rows, cols, &q.data().unwrap(), None).unwrap();

@@ -1,87 +1,28 @@
 //! The weight dequantizers of `kernels/model.cu` (every GGUF layout the CUDA matmul reads) built for the
 //! host with the system C++ compiler and checked against candle's dequantization of the same blocks:
-//! a wrong bit layout fails CI here, before any GPU sees it. The CUDA-only parts of the file (warp
-//! shuffles, thread indices) are shimmed; only `dequant_chunk` is called. Skipped when no C++ compiler
-//! is installed.
+//! a wrong bit layout fails CI here, before any GPU sees it (`tests/host/dequant_harness.cpp`, on the
+//! emulated device's shims of `tests/host/cuda_host.h`; only `dequant_chunk` is called). Skipped when
+//! no C++ compiler is installed.
+
+mod host;
 
 use std::io::Write;
 use std::process::Command;
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::QTensor;
 use candle_core::{Device, Tensor};
 use kvgate_cuda::WeightFormat;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-const HARNESS: &str = r#"
-#include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
-using std::min;
-#define __device__
-#define __global__
-#define __forceinline__ inline
-#define __shared__ static
-struct dim3_ { unsigned x, y, z; };
-static dim3_ threadIdx, blockIdx, blockDim;
-static inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
-static inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
-template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int) { return v; }
-static inline void __syncthreads() {}
-#include "model.cu"
-int main(int argc, char** argv) {
-    int fmt = atoi(argv[1]), rows = atoi(argv[2]), cols = atoi(argv[3]);
-    long row_bytes = atol(argv[4]);
-    std::vector<u8> data((size_t)rows * row_bytes);
-    if (fread(data.data(), 1, data.size(), stdin) != data.size()) return 3;
-    float w[32];
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; 32 * c < cols; c++) {
-            dequant_chunk(data.data() + (size_t)r * row_bytes, fmt, c, cols, w);
-            int m = std::min(32, cols - 32 * c);
-            fwrite(w, 4, m, stdout);
-        }
-    return 0;
-}
-"#;
-
-fn compiler() -> Option<&'static str> {
-    ["c++", "g++", "clang++"].into_iter().find(|c| {
-        Command::new(c)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-}
-
 #[test]
 fn every_gguf_layout_dequantizes_as_candle_does() {
-    let Some(cxx) = compiler() else {
-        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) to build the host dequantizers");
+    let Some(cxx) = host::compiler() else {
+        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the host dequantizers");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("kvgate-host-dequant-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kernels = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../kernels");
-    std::fs::write(dir.join("harness.cpp"), HARNESS).unwrap();
-    let exe = dir.join("harness");
-    let out = Command::new(cxx)
-        .args(["-O1", "-std=c++17", "-w", "-I"])
-        .arg(&kernels)
-        .arg(dir.join("harness.cpp"))
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the host build of kernels/model.cu failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let exe = std::env::temp_dir().join(format!("kvgate-host-dequant-{}", std::process::id()));
+    host::build(cxx, "dequant_harness.cpp", &exe, false);
     let mut r = ChaCha8Rng::seed_from_u64(11);
     let (rows, cols) = (6usize, 768usize);
     // values at several scales, with outliers, so every scale/min code path is exercised
@@ -91,20 +32,8 @@ fn every_gguf_layout_dequantizes_as_candle_does() {
         })
         .collect();
     let t = Tensor::from_vec(w, (rows, cols), &Device::Cpu).unwrap();
-    let formats = [
-        (GgmlDType::F32, WeightFormat::F32),
-        (GgmlDType::F16, WeightFormat::F16),
-        (GgmlDType::BF16, WeightFormat::BF16),
-        (GgmlDType::Q4_0, WeightFormat::Q4_0),
-        (GgmlDType::Q4_1, WeightFormat::Q4_1),
-        (GgmlDType::Q5_0, WeightFormat::Q5_0),
-        (GgmlDType::Q5_1, WeightFormat::Q5_1),
-        (GgmlDType::Q8_0, WeightFormat::Q8_0),
-        (GgmlDType::Q4K, WeightFormat::Q4K),
-        (GgmlDType::Q5K, WeightFormat::Q5K),
-        (GgmlDType::Q6K, WeightFormat::Q6K),
-    ];
-    for (gt, wf) in formats {
+    for wf in WeightFormat::ALL {
+        let gt = wf.gguf();
         let q = QTensor::quantize(&t, gt).unwrap();
         let bytes = q.data().unwrap().into_owned();
         let row_bytes = wf.row_bytes(cols).unwrap();
@@ -155,5 +84,5 @@ fn every_gguf_layout_dequantizes_as_candle_does() {
             "{gt:?}: the kernel's dequantization differs from candle's by {worst}"
         );
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&exe);
 }

@@ -3,7 +3,6 @@
 //! their own dtype, norms and biases as f32. Only a GGUF format the kernels do not read (Q2_K, Q3_K,
 //! …) is widened to f32 on the host first, and [`DevWeights::widened`] counts those matrices.
 
-use candle_core::quantized::GgmlDType;
 use candle_core::DType;
 use cudarc::driver::CudaSlice;
 use kvgate_model::{StoredLinear, StoredTensor, StoredWeights};
@@ -52,23 +51,6 @@ fn bad(e: impl std::fmt::Display) -> CudaError {
     CudaError::Invalid(format!("weights: {e}"))
 }
 
-fn gguf_format(t: GgmlDType) -> Option<WeightFormat> {
-    Some(match t {
-        GgmlDType::F32 => WeightFormat::F32,
-        GgmlDType::F16 => WeightFormat::F16,
-        GgmlDType::BF16 => WeightFormat::BF16,
-        GgmlDType::Q4_0 => WeightFormat::Q4_0,
-        GgmlDType::Q4_1 => WeightFormat::Q4_1,
-        GgmlDType::Q5_0 => WeightFormat::Q5_0,
-        GgmlDType::Q5_1 => WeightFormat::Q5_1,
-        GgmlDType::Q8_0 => WeightFormat::Q8_0,
-        GgmlDType::Q4K => WeightFormat::Q4K,
-        GgmlDType::Q5K => WeightFormat::Q5K,
-        GgmlDType::Q6K => WeightFormat::Q6K,
-        _ => return None,
-    })
-}
-
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -82,7 +64,7 @@ fn upload_tensor(
 ) -> Result<DevMatrix, CudaError> {
     let (rows, cols) = t.dims().map_err(bad)?;
     match t {
-        StoredTensor::Gguf(q) => match gguf_format(q.dtype()) {
+        StoredTensor::Gguf(q) => match WeightFormat::of_gguf(q.dtype()) {
             Some(f) => {
                 let data = q.data().map_err(bad)?;
                 DevMatrix::upload(gpu, f, rows, cols, &data, bias)
