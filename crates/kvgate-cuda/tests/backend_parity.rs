@@ -28,11 +28,6 @@ use kvgate_model::{CpuBackend, CpuLayout, CpuSettings, StoredModel, StoredTensor
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// Inside the emulated run: the lighter profile.
-fn emulated() -> bool {
-    std::env::var_os("KVGATE_EMULATED").is_some()
-}
-
 fn gpu() -> Option<Gpu> {
     match Gpu::new(0) {
         Ok(g) => Some(g),
@@ -215,7 +210,7 @@ fn parity(name: &str, m: &StoredModel, dtype: KvDtype, quant: KvQuant, tol: f32)
         quant.name()
     );
     // greedy: 32 steps (8 on the emulated device), each backend on its own tokens
-    let steps = if emulated() { 8 } else { 32 };
+    let steps = if host::emulated() { 8 } else { 32 };
     let (mut ta, mut tb) = (argmax(&a.logits[18 * vocab..]), argmax(&b.logits[18 * vocab..]));
     for step in 0..steps {
         assert_eq!(ta, tb, "{name} {dtype} {}: greedy token {step}", quant.name());
@@ -270,7 +265,7 @@ fn every_kv_dtype_and_method_matches_the_cpu() {
                 continue; // offsets come from a calibration pass: see calibration_matches_the_cpu
             }
             // emulated: each dtype plain, and the rotating + fine method of the 8- and 4-bit ones
-            if emulated() && quant != KvQuant::PLAIN && !(quant.name() == "both" && dtype != KvDtype::Fp8E5m2) {
+            if host::emulated() && quant != KvQuant::PLAIN && !(quant.name() == "both" && dtype != KvDtype::Fp8E5m2) {
                 continue;
             }
             // quantized caches: a K/V value a rounding boundary apart may round differently
@@ -412,35 +407,10 @@ fn without_a_gpu_opening_says_what_is_missing() {
 
 #[test]
 fn the_backend_runs_on_an_emulated_device() {
-    if emulated() || kvgate_cuda::device_count().is_ok() {
-        return; // the emulated run itself, or a real GPU: the tests above run on it
-    }
-    let Some(cxx) = host::compiler() else {
-        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the emulated device");
+    let Some((ok, text)) = host::rerun_on_emulated_device("the_backend_runs_on_an_emulated_device") else {
         return;
     };
-    let dir = host::emulated_driver(cxx);
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--test-threads=1",
-            "--nocapture",
-            "--skip",
-            "the_backend_runs_on_an_emulated_device",
-        ])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("KVGATE_EMULATED", "1")
-        .env("KVGATE_CUBIN_CACHE", dir.join("cubin"))
-        .env("KVGATE_REQUIRE_GPU", "1")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "the CUDA backend on the emulated device:\n{text}");
+    assert!(ok, "the CUDA backend on the emulated device:\n{text}");
     assert!(text.contains("test result: ok. 7 passed"), "every test ran: {text}");
     assert!(
         text.contains("emulated device"),

@@ -247,7 +247,7 @@ fn paged_attention_matches_the_cpu() {
 
 #[test]
 fn bandwidth_report() -> Result<(), CudaError> {
-    if std::env::var_os("KVGATE_EMULATED").is_some() {
+    if host::emulated() {
         return Ok(()); // timings of the emulated device mean nothing
     }
     let Some(g) = gpu() else { return Ok(()) };
@@ -317,34 +317,9 @@ fn bandwidth_report() -> Result<(), CudaError> {
 
 #[test]
 fn the_kernels_run_on_an_emulated_device() {
-    if std::env::var_os("KVGATE_EMULATED").is_some() || kvgate_cuda::device_count().is_ok() {
-        return;
-    }
-    let Some(cxx) = host::compiler() else {
-        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the emulated device");
+    let Some((ok, text)) = host::rerun_on_emulated_device("the_kernels_run_on_an_emulated_device") else {
         return;
     };
-    let dir = host::emulated_driver(cxx);
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--test-threads=1",
-            "--nocapture",
-            "--skip",
-            "the_kernels_run_on_an_emulated_device",
-        ])
-        .env("LD_LIBRARY_PATH", &dir)
-        .env("KVGATE_EMULATED", "1")
-        .env("KVGATE_CUBIN_CACHE", dir.join("cubin"))
-        .env("KVGATE_REQUIRE_GPU", "1")
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "the kernels on the emulated device:\n{text}");
+    assert!(ok, "the kernels on the emulated device:\n{text}");
     assert!(text.contains("test result: ok. 3 passed"), "every test ran: {text}");
 }

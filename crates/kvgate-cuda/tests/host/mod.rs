@@ -52,3 +52,39 @@ pub fn emulated_driver(cxx: &str) -> PathBuf {
     std::fs::copy(dir.join("libcuda.so.1"), dir.join("libnvrtc.so.13")).unwrap();
     dir
 }
+
+/// Whether this process is the emulated run of [`rerun_on_emulated_device`].
+pub fn emulated() -> bool {
+    std::env::var_os("KVGATE_EMULATED").is_some()
+}
+
+/// Runs the current test binary again, every test but `this` one, on the emulated device (its
+/// libcuda.so.1 and libnvrtc.so.13 on `LD_LIBRARY_PATH`, `KVGATE_EMULATED` and `KVGATE_REQUIRE_GPU`
+/// set, its own CUBIN cache), and returns the child's success and its output. `None` — nothing to do —
+/// inside that run, on a machine with a GPU (the tests run on it directly), or without a C++ compiler.
+pub fn rerun_on_emulated_device(this: &str) -> Option<(bool, String)> {
+    if emulated() || kvgate_cuda::device_count().is_ok() {
+        return None;
+    }
+    let Some(cxx) = compiler() else {
+        eprintln!("SKIP: no C++ compiler (c++, g++ or clang++) on x86-64 to build the emulated device");
+        return None;
+    };
+    let dir = emulated_driver(cxx);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--test-threads=1", "--nocapture", "--skip", this])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("KVGATE_EMULATED", "1")
+        .env("KVGATE_CUBIN_CACHE", dir.join("cubin"))
+        .env("KVGATE_REQUIRE_GPU", "1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    Some((out.status.success(), text))
+}
