@@ -252,14 +252,13 @@ impl Gpu {
         // each, merged after (a fixed length: a row's split, so its bits, never depends on the batch)
         let nsplit = max_span.div_ceil(SPLIT_TOKENS).max(1);
         let split_len = if nsplit > 1 { SPLIT_TOKENS as i32 } else { 0 };
-        let mut partial = self
-            .stream
-            .alloc_zeros::<f32>(if nsplit > 1 {
-                rows / d.head_dim * nsplit * (d.head_dim + 2)
-            } else {
-                1
-            })
-            .map_err(drv)?;
+        // the splits' partial results; a single pass writes none (the stand-in is never touched)
+        let mut partial = if nsplit > 1 {
+            let n = rows / d.head_dim * nsplit * (d.head_dim + 2);
+            Some(self.stream.alloc_zeros::<f32>(n).map_err(drv)?)
+        } else {
+            None
+        };
         let cfg = LaunchConfig {
             grid_dim: (d.num_heads as u32, num_rows as u32, nsplit as u32),
             block_dim: ((WARPS * 32) as u32, 1, 1),
@@ -286,12 +285,15 @@ impl Gpu {
             .arg(v_offsets)
             .arg(&has_offsets)
             .arg(&softcap)
-            .arg(&split_len)
-            .arg(&mut partial);
+            .arg(&split_len);
+        match partial.as_mut() {
+            Some(p) => b.arg(p),
+            None => b.arg(&self.absent),
+        };
         // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
         // inside both caches, q/out hold every row, and partial every (row, head, split) when splitting.
         unsafe { b.launch(cfg) }.map_err(drv)?;
-        if nsplit > 1 {
+        if let Some(partial) = &partial {
             let merge = self.func("attention_merge")?;
             let ns = nsplit as i32;
             let cfg = LaunchConfig {
@@ -301,7 +303,7 @@ impl Gpu {
             };
             let mut b = self.stream.launch_builder(&merge);
             b.arg(out)
-                .arg(&partial)
+                .arg(partial)
                 .arg(row_info)
                 .arg(&nh)
                 .arg(&nkv)

@@ -120,10 +120,10 @@ impl DevCache {
     pub fn copy_block(&mut self, gpu: &Gpu, src: usize, dst: usize) -> Result<(), CudaError> {
         let n = self.shape.layer_block_bytes();
         let stream = gpu.stream();
+        // through one scratch block: a buffer cannot be borrowed as source and destination at once
+        let mut tmp = stream.alloc_zeros::<u8>(n).map_err(drv)?;
         for l in &mut self.layers {
             for buf in [&mut l.k, &mut l.v] {
-                // through a scratch block: one buffer cannot be borrowed as source and destination
-                let mut tmp = stream.alloc_zeros::<u8>(n).map_err(drv)?;
                 stream
                     .memcpy_dtod(&buf.slice(src * n..(src + 1) * n), &mut tmp)
                     .map_err(drv)?;

@@ -337,12 +337,10 @@ impl Backend for CudaBackend {
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
         let num_blocks = self.cache.num_blocks;
-        if let Some(&b) = copies
+        if let Some(b) = copies
             .iter()
             .flat_map(|c| [c.src, c.dst])
-            .collect::<Vec<_>>()
-            .iter()
-            .find(|&&b| b as usize >= num_blocks)
+            .find(|&b| b as usize >= num_blocks)
         {
             return Err(BackendError::BlockOutOfRange {
                 block: b as usize,
