@@ -521,6 +521,54 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// Partial softmax results — (max, sum, unnormalised output[hd]) at stride hd + 2: a CTA's warps, or a
+// row's splits — merged in order.
+__device__ __forceinline__ float parts_max(const float* p, int count, int hd) {
+    float big = -KV_INF;
+    for (int i = 0; i < count; i++) big = fmaxf(big, p[i * (hd + 2)]);
+    return big;
+}
+
+__device__ __forceinline__ float parts_total(const float* p, int count, int hd, float big) {
+    float total = 0.0f;
+    for (int i = 0; i < count; i++) {
+        float m = p[i * (hd + 2)];
+        if (m != -KV_INF) total += p[i * (hd + 2) + 1] * expf(m - big);
+    }
+    return total;
+}
+
+__device__ __forceinline__ float parts_out(const float* p, int count, int hd, float big, int d) {
+    float o = 0.0f;
+    for (int i = 0; i < count; i++) {
+        float m = p[i * (hd + 2)];
+        if (m != -KV_INF) o += p[i * (hd + 2) + 2 + d] * expf(m - big);
+    }
+    return o;
+}
+
+// One head's output row from its partial results: normalised; without rotation each element goes
+// straight out, with it the vector is gathered in `vec` (hd floats of shared memory) and rotated back
+// first; V offsets (smooth) are added last — the weights sum to one, so an offset comes back whole.
+// Every thread of the block calls it.
+__device__ void write_row(float* __restrict__ orow, const float* parts, int count, int hd, int rotate, float norm,
+                          float* vec, const float* __restrict__ v_offsets, int has_offsets, int kvh) {
+    float big = parts_max(parts, count, hd);
+    float total = parts_total(parts, count, hd, big);
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = parts_out(parts, count, hd, big, d);
+        o = total > 0.0f ? o / total : 0.0f;
+        if (rotate) vec[d] = o;
+        else orow[d] = has_offsets ? o + v_offsets[kvh * hd + d] : o;
+    }
+    if (rotate) {
+        __syncthreads();
+        unrotate_vec<true>(vec, hd, norm, threadIdx.x, blockDim.x);
+        for (int d = threadIdx.x; d < hd; d += blockDim.x)
+            orow[d] = has_offsets ? vec[d] + v_offsets[kvh * hd + d] : vec[d];
+    }
+}
+
 // out, q: [nrows, nh, hd] f32; tables: [nseq, max_blocks]; rows: [nrows, 3] = (sequence, first position,
 // end position) of each query row, which attends to positions first .. end-1 of its sequence (a decode row:
 // 0 .. ctx; a prefill row at position p: 0 .. p+1, or its window's tail). Grid (nh, nrows), WARPS * 32
@@ -621,50 +669,19 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     if (live)
         for (int i = 0; i < per; i++) mine[2 + d0 + i] = acc[i];
     __syncthreads();
-    float big = -KV_INF;
-    for (int w = 0; w < WARPS; w++) big = fmaxf(big, part[w * (hd + 2)]);
-    float total = 0.0f;
-    for (int w = 0; w < WARPS; w++) {
-        float mw = part[w * (hd + 2)];
-        if (mw != -KV_INF) total += part[w * (hd + 2) + 1] * expf(mw - big);
-    }
-    float* orow = out + ((u64)row * nh + head) * hd;
     if (split_len > 0) {
         // this split's (max, sum, unnormalised output): attention_merge finishes the row
         float* pp = partial + (((u64)row * nh + head) * gridDim.z + blockIdx.z) * (hd + 2);
+        float big = parts_max(part, WARPS, hd);
         if (threadIdx.x == 0) {
             pp[0] = big;
-            pp[1] = total;
+            pp[1] = parts_total(part, WARPS, hd, big);
         }
-        for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-            float o = 0.0f;
-            for (int w = 0; w < WARPS; w++) {
-                float mw = part[w * (hd + 2)];
-                if (mw != -KV_INF) o += part[w * (hd + 2) + 2 + d] * expf(mw - big);
-            }
-            pp[2 + d] = o;
-        }
+        for (int d = threadIdx.x; d < hd; d += blockDim.x) pp[2 + d] = parts_out(part, WARPS, hd, big, d);
         return;
     }
-    // Without rotation each output goes straight out; with it, the vector is gathered in qs (free once
-    // every lane holds its q) and rotated back first.
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int w = 0; w < WARPS; w++) {
-            float mw = part[w * (hd + 2)];
-            if (mw != -KV_INF) o += part[w * (hd + 2) + 2 + d] * expf(mw - big);
-        }
-        o = total > 0.0f ? o / total : 0.0f;
-        if (rotate) qs[d] = o;
-        else orow[d] = has_offsets ? o + v_offsets[kvh * hd + d] : o;
-    }
-    if (rotate) {
-        __syncthreads();
-        unrotate_vec<true>(qs, hd, norm, threadIdx.x, blockDim.x);
-        // V offsets (smooth): the weights sum to one, so the offset comes back whole
-        for (int d = threadIdx.x; d < hd; d += blockDim.x)
-            orow[d] = has_offsets ? qs[d] + v_offsets[kvh * hd + d] : qs[d];
-    }
+    // qs is free once every lane holds its q: it gathers the vector to rotate back
+    write_row(out + ((u64)row * nh + head) * hd, part, WARPS, hd, rotate, norm, qs, v_offsets, has_offsets, kvh);
 }
 
 #define PA_CASE(P)                                                                                            \
@@ -734,28 +751,5 @@ extern "C" __global__ void attention_merge(float* __restrict__ out, const float*
     int first = rows[3 * row + 1], end = rows[3 * row + 2];
     int splits = (end - first + split_len - 1) / split_len;
     const float* pp = partial + ((u64)row * nh + head) * nsplit * (hd + 2);
-    float big = -KV_INF;
-    for (int s = 0; s < splits; s++) big = fmaxf(big, pp[s * (hd + 2)]);
-    float total = 0.0f;
-    for (int s = 0; s < splits; s++) {
-        float ms = pp[s * (hd + 2)];
-        if (ms != -KV_INF) total += pp[s * (hd + 2) + 1] * expf(ms - big);
-    }
-    float* orow = out + ((u64)row * nh + head) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < splits; s++) {
-            float ms = pp[s * (hd + 2)];
-            if (ms != -KV_INF) o += pp[s * (hd + 2) + 2 + d] * expf(ms - big);
-        }
-        o = total > 0.0f ? o / total : 0.0f;
-        if (rotate) vec[d] = o;
-        else orow[d] = has_offsets ? o + v_offsets[kvh * hd + d] : o;
-    }
-    if (rotate) {
-        __syncthreads();
-        unrotate_vec<true>(vec, hd, norm, threadIdx.x, blockDim.x);
-        for (int d = threadIdx.x; d < hd; d += blockDim.x)
-            orow[d] = has_offsets ? vec[d] + v_offsets[kvh * hd + d] : vec[d];
-    }
+    write_row(out + ((u64)row * nh + head) * hd, pp, splits, hd, rotate, norm, vec, v_offsets, has_offsets, kvh);
 }
