@@ -3,10 +3,10 @@
 //! computing bit for bit what the separate launches of [`crate::ops`] compute (checked on the emulated
 //! device by `tests/host/kernels_test.cpp`).
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use crate::checked::check_len;
-use crate::ops::{elementwise, per_row, DevMatrix};
+use crate::ops::{elementwise, matmul_grid, per_row, DevMatrix};
 use crate::{drv, CudaError, Gpu};
 
 impl Gpu {
@@ -41,11 +41,7 @@ impl Gpu {
             return Ok(());
         }
         let f = self.func("matmul3")?;
-        let cfg = LaunchConfig {
-            grid_dim: ((total as u32).div_ceil(4), (n as u32).div_ceil(8), 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = matmul_grid(total, n);
         // absent matrices: 0 outputs, stand-in pointers never read
         let data: [&CudaSlice<u8>; 3] = ws.map(|w| w.map_or(&self.absent_bytes, |w| &w.data));
         let bias: [&CudaSlice<f32>; 3] = ws.map(|w| w.and_then(|w| w.bias.as_ref()).unwrap_or(&self.absent));
@@ -115,11 +111,7 @@ impl Gpu {
             return Ok(());
         }
         let f = self.func("matmul_gated")?;
-        let cfg = LaunchConfig {
-            grid_dim: ((gate.rows as u32).div_ceil(4), (n as u32).div_ceil(8), 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = matmul_grid(gate.rows, n);
         let (fg, fu) = (gate.format.code(), up.format.code());
         let (rbg, rbu) = (gate.row_bytes as u64, up.row_bytes as u64);
         let (inter, cols, rows, act) = (gate.rows as i32, gate.cols as i32, n as i32, i32::from(gelu));

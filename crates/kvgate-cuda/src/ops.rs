@@ -159,6 +159,18 @@ impl DevMatrix {
     }
 }
 
+/// The launch of a matmul kernel over `outputs` outputs and `n` rows: one warp per output and tile of
+/// rows (`MM_WARPS` and `MM_ROWS` of `kernels/model.cu`).
+pub(crate) fn matmul_grid(outputs: usize, n: usize) -> LaunchConfig {
+    const WARPS: u32 = 4; // MM_WARPS
+    const ROWS: u32 = 8; // MM_ROWS
+    LaunchConfig {
+        grid_dim: ((outputs as u32).div_ceil(WARPS), (n as u32).div_ceil(ROWS), 1),
+        block_dim: (WARPS * 32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 pub(crate) fn per_row(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -219,14 +231,8 @@ impl Gpu {
         if n == 0 {
             return Ok(());
         }
-        const WARPS: u32 = 4; // MM_WARPS
-        const ROWS: u32 = 8; // MM_ROWS
         let f = self.func("matmul")?;
-        let cfg = LaunchConfig {
-            grid_dim: ((w.rows as u32).div_ceil(WARPS), (n as u32).div_ceil(ROWS), 1),
-            block_dim: (WARPS * 32, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = matmul_grid(w.rows, n);
         let (bias, has_bias) = match &w.bias {
             Some(b) => (b, 1i32),
             None => (&self.absent, 0),
