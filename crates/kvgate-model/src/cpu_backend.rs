@@ -127,7 +127,7 @@ impl CpuBackend {
         let mut scratch = KvCache::new(shape, blocks.min(self.cache.num_blocks()));
         let model = &self.model;
         let (_, amax) =
-            rayon::scope(|_| model.forward_with_amax(batch, &mut scratch, &CpuAttention)).map_err(compute_error)?;
+            crate::pool::hot(|| model.forward_with_amax(batch, &mut scratch, &CpuAttention)).map_err(compute_error)?;
         // the means of what the batch wrote, read back from the scratch cache
         let (nkv, hd, bs) = (shape.num_kv_heads(), shape.head_dim(), shape.block_size());
         let n = batch.len().max(1) as f64;
@@ -236,7 +236,7 @@ impl Backend for CpuBackend {
         self.check(batch)?;
         let (model, cache) = (&self.model, &mut self.cache);
         let int8 = self.settings.int8_activations;
-        let out = rayon::scope(|_| model.forward_split(batch, cache, &CpuAttention, int8)).map_err(compute_error)?;
+        let out = crate::pool::hot(|| model.forward_split(batch, cache, &CpuAttention, int8)).map_err(compute_error)?;
         let c = self.model.config();
         Ok(StepOutput::from_rows(
             batch,

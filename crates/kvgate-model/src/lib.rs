@@ -19,6 +19,7 @@ mod load_hf;
 mod loader;
 mod model;
 mod ops;
+mod pool;
 pub mod prompt;
 mod qmatmul;
 mod repack;
