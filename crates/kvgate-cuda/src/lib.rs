@@ -25,7 +25,8 @@ pub use backend::{explain, probe, CudaBackend, CudaSettings, DTYPES};
 pub use checked::{BlockTables, QueryRow, Slots};
 pub use ops::{DevMatrix, WeightFormat};
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig};
 use kvgate_kv::{KvDtype, KvQuant};
@@ -120,6 +121,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     /// One module per source of [`SOURCES`], in order.
     modules: Vec<Arc<CudaModule>>,
+    /// Kernels already looked up by name: a launch is one map lookup, not a `cuModuleGetFunction`
+    /// per module tried (each a driver call, the misses an error built and dropped) and a C string.
+    funcs: Mutex<HashMap<&'static str, CudaFunction>>,
     /// A one-float stand-in for an absent optional buffer (bias, offsets), allocated once: not an
     /// upload per launch.
     pub(crate) absent: CudaSlice<f32>,
@@ -194,6 +198,7 @@ impl Gpu {
             ctx,
             stream,
             modules,
+            funcs: Mutex::default(),
             absent,
             absent_bytes,
         })
@@ -214,8 +219,19 @@ impl Gpu {
         &self.stream
     }
 
-    /// The kernel `name`, from whichever source defines it.
-    pub(crate) fn func(&self, name: &str) -> Result<CudaFunction, CudaError> {
+    /// The kernel `name`, from whichever source defines it (looked up once, then kept).
+    pub(crate) fn func(&self, name: &'static str) -> Result<CudaFunction, CudaError> {
+        let mut funcs = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = funcs.get(name) {
+            return Ok(f.clone());
+        }
+        let f = self.find(name)?;
+        funcs.insert(name, f.clone());
+        Ok(f)
+    }
+
+    /// Looks `name` up in each module in turn.
+    fn find(&self, name: &str) -> Result<CudaFunction, CudaError> {
         let mut last = None;
         for m in &self.modules {
             match m.load_function(name) {
