@@ -219,7 +219,7 @@ pub struct Args {
     #[arg(long, env = "KVGATE_ACTIVATIONS", default_value = "int8", value_parser = values::parse_setting::<Activations>)]
     pub activations: Activations,
 
-    /// Compute threads [default: all cores]
+    /// Compute threads [default: all cores]. While a step runs every one of them is busy (those without work spin for the step's next parallel section instead of sleeping), so replicas sharing a machine should split its cores between them
     #[arg(long, env = "KVGATE_THREADS")]
     pub threads: Option<usize>,
 
