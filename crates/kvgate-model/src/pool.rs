@@ -16,9 +16,12 @@
 //! plain `rayon::scope`. A worker waiting inside some other work (another engine's pass in the same
 //! pool, as tests run them) may still pick up a spinner and resume only when the hot pass ends — a
 //! delay, never a cycle, because the hot pass waits on nothing but its own jobs; two hot passes could
-//! each hold the other's owner in a spinner, which the flag rules out.
+//! each hold the other's owner in a spinner, which the flag rules out. At most one spinner per core
+//! besides the pass: with `--threads` above the core count the rest of the workers sleep as before
+//! (spinners beyond the cores would take turns on a core with the pass itself).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 
 /// Whether a hot pass is running (at most one at a time).
 static HOT: AtomicBool = AtomicBool::new(false);
@@ -31,6 +34,13 @@ impl Drop for Done<'_> {
         self.0.store(true, Ordering::Release);
         HOT.store(false, Ordering::Release);
     }
+}
+
+/// The cores this process may run on (affinity and cgroup quota): more spinners than that would take
+/// turns on a core with the pass itself (`--threads` above the core count).
+fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Runs `f` on a worker of the current rayon pool (the global one from outside it), the other
@@ -46,7 +56,7 @@ pub(crate) fn hot<R: Send>(f: impl FnOnce() -> R + Send) -> R {
             return f();
         }
         let owner = rayon::current_thread_index();
-        for _ in 1..rayon::current_num_threads() {
+        for _ in 1..rayon::current_num_threads().min(cores()) {
             let done = &done;
             s.spawn(move |_| {
                 if rayon::current_thread_index() == owner {
