@@ -144,22 +144,34 @@ impl Rope {
     }
 }
 
-/// `gate = act(gate) · up`, element-wise.
+/// Elements per parallel task of [`gated_activation`] (a decode row's 4,864 of Qwen2.5 are two tasks).
+const ACT_CHUNK: usize = 2048;
+
+/// `gate = act(gate) · up`, element-wise, in parallel chunks: each element is one call of the same
+/// scalar function (libm's `exp` / `tanh`), so the bits do not depend on the split. Serial, a
+/// 673-token Qwen2.5 prefill spent ~13% of its time here (78M `exp` calls on one thread).
 pub fn gated_activation(gate: &mut [f32], up: &[f32], act: Activation) {
-    match act {
+    use rayon::prelude::*;
+    let f = |g: &mut [f32], u: &[f32]| match act {
         Activation::Silu => {
-            for (g, u) in gate.iter_mut().zip(up) {
+            for (g, u) in g.iter_mut().zip(u) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
         }
         Activation::GeluTanh => {
             const C: f32 = 0.797_884_6; // sqrt(2/pi)
-            for (g, u) in gate.iter_mut().zip(up) {
+            for (g, u) in g.iter_mut().zip(u) {
                 let x = *g;
                 *g = 0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh()) * u;
             }
         }
+    };
+    if gate.len() < 2 * ACT_CHUNK {
+        return f(gate, up);
     }
+    gate.par_chunks_mut(ACT_CHUNK)
+        .zip(up.par_chunks(ACT_CHUNK))
+        .for_each(|(g, u)| f(g, u));
 }
 
 /// `x += y`.
@@ -179,6 +191,23 @@ pub fn softcap_inplace(x: &mut [f32], cap: f32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gated_activation_in_chunks_is_each_element_alone() {
+        // long enough for the parallel chunks, with a ragged tail
+        let n = 3 * ACT_CHUNK + 5;
+        let g: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2001) as f32 / 250.0 - 4.0).collect();
+        let u: Vec<f32> = (0..n).map(|i| ((i * 104_729) % 997) as f32 / 300.0 - 1.5).collect();
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let mut got = g.clone();
+            gated_activation(&mut got, &u, act);
+            for i in 0..n {
+                let mut one = [g[i]];
+                gated_activation(&mut one, &u[i..i + 1], act);
+                assert_eq!(got[i].to_bits(), one[0].to_bits(), "{act:?} element {i}");
+            }
+        }
+    }
 
     #[test]
     fn rope_styles_agree_up_to_a_permutation() {
