@@ -94,7 +94,8 @@ const AHEAD: usize = 4;
 /// When registers hold only `v < TILE_PANELS` panels per call, a tile is walked in several calls and
 /// the first (panel `p0` the tile's first) streams it from memory while the later ones find it in
 /// cache. That call fetches the whole record group of block `b + AHEAD` (all the tile's panels), so
-/// its strided reads of some panels' records do not wait on memory one line at a time.
+/// its strided reads of some panels' records do not wait on memory one line at a time. Into L2 (`T1`):
+/// an L1 prefetch holds one of the core's few L1 miss buffers (Qwen2.5 decode ~6% faster on AMD Zen 4).
 #[inline]
 pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
     #[cfg(target_arch = "x86_64")]
@@ -103,7 +104,7 @@ pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
         for line in (0..TILE_PANELS * w.rec).step_by(64) {
             // SAFETY: a prefetch never faults; the addresses are inside `w`'s records anyway.
             unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.wrapping_add(line) as *const i8)
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.wrapping_add(line) as *const i8)
             };
         }
     }
