@@ -68,10 +68,17 @@ impl Code for i16 {
 #[inline]
 fn group<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     #[cfg(target_arch = "x86_64")]
-    if *AVX512 && x.len() == QK && out.len() == QK {
-        // SAFETY: AVX-512F detected; 32 inputs and 32 codes (checked).
+    if *super::kernel::PATH == super::kernel::Path::Avx512 && x.len() == QK && out.len() == QK {
+        // SAFETY: the AVX-512 path implies AVX-512F; 32 inputs and 32 codes (checked).
         return unsafe { group512(x, out) };
     }
+    group_scalar(x, out)
+}
+
+/// [`group`] one input at a time (machines without AVX-512, and the reference its vector form is
+/// tested against).
+#[inline]
+fn group_scalar<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let (d, id) = if amax > 0.0 {
         (amax / T::MAX, T::MAX / amax)
@@ -86,10 +93,6 @@ fn group<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     }
     (d, sum as f32 * d)
 }
-
-/// Whether the machine has AVX-512F (for [`group512`]).
-#[cfg(target_arch = "x86_64")]
-static AVX512: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| std::arch::is_x86_feature_detected!("avx512f"));
 
 /// [`group`] in two 16-lane registers, the same bits: the amax of the non-NaN magnitudes (`f32::max`
 /// ignores NaN; a max is exact in any order), the same scalar scale, one product per input, rounded to
@@ -209,26 +212,9 @@ mod tests {
         assert_eq!(QuantRows::new(&[0.0; 32], 32, &[true], true).sx, vec![0.0]);
     }
 
-    /// The scalar loop of [`group`], whatever the machine.
-    fn scalar<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
-        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let (d, id) = if amax > 0.0 {
-            (amax / T::MAX, T::MAX / amax)
-        } else {
-            (0.0, 0.0)
-        };
-        let mut sum = 0i32;
-        for (o, v) in out.iter_mut().zip(x) {
-            let q = (v * id).round_ties_even().clamp(-T::MAX, T::MAX) as i32;
-            sum += q;
-            *o = T::of(q);
-        }
-        (d, sum as f32 * d)
-    }
-
     fn same<T: Code + PartialEq + std::fmt::Debug>(x: &[f32]) {
         let (mut a, mut b) = (vec![T::default(); 32], vec![T::default(); 32]);
-        let (ga, gb) = (group(x, &mut a), scalar(x, &mut b));
+        let (ga, gb) = (group(x, &mut a), group_scalar(x, &mut b));
         assert_eq!(a, b, "{x:?}");
         assert_eq!(
             (ga.0.to_bits(), ga.1.to_bits()),
