@@ -12,7 +12,9 @@ use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use crate::linear::Linear;
-use crate::ops::{add_inplace, gated_activation, rms_norm, rms_norm_inplace, softcap_inplace, Rope};
+use crate::ops::{
+    add_inplace, gated_activation, gated_from_fused, rms_norm, rms_norm_inplace, softcap_inplace, split_cols, Rope,
+};
 use crate::weights::Weights;
 
 /// Per layer, projections stacked into one matmul where the weights allow it (q·k·v, gate·up): fewer,
@@ -45,19 +47,6 @@ pub struct Model {
 }
 
 /// Splits `rows × (a + b + …)` into one `rows × width` buffer per width.
-fn split_cols(y: &[f32], rows: usize, widths: &[usize]) -> Vec<Vec<f32>> {
-    let total: usize = widths.iter().sum();
-    let mut out: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(rows * w)).collect();
-    for r in 0..rows {
-        let mut o = r * total;
-        for (i, w) in widths.iter().enumerate() {
-            out[i].extend_from_slice(&y[o..o + w]);
-            o += w;
-        }
-    }
-    out
-}
-
 fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
@@ -260,15 +249,16 @@ impl Model {
             }
             add_inplace(&mut x, &o);
             rms_norm(&x, &l.ffn_norm, c.rms_eps, c.norm_plus_one, &mut h);
-            let (mut g, u) = match &self.fused[li].gate_up {
-                Some(f) => {
-                    let y = f.forward_rows(&h, n, &int8)?;
-                    let mut parts = split_cols(&y, n, &[l.gate.out_dim(), l.up.out_dim()]).into_iter();
-                    (parts.next().unwrap_or_default(), parts.next().unwrap_or_default())
+            let g = match &self.fused[li].gate_up {
+                Some(f) if l.gate.out_dim() == l.up.out_dim() => {
+                    gated_from_fused(&f.forward_rows(&h, n, &int8)?, n, l.gate.out_dim(), c.activation)
                 }
-                None => (l.gate.forward_rows(&h, n, &int8)?, l.up.forward_rows(&h, n, &int8)?),
+                _ => {
+                    let (mut g, u) = (l.gate.forward_rows(&h, n, &int8)?, l.up.forward_rows(&h, n, &int8)?);
+                    gated_activation(&mut g, &u, c.activation);
+                    g
+                }
             };
-            gated_activation(&mut g, &u, c.activation);
             let mut m = l.down.forward_rows(&g, n, &int8)?;
             if let Some(w) = &l.post_ffn_norm {
                 rms_norm_inplace(&mut m, w, c.rms_eps, c.norm_plus_one);
