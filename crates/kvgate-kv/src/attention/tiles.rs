@@ -468,8 +468,11 @@ fn attend_in_cache_basis(
             }
         }
     }
+    // One rayon piece per task: tasks differ in cost (a later tile attends to more keys), and rayon's own
+    // split left a region's last large piece to one core while the other spun.
     let results: Vec<Vec<Partials>> = tasks
         .par_iter()
+        .with_max_len(1)
         .map_init(Scratch::default, |sc, (ti, kvh, run)| {
             let (tile, span) = (&tiles[*ti].0, &tiles[*ti].1);
             #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
