@@ -270,7 +270,10 @@ macro_rules! simd {
                         };
                         let dv = load(rec);
                         if offsets {
-                            let mv = load(rec.add(if half { 16 } else { 32 }));
+                            let mv = match w.ratio {
+                                None => load(rec.add(if half { 16 } else { 32 })),
+                                Some(r) => _mm256_mul_ps(dv, _mm256_set1_ps(r)),
+                            };
                             for r in 0..R {
                                 let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                                 let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));

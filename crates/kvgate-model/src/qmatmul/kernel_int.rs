@@ -309,10 +309,10 @@ macro_rules! simd_int {
                             }
                         };
                         let dv = load(rec);
-                        let mv = if offsets {
-                            load(rec.add(if half { 16 } else { 32 }))
-                        } else {
-                            _mm256_setzero_ps()
+                        let mv = match (offsets, w.ratio) {
+                            (false, _) => _mm256_setzero_ps(),
+                            (true, None) => load(rec.add(if half { 16 } else { 32 })),
+                            (true, Some(r)) => _mm256_mul_ps(dv, _mm256_set1_ps(r)),
                         };
                         for r in 0..R {
                             let yp = y.add(r * TILE_PANELS + v) as *mut f32;

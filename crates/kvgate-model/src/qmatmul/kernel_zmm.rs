@@ -179,11 +179,11 @@ unsafe fn panels<const R: usize, const K: u8>(
         for h in 0..2 {
             // SAFETY: the tile's records are inside `w`.
             let dv = unsafe { pair_head(tile, rec, h, half, false) };
-            let mv = if offsets {
+            let mv = match (offsets, w.ratio) {
+                (false, _) => _mm512_setzero_ps(),
                 // SAFETY: as above.
-                unsafe { pair_head(tile, rec, h, half, true) }
-            } else {
-                _mm512_setzero_ps()
+                (true, None) => unsafe { pair_head(tile, rec, h, half, true) },
+                (true, Some(r)) => _mm512_mul_ps(dv, _mm512_set1_ps(r)),
             };
             for (r, a) in acc.iter().enumerate() {
                 // SAFETY: outputs of row r, panels 2h and 2h + 1 (16 consecutive floats of `y`);

@@ -7,7 +7,7 @@
 //!
 //! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
 //! `b` (32 inputs) is one record: its 8 scales `d`, its 8 offsets `m` (left out when every offset of
-//! the matrix is 0, as in Q8_0), each f16 when every value of the matrix is exactly an f16 (as in the
+//! the matrix is 0, as in Q8_0, or exactly `−8d` / `−16d`, as in Q4_0 / Q5_0: then computed), each f16 when every value of the matrix is exactly an f16 (as in the
 //! formats whose GGUF scales are f16) and f32 otherwise (K-quants' `d · sc`), then its quants. 4-bit:
 //! one 32-byte chunk per 8 inputs, each column's 32-bit lane holding four consecutive inputs in its
 //! low nibbles and the next four in its high nibbles (`QMatrix::q4_at`); 5-bit: the same plus a
@@ -80,8 +80,12 @@ pub struct QMatrix {
     np: usize,
     /// Scales and offsets stored as f16 (each exactly the f32 it stands for).
     half: bool,
-    /// Whether records carry offsets (some `m ≠ 0`).
+    /// Whether blocks have offsets (some `m ≠ 0`).
     offsets: bool,
+    /// When set, every block's offset is exactly `ratio · d` (Q4_0's `−8d`, Q5_0's `−16d`), and the
+    /// records carry only the scales: the kernels compute `m = d · ratio`, the same f32 (a power-of-two
+    /// multiple is exact), so the bits are those of stored offsets with 1/6 fewer bytes per 5-bit record.
+    ratio: Option<f32>,
     /// Bytes of a record's scales and offsets.
     head: usize,
     /// Bytes per record: `head` + the quants.
@@ -170,8 +174,18 @@ impl QMatrix {
             half &= col.d.iter().chain(col.m).all(|&v| is_f16(v));
             offsets |= col.m.iter().any(|&v| v != 0.0);
         }
+        let ratio = if offsets {
+            [-8.0f32, -16.0].into_iter().find(|&r| {
+                (0..n).all(|c| {
+                    let col = column(c);
+                    col.d.iter().zip(col.m).all(|(&d, &m)| (d * r).to_bits() == m.to_bits())
+                })
+            })
+        } else {
+            None
+        };
         let size = if half { 2 } else { 4 };
-        let head = size * P * if offsets { 2 } else { 1 };
+        let head = size * P * if offsets && ratio.is_none() { 2 } else { 1 };
         let rec = head + bpb * P;
         let mut w = QMatrix {
             kind,
@@ -181,6 +195,7 @@ impl QMatrix {
             np,
             half,
             offsets,
+            ratio,
             head,
             rec,
             data: vec![Line([0; 64]); (np * nb * rec).div_ceil(64)],
@@ -200,7 +215,7 @@ impl QMatrix {
             for b in 0..nb {
                 let at = w.record(p, b);
                 put(bytes, at + size * j, col.d[b]);
-                if offsets {
+                if offsets && ratio.is_none() {
                     put(bytes, at + size * (P + j), col.m[b]);
                 }
                 let base = at + head + j;
@@ -378,7 +393,13 @@ impl QMatrix {
             }
         };
         let at = self.record(c / P, b) + size * (c % P);
-        (get(at), if self.offsets { get(at + size * P) } else { 0.0 })
+        let d = get(at);
+        let m = match (self.offsets, self.ratio) {
+            (false, _) => 0.0,
+            (true, None) => get(at + size * P),
+            (true, Some(r)) => d * r,
+        };
+        (d, m)
     }
 
     /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).

@@ -25,7 +25,7 @@ fn blocks(kind: &str, n: usize, k: usize, seed: u32) -> Vec<u8> {
     out
 }
 
-/// `q4_0`, `q4_1`, `q8_0` (f16 scales; offsets only for the first two), or `f32` (4-bit quants with
+/// `q4_0`, `q4_1`, `q8_0` (f16 scales; offsets only for the first two), `q5_0` (5-bit, offsets `−16d`), or `f32` (4-bit quants with
 /// scales and offsets no f16 holds, as repacked K-quants have).
 fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
     let data = blocks(kind, n, k, seed);
@@ -44,6 +44,15 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let blocks = n * k / QK;
             let d = (0..blocks).map(|i| 0.01 + i as f32 * 1.1e-5).collect();
             let m = (0..blocks).map(|i| -0.03 - i as f32 * 0.7e-5).collect();
+            let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
+            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs)
+        }
+        "q5_0" => {
+            // Q5_0 kept at 5 bits: offsets exactly −16 times f16 scales (left out of the records)
+            let d: Vec<f32> = (0..n * k / QK)
+                .map(|i| half::f16::from_f32(0.01 + i as f32 * 1.1e-5).to_f32())
+                .collect();
+            let m = d.iter().map(|d| -16.0 * d).collect();
             let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
             QMatrix::from_parts(QKind::Q5, n, k, d, m, qs)
         }
@@ -73,7 +82,7 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "f16", "bf16"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16"] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -105,14 +114,23 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 #[test]
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "f16", "bf16"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16"] {
         let w = matrix(kind, n, k, 11);
         if !matches!(kind, "q6" | "f16" | "bf16") {
+            let ratio = match kind {
+                "q4_0" => Some(-8.0),
+                "q5_0" => Some(-16.0),
+                _ => None,
+            };
             assert_eq!(
-                (w.half, w.offsets),
-                (!matches!(kind, "f32" | "q5"), kind != "q8_0"),
+                (w.half, w.offsets, w.ratio),
+                (!matches!(kind, "f32" | "q5"), kind != "q8_0", ratio),
                 "{kind}: record format"
             );
+            // offsets left out when implied: one f16 scale per column of a record, then the quants
+            if ratio.is_some() {
+                assert_eq!(w.head, 2 * P, "{kind}: record head");
+            }
         }
         let nb = w.nb();
         for rr in 1..=kernel::max_rows() {
@@ -185,7 +203,7 @@ fn decodes_gguf_blocks() {
 #[test]
 fn the_integer_kernel_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6"] {
         let w = matrix(kind, n, k, 13);
         assert!(w.has_int8(), "{kind}");
         let nb = w.nb();
@@ -223,7 +241,7 @@ fn the_integer_kernel_gives_the_scalar_bits() {
 #[test]
 fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
     let (n, k, rows) = (37, 96, 70);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q6", "bf16"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "bf16"] {
         let w = matrix(kind, n, k, 7);
         let x = acts(rows, k);
         // mixed batch: runs of integer and f32 rows
