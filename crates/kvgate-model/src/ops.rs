@@ -208,15 +208,25 @@ impl Rope {
 /// Elements per parallel task of [`gated_activation`] (a decode row's 4,864 of Qwen2.5 are two tasks).
 const ACT_CHUNK: usize = 2048;
 
-/// `gate = act(gate) · up`, element-wise, in parallel chunks: each element is one call of the same
-/// scalar function (libm's `exp` / `tanh`), so the bits do not depend on the split. Serial, a
-/// 673-token Qwen2.5 prefill spent ~13% of its time here (78M `exp` calls on one thread).
+/// `gate = act(gate) · up`, element-wise, in parallel chunks: each element goes through the same
+/// arithmetic wherever it sits (SiLU's `exp` is [`kvgate_kv::exp_in_place`], whose lanes give an element
+/// the same bits in any slice; GELU's `tanh` libm's), so the bits do not depend on the split. Serial, a
+/// 673-token Qwen2.5 prefill spent ~13% of its time here (78M `exp` calls on one thread); libm's
+/// scalar `exp` was still ~6% of a prefill's samples before the vector one.
 pub fn gated_activation(gate: &mut [f32], up: &[f32], act: Activation) {
     use rayon::prelude::*;
     let f = |g: &mut [f32], u: &[f32]| match act {
         Activation::Silu => {
-            for (g, u) in g.iter_mut().zip(u) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
+            let mut e = [0f32; 64];
+            for (g, u) in g.chunks_mut(64).zip(u.chunks(64)) {
+                let e = &mut e[..g.len()];
+                for (e, g) in e.iter_mut().zip(g.iter()) {
+                    *e = -*g;
+                }
+                kvgate_kv::exp_in_place(e);
+                for ((g, u), e) in g.iter_mut().zip(u).zip(e.iter()) {
+                    *g = *g / (1.0 + e) * u;
+                }
             }
         }
         Activation::GeluTanh => {

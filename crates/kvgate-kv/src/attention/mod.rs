@@ -21,7 +21,7 @@ pub use simd::dot8;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
 pub(crate) use simd::AVX512;
 pub(crate) use simd::{axpy_many, axpy_many2, exp_sum_inplace, max_of};
-pub use simd::{dot, dot2x4, dot_fused};
+pub use simd::{dot, dot2x4, dot_fused, exp_in_place};
 
 /// One query row: which block table it reads and the position of its token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

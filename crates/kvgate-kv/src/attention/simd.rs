@@ -164,6 +164,33 @@ mod avx2 {
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)))
     }
 
+    /// [`super::exp_in_place`]'s kernel: [`exp8`] of `min(88.3, v)`, +∞ above 88.3. SAFETY (caller):
+    /// avx2+fma available. Loads and stores stay inside `x` (full chunks of 8, then the tail through a
+    /// padded copy).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_all(x: &mut [f32]) {
+        let (top, inf) = (_mm256_set1_ps(88.3), _mm256_set1_ps(f32::INFINITY));
+        // `min(top, v)` keeps a NaN `v` (which `exp8` sends to 0)
+        let one = |v: __m256| {
+            let e = exp8(_mm256_min_ps(top, v));
+            _mm256_blendv_ps(e, inf, _mm256_cmp_ps(v, top, _CMP_GT_OQ))
+        };
+        let full = x.len() / 8 * 8;
+        let mut i = 0;
+        while i < full {
+            let p = x.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, one(_mm256_loadu_ps(p)));
+            i += 8;
+        }
+        if full < x.len() {
+            let tail = x.len() - full;
+            let mut pad = [0f32; 8];
+            pad[..tail].copy_from_slice(&x[full..]);
+            _mm256_storeu_ps(pad.as_mut_ptr(), one(_mm256_loadu_ps(pad.as_ptr())));
+            x[full..].copy_from_slice(&pad[..tail]);
+        }
+    }
+
     /// SAFETY (caller): avx2 available.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn max_of(x: &[f32]) -> f32 {
@@ -300,6 +327,23 @@ pub(crate) fn exp_sum_inplace(x: &mut [f32], max: f32) -> f32 {
     }
 }
 
+/// `exp(v)` of each element of `x` in place, by the attention's vector `exp` (Cephes-style: `2^n · p(r)`,
+/// a degree-6 polynomial) where AVX2 is compiled in: every element goes through the same lane
+/// arithmetic wherever it sits (whole chunks of 8, then the tail in a padded copy), so its bits never
+/// depend on the slice around it. Below −87.3 exactly 0; above 88.3 (where the polynomial's power of
+/// two would overflow) +∞; NaN gives 0. Without AVX2: libm's `exp` per element.
+pub fn exp_in_place(x: &mut [f32]) {
+    #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
+    // SAFETY: avx2 and fma are enabled at compile time; the kernel only touches `x`.
+    unsafe {
+        avx2::exp_all(x)
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma")))]
+    for v in x.iter_mut() {
+        *v = v.exp();
+    }
+}
+
 /// The largest of `x` (−∞ when empty): exact, so the same value whatever the order it is taken in
 /// (NaN scores, which no finite inputs give, may be ignored or returned depending on the path).
 pub(crate) fn max_of(x: &[f32]) -> f32 {
@@ -405,6 +449,43 @@ pub(crate) fn axpy(acc: &mut [f32], w: f32, x: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_in_place_is_accurate_and_alone_per_element() {
+        let xs: Vec<f32> = (0..4001)
+            .map(|i| -90.0 + i as f32 * 0.04473)
+            .chain([
+                0.0,
+                -0.0,
+                1e-30,
+                -1e-30,
+                88.29,
+                88.31,
+                100.0,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+            ])
+            .collect();
+        let mut all = xs.clone();
+        exp_in_place(&mut all);
+        for (i, (&x, &e)) in xs.iter().zip(&all).enumerate() {
+            // the same bits alone (the tail path) as inside a long slice
+            let mut one = [x];
+            exp_in_place(&mut one);
+            assert_eq!(one[0].to_bits(), e.to_bits(), "element {i}: exp({x})");
+            let want = (x as f64).exp();
+            if x > 88.3 {
+                assert_eq!(e, f32::INFINITY, "exp({x})");
+            } else if x < -87.3 {
+                assert_eq!(e, 0.0, "exp({x})");
+            } else {
+                assert!(((e as f64 - want) / want).abs() < 4e-7, "exp({x}) = {e}, want {want}");
+            }
+        }
+        let mut nan = [f32::NAN; 3];
+        exp_in_place(&mut nan);
+        assert!(nan.iter().all(|v| *v == 0.0 || v.is_nan()));
+    }
 
     #[test]
     fn max_of_is_the_largest() {
