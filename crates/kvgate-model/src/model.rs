@@ -46,7 +46,6 @@ pub struct Model {
     rope_local: Option<Rope>,
 }
 
-/// Splits `rows × (a + b + …)` into one `rows × width` buffer per width.
 fn amax(x: &[f32]) -> f32 {
     x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }

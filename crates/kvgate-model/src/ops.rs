@@ -215,10 +215,20 @@ const ACT_CHUNK: usize = 2048;
 /// scalar `exp` was still ~6% of a prefill's samples before the vector one.
 pub fn gated_activation(gate: &mut [f32], up: &[f32], act: Activation) {
     use rayon::prelude::*;
-    let f = |g: &mut [f32], u: &[f32]| match act {
+    if gate.len() < 2 * ACT_CHUNK {
+        return activate(gate, up, act);
+    }
+    gate.par_chunks_mut(ACT_CHUNK)
+        .zip(up.par_chunks(ACT_CHUNK))
+        .for_each(|(g, u)| activate(g, u, act));
+}
+
+/// [`gated_activation`] on the calling thread.
+fn activate(gate: &mut [f32], up: &[f32], act: Activation) {
+    match act {
         Activation::Silu => {
             let mut e = [0f32; 64];
-            for (g, u) in g.chunks_mut(64).zip(u.chunks(64)) {
+            for (g, u) in gate.chunks_mut(64).zip(up.chunks(64)) {
                 let e = &mut e[..g.len()];
                 for (e, g) in e.iter_mut().zip(g.iter()) {
                     *e = -*g;
@@ -231,47 +241,34 @@ pub fn gated_activation(gate: &mut [f32], up: &[f32], act: Activation) {
         }
         Activation::GeluTanh => {
             const C: f32 = 0.797_884_6; // sqrt(2/pi)
-            for (g, u) in g.iter_mut().zip(u) {
+            for (g, u) in gate.iter_mut().zip(up) {
                 let x = *g;
                 *g = 0.5 * x * (1.0 + (C * (x + 0.044715 * x * x * x)).tanh()) * u;
             }
         }
-    };
-    if gate.len() < 2 * ACT_CHUNK {
-        return f(gate, up);
     }
-    gate.par_chunks_mut(ACT_CHUNK)
-        .zip(up.par_chunks(ACT_CHUNK))
-        .for_each(|(g, u)| f(g, u));
 }
 
 /// [`gated_activation`] of a fused gate-and-up layer's output (`rows × 2g`: each row its `g` gate
-/// columns, then its `g` up columns) into a new `rows × g` matrix. Each piece of a row's gate is copied
-/// and activated in one parallel task, with the same per-element arithmetic (so the same bits as
-/// splitting the columns first), instead of a serial copy of both halves before the activation.
+/// columns, then its `g` up columns) into a new `rows × g` matrix: each row's gate copied and activated
+/// in one parallel task (one row: the activation's own parallel pieces), with the same per-element
+/// arithmetic (so the same bits as splitting the columns first), instead of a serial copy of both
+/// halves before the activation.
 pub fn gated_from_fused(y: &[f32], rows: usize, g: usize, act: Activation) -> Vec<f32> {
     use rayon::prelude::*;
     let mut out = vec![0f32; rows * g];
-    let piece = |r: usize, at: usize, o: &mut [f32]| {
+    let row = |r: usize, o: &mut [f32]| {
         let src = &y[r * 2 * g..(r + 1) * 2 * g];
-        o.copy_from_slice(&src[at..at + o.len()]);
-        gated_activation(o, &src[g + at..g + at + o.len()], act);
+        o.copy_from_slice(&src[..g]);
+        activate(o, &src[g..], act);
     };
-    if rows == 1 && g >= 2 * ACT_CHUNK {
-        // one decode row: its pieces in parallel
-        out.par_chunks_mut(ACT_CHUNK)
-            .enumerate()
-            .for_each(|(c, o)| piece(0, c * ACT_CHUNK, o));
-    } else if rows > 1 && rows * g >= 2 * ACT_CHUNK {
-        out.par_chunks_mut(g).enumerate().for_each(|(r, o)| {
-            for (c, oc) in o.chunks_mut(ACT_CHUNK).enumerate() {
-                piece(r, c * ACT_CHUNK, oc);
-            }
-        });
+    if rows == 1 {
+        out.copy_from_slice(&y[..g]);
+        gated_activation(&mut out, &y[g..2 * g], act);
+    } else if rows * g >= 2 * ACT_CHUNK {
+        out.par_chunks_mut(g.max(1)).enumerate().for_each(|(r, o)| row(r, o));
     } else {
-        for (r, o) in out.chunks_mut(g.max(1)).enumerate() {
-            piece(r, 0, o);
-        }
+        out.chunks_mut(g.max(1)).enumerate().for_each(|(r, o)| row(r, o));
     }
     out
 }

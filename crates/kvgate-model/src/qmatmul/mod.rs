@@ -168,22 +168,23 @@ impl QMatrix {
         let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
         let bpb = Self::bytes_per_block(kind, bl);
         let (mut half, mut offsets) = (true, false);
+        // Offsets that may be implied (see `ratio`): whether every `m` is exactly `r · d`, per `r`.
+        let ratios = [-8.0f32, -16.0];
+        let mut implied = [true; 2];
         let is_f16 = |v: f32| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits();
         for c in 0..n {
             let col = column(c);
             half &= col.d.iter().chain(col.m).all(|&v| is_f16(v));
             offsets |= col.m.iter().any(|&v| v != 0.0);
+            for (ok, r) in implied.iter_mut().zip(ratios) {
+                *ok = *ok && col.d.iter().zip(col.m).all(|(&d, &m)| (d * r).to_bits() == m.to_bits());
+            }
         }
-        let ratio = if offsets {
-            [-8.0f32, -16.0].into_iter().find(|&r| {
-                (0..n).all(|c| {
-                    let col = column(c);
-                    col.d.iter().zip(col.m).all(|(&d, &m)| (d * r).to_bits() == m.to_bits())
-                })
-            })
-        } else {
-            None
-        };
+        let ratio = ratios
+            .into_iter()
+            .zip(implied)
+            .find(|&(_, ok)| offsets && ok)
+            .map(|(r, _)| r);
         let size = if half { 2 } else { 4 };
         let head = size * P * if offsets && ratio.is_none() { 2 } else { 1 };
         let rec = head + bpb * P;
