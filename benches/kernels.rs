@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use candle_core::quantized::GgmlDType;
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
 use kvgate_model::QMatrix;
 
@@ -17,6 +18,30 @@ fn q4_1_data(n: usize, k: usize) -> Vec<u8> {
             s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             out.push((s >> 24) as u8);
         }
+    }
+    out
+}
+
+/// `blocks` random K-quant super-blocks (Q4_K: f16 `d`, `dmin` first; Q6_K: f16 `d` last) with small
+/// finite scales and random quants and sub-block scales.
+fn k_quant_data(dtype: GgmlDType, blocks: usize, bytes: usize) -> Vec<u8> {
+    let mut s = 777u32;
+    let mut out = Vec::with_capacity(blocks * bytes);
+    for _ in 0..blocks {
+        let mut b: Vec<u8> = (0..bytes)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 24) as u8
+            })
+            .collect();
+        let d = half::f16::from_f32(0.001 + (s >> 22) as f32 * 1e-6).to_le_bytes();
+        if dtype == GgmlDType::Q6K {
+            b[bytes - 2..].copy_from_slice(&d);
+        } else {
+            b[..2].copy_from_slice(&d);
+            b[2..4].copy_from_slice(&d);
+        }
+        out.extend(b);
     }
     out
 }
@@ -102,6 +127,21 @@ fn run() {
         let w = q8_0(151_936, 896);
         matmul_rows("q8_0 output", &w, &[1, 8], false);
         matmul_rows("q8_0 output", &w, &[1, 8], true);
+    }
+    // K-quants (Q4_K_M's ffn_down on Qwen2.5, most matrices of a Llama-family Q4_K_M): 64 MB-class
+    // matrices, so one row streams them from memory as a decode step does.
+    for (name, dtype, bytes) in [("q4_k", GgmlDType::Q4K, 144), ("q6_k", GgmlDType::Q6K, 210)] {
+        if selected(name) {
+            let (n, k) = (65_536, 1024);
+            let w = QMatrix::from_ggml(dtype, &k_quant_data(dtype, n * k / 256, bytes), n, k, false).unwrap();
+            println!(
+                "| {name} records | {n}x{k} | | {:.1} MB | {:.2} bits/weight |",
+                w.bytes() as f64 / 1e6,
+                w.bytes() as f64 * 8.0 / (n * k) as f64
+            );
+            matmul_rows(name, &w, &[1, 8, 512], false);
+            matmul_rows(name, &w, &[1, 8, 512], true);
+        }
     }
     // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.
     let (n, k) = (1536usize, 576usize);

@@ -11,16 +11,11 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::error::Result;
 use crate::qmatmul::{QKind, QMatrix};
-
-/// Little-endian 16-bit values of a GGUF F16/BF16 tensor.
-fn halves(data: &[u8]) -> Vec<u16> {
-    data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect()
-}
 
 /// The weight of a linear layer.
 #[derive(Debug, Clone)]
@@ -64,19 +59,7 @@ impl Linear {
     pub fn quantized_for(q: Arc<QTensor>, bias: Option<Vec<f32>>, five_bit: bool) -> Result<Linear> {
         let (out_dim, in_dim) = q.shape().dims2()?;
         if in_dim % crate::qmatmul::QK == 0 {
-            let packed = match q.dtype() {
-                GgmlDType::Q4_0 => Some(QMatrix::from_q4_0(&q.data()?, out_dim, in_dim)),
-                GgmlDType::Q4_1 => Some(QMatrix::from_q4_1(&q.data()?, out_dim, in_dim)),
-                GgmlDType::Q8_0 => Some(QMatrix::from_q8_0(&q.data()?, out_dim, in_dim)),
-                GgmlDType::Q5_0 => crate::repack::q5_0(&q.data()?, out_dim, in_dim, five_bit),
-                GgmlDType::Q5_1 => crate::repack::q5_1(&q.data()?, out_dim, in_dim, five_bit),
-                GgmlDType::Q4K => crate::repack::q4_k(&q.data()?, out_dim, in_dim),
-                GgmlDType::Q5K => crate::repack::q5_k(&q.data()?, out_dim, in_dim, five_bit),
-                GgmlDType::Q6K => crate::repack::q6_k(&q.data()?, out_dim, in_dim),
-                GgmlDType::F16 => QMatrix::from_halves(QKind::F16, &halves(&q.data()?), out_dim, in_dim),
-                GgmlDType::BF16 => QMatrix::from_halves(QKind::Bf16, &halves(&q.data()?), out_dim, in_dim),
-                _ => None,
-            };
+            let packed = QMatrix::from_ggml(q.dtype(), &q.data()?, out_dim, in_dim, five_bit);
             if let Some(p) = packed {
                 return Ok(Linear {
                     weight: Weight::Packed(p),

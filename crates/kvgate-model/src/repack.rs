@@ -5,15 +5,16 @@
 //!   8-bit-activation mode, whose integer kernel unpacks them cheaply) the 5-bit layout, Q5_0 as
 //!   `d·q − 16d`;
 //! - Q4_K (super-blocks of 256: eight sub-blocks of 32 with 6-bit scales and mins, `d·sc·q − dmin·mn`)
-//!   → the 4-bit layout, one (scale, offset) pair per sub-block;
+//!   → the 4-bit layout, one (scale, offset) pair per sub-block, kept as its factors (`d`, `−dmin`,
+//!   `sc`, `mn`: [`crate::qmatmul::Factors`]) so the records stay compact;
 //! - Q5_K (the same with a fifth bit) → the 8-bit layout (with `five`, the 5-bit one);
 //! - Q6_K (super-blocks of 256: sixteen sub-blocks of 16 with int8 scales, `d·sc·(q − 32)`) → the 8-bit
-//!   layout in blocks of 16, scale `d·sc` (exact in f32), quant `q − 32`, no offsets.
+//!   layout in blocks of 16, scale `d·sc` (exact in f32, kept as its factors), quant `q − 32`, no offsets.
 //!
 //! Every value equals ggml's dequantization of the block up to one f32 rounding (the kernel's `fma`),
 //! which the tests check against candle's dequantization of the same bytes.
 
-use crate::qmatmul::{QKind, QMatrix, QK};
+use crate::qmatmul::{Factors, QKind, QMatrix, QK};
 
 /// Weights per K-quant super-block.
 pub(crate) const QK_K: usize = 256;
@@ -22,7 +23,17 @@ fn f16le(b: &[u8]) -> f32 {
     half::f16::from_le_bytes([b[0], b[1]]).to_f32()
 }
 
-/// Builds a matrix from per-block (d, m) and packed quants, one call of `block` per GGUF block.
+/// Per-block scales, offsets and packed quants as the loaders produce them (see
+/// [`QMatrix::from_parts`]), and the K-quants' factors of the scales and offsets.
+#[derive(Default)]
+struct Parts {
+    d: Vec<f32>,
+    m: Vec<f32>,
+    qs: Vec<u8>,
+    f: Factors,
+}
+
+/// Builds a matrix from the parts `block` pushes, one call per GGUF block.
 fn build(
     data: &[u8],
     n: usize,
@@ -30,19 +41,17 @@ fn build(
     block_bytes: usize,
     weights_per_block: usize,
     kind: QKind,
-    block: impl Fn(&[u8], &mut Vec<f32>, &mut Vec<f32>, &mut Vec<u8>),
+    block: impl Fn(&[u8], &mut Parts),
 ) -> Option<QMatrix> {
     if !k.is_multiple_of(weights_per_block) || data.len() != n * k / weights_per_block * block_bytes {
         return None;
     }
-    let blocks = n * k / QK;
-    let mut d = Vec::with_capacity(blocks);
-    let mut m = Vec::with_capacity(blocks);
-    let mut qs = Vec::with_capacity(blocks * if kind == QKind::Q4 { 16 } else { 32 });
+    let mut p = Parts::default();
     for b in data.chunks_exact(block_bytes) {
-        block(b, &mut d, &mut m, &mut qs);
+        block(b, &mut p);
     }
-    Some(QMatrix::from_parts(kind, n, k, d, m, qs))
+    let f = Some(&p.f).filter(|f| !f.sd.is_empty());
+    Some(QMatrix::from_parts(kind, n, k, p.d, p.m, p.qs, f))
 }
 
 /// The 5-bit quants of a Q5_0/Q5_1 block (`qh`: 32 high bits, `qs`: 16 bytes of low nibbles).
@@ -68,26 +77,26 @@ fn five_kind(five: bool) -> QKind {
 /// Q5_0 (`d: f16, qh: [u8; 4], qs: [u8; 16]`): `d · (q − 16)`, as signed 8-bit quants (`five`: 5-bit
 /// quants `q` with offset `−16d`).
 pub(crate) fn q5_0(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
-    build(data, n, k, 22, QK, five_kind(five), |b, d, m, qs| {
+    build(data, n, k, 22, QK, five_kind(five), |b, p| {
         let dd = f16le(b);
-        d.push(dd);
+        p.d.push(dd);
         let q = q5_quants(&b[2..6], &b[6..22]);
         if five {
-            m.push(-16.0 * dd);
-            qs.extend(q);
+            p.m.push(-16.0 * dd);
+            p.qs.extend(q);
         } else {
-            m.push(0.0);
-            qs.extend(q.iter().map(|&q| (q as i8 - 16) as u8));
+            p.m.push(0.0);
+            p.qs.extend(q.iter().map(|&q| (q as i8 - 16) as u8));
         }
     })
 }
 
 /// Q5_1 (`d: f16, m: f16, qh: [u8; 4], qs: [u8; 16]`): `d · q + m`.
 pub(crate) fn q5_1(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
-    build(data, n, k, 24, QK, five_kind(five), |b, d, m, qs| {
-        d.push(f16le(b));
-        m.push(f16le(&b[2..4]));
-        qs.extend(q5_quants(&b[4..8], &b[8..24]));
+    build(data, n, k, 24, QK, five_kind(five), |b, p| {
+        p.d.push(f16le(b));
+        p.m.push(f16le(&b[2..4]));
+        p.qs.extend(q5_quants(&b[4..8], &b[8..24]));
     })
 }
 
@@ -103,28 +112,31 @@ fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     }
 }
 
-/// The (scale, offset) of each of the 8 sub-blocks of a Q4_K/Q5_K super-block.
-fn k_scales(b: &[u8]) -> [(f32, f32); 8] {
+/// Pushes a Q4_K/Q5_K super-block's 8 (scale, offset) pairs, `d·sc` and `−(dmin·mn)`, and their
+/// factors (`d`, `−dmin`, and the 6-bit `sc`, `mn`: the products are exact in f32).
+fn k_scales(b: &[u8], p: &mut Parts) {
     let (d, dmin) = (f16le(b), f16le(&b[2..4]));
-    let scales = &b[4..16];
-    std::array::from_fn(|j| {
-        let (sc, mn) = scale_min_k4(j, scales);
-        (d * sc as f32, -(dmin * mn as f32))
-    })
+    p.f.sd.push(d);
+    p.f.sm.push(-dmin);
+    for j in 0..8 {
+        let (sc, mn) = scale_min_k4(j, &b[4..16]);
+        p.d.push(d * sc as f32);
+        p.m.push(-(dmin * mn as f32));
+        p.f.sc.push(sc as i8);
+        p.f.mn.push(mn as i8);
+    }
 }
 
 /// Q4_K (`d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`): sub-block `2i` is the low nibbles of
 /// `qs[32i..32i + 32]`, sub-block `2i + 1` the high nibbles.
 pub(crate) fn q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
-    build(data, n, k, 144, QK_K, QKind::Q4, |b, d, m, qs| {
-        let sm = k_scales(b);
+    build(data, n, k, 144, QK_K, QKind::Q4, |b, p| {
+        k_scales(b, p);
         let q = &b[16..144];
-        for (j, &(dd, mm)) in sm.iter().enumerate() {
+        for j in 0..8 {
             let src = &q[(j / 2) * 32..(j / 2) * 32 + 32];
             let e = |l: usize| if j % 2 == 0 { src[l] & 0x0F } else { src[l] >> 4 };
-            d.push(dd);
-            m.push(mm);
-            qs.extend((0..16).map(|l| e(l) | (e(l + 16) << 4)));
+            p.qs.extend((0..16).map(|l| e(l) | (e(l + 16) << 4)));
         }
     })
 }
@@ -132,14 +144,12 @@ pub(crate) fn q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
 /// Q5_K (`d, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`): as Q4_K, with the fifth bit
 /// of sub-block `j`'s element `l` in bit `j` of `qh[l]`.
 pub(crate) fn q5_k(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatrix> {
-    build(data, n, k, 176, QK_K, five_kind(five), |b, d, m, qs| {
-        let sm = k_scales(b);
+    build(data, n, k, 176, QK_K, five_kind(five), |b, p| {
+        k_scales(b, p);
         let (qh, q) = (&b[16..48], &b[48..176]);
-        for (j, &(dd, mm)) in sm.iter().enumerate() {
+        for j in 0..8 {
             let src = &q[(j / 2) * 32..(j / 2) * 32 + 32];
-            d.push(dd);
-            m.push(mm);
-            qs.extend((0..32).map(|l| {
+            p.qs.extend((0..32).map(|l| {
                 let lo = if j % 2 == 0 { src[l] & 0x0F } else { src[l] >> 4 };
                 lo | (((qh[l] >> j) & 1) << 4)
             }));
@@ -157,6 +167,7 @@ pub(crate) fn q6_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
     }
     let mut d = Vec::with_capacity(n * k / 16);
     let mut q = Vec::with_capacity(n * k);
+    let mut f = Factors::default();
     for b in data.chunks_exact(BYTES) {
         let (ql, qh, sc) = (&b[..128], &b[128..192], &b[192..208]);
         let dd = f16le(&b[208..210]);
@@ -176,9 +187,13 @@ pub(crate) fn q6_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
             }
         }
         d.extend(sc.iter().map(|&s| dd * s as i8 as f32));
+        f.sd.push(dd);
+        f.sm.push(0.0);
+        f.sc.extend(sc.iter().map(|&s| s as i8));
+        f.mn.extend([0; 16]);
         q.extend_from_slice(&vals);
     }
-    Some(QMatrix::from_blocks16(n, k, d, q))
+    Some(QMatrix::from_blocks16(n, k, d, q, Some(&f)))
 }
 
 #[cfg(test)]

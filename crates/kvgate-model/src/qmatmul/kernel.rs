@@ -47,17 +47,22 @@ pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 
 /// Outputs of rows `0..rr` (at most [`max_rows`]) of `x` (`rr × k`, block sums `xs`: `rr × k/32`) for
 /// panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
-pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {
+/// `heads`: the tile's scales and offsets as [`QMatrix::expand_heads`] gives them, read instead of the
+/// records' (the same values).
+pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&[f32]>, rr: usize, y: &mut Acc) {
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
+    assert!(heads.is_none_or(|h| h.len() >= w.nb() * super::HEADS));
+    #[cfg(target_arch = "x86_64")]
+    let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
     match *PATH {
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
         // argued in `simd!`.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { super::kernel_wide::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
+        Path::Avx512 => unsafe { super::kernel_wide::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), rr, y) },
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, y) },
         _ => scalar(w, p0, x, xs, rr, y),
     }
 }
@@ -103,8 +108,15 @@ const AHEAD: usize = 16;
 pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
     #[cfg(target_arch = "x86_64")]
     if p0.is_multiple_of(TILE_PANELS) && v < TILE_PANELS {
-        let group = TILE_PANELS * w.rec;
-        let from = w.record(p0, b) + AHEAD * group;
+        // The group `AHEAD` blocks on (past the tile's end: the next tile's, as `record` extends), with
+        // the K-quant header in front of it when it starts a super-block.
+        let ahead = b + AHEAD;
+        let header = match w.sub {
+            Some(g) if ahead.trailing_zeros() >= g => w.sh,
+            _ => 0,
+        };
+        let group = TILE_PANELS * w.rec + header;
+        let from = w.record(p0, ahead) - header;
         if from + group <= w.data.len() * 64 {
             let at = w.base().wrapping_add(from);
             for line in (0..group).step_by(64) {
@@ -138,18 +150,19 @@ macro_rules! simd {
                 p0: usize,
                 x: *const f32,
                 xs: *const f32,
+                hd: *const f32,
                 rr: usize,
                 y: &mut Acc,
             ) {
                 let y = y.as_mut_ptr();
                 macro_rules! pairs {
                     ($r:literal) => {{
-                        panels::<$r, 2>(w, p0, x, xs, y);
-                        panels::<$r, 2>(w, p0 + 2, x, xs, y.add(2));
+                        panels::<$r, 2>(w, p0, x, xs, hd, y);
+                        panels::<$r, 2>(w, p0 + 2, x, xs, hd, y.add(2));
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4>(w, p0, x, xs, y),
+                    1 => panels::<1, 4>(w, p0, x, xs, hd, y),
                     2 => pairs!(2),
                     3 => pairs!(3),
                     4 => pairs!(4),
@@ -169,13 +182,14 @@ macro_rules! simd {
                 p0: usize,
                 x: *const f32,
                 xs: *const f32,
+                hd: *const f32,
                 y: *mut [f32; P],
             ) {
                 let (k, nb, bl) = (w.k, w.nb(), w.bl);
                 let mask = _mm256_set1_epi32(0x0F);
                 let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
                 let b4 = _mm256_set1_epi32(0x10);
-                let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
+                let (base, head, offsets) = (w.base(), w.head, w.offsets);
                 for b in 0..nb {
                     super::prefetch_ahead(w, p0, V, b);
                     let mut s = [[_mm256_setzero_ps(); V]; R];
@@ -260,20 +274,8 @@ macro_rules! simd {
                         }
                     }
                     for v in 0..V {
-                        let rec = qp[v].sub(head);
-                        let load = |at: *const u8| {
-                            if half {
-                                _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
-                            } else {
-                                _mm256_loadu_ps(at as *const f32)
-                            }
-                        };
-                        let dv = load(rec);
+                        let (dv, mv) = super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd);
                         if offsets {
-                            let mv = match w.ratio {
-                                None => load(rec.add(if half { 16 } else { 32 })),
-                                Some(r) => _mm256_mul_ps(dv, _mm256_set1_ps(r)),
-                            };
                             for r in 0..R {
                                 let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                                 let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));

@@ -18,9 +18,23 @@ use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
 /// Outputs of rows `r0 .. r0 + rr` of the quantized activations `q` (their block sums in `xs`,
 /// `rr × nb`) for panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
-pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f32], rr: usize, y: &mut Acc) {
+/// `heads`: as [`super::kernel::run`]'s.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_int(
+    w: &QMatrix,
+    p0: usize,
+    q: &QuantRows,
+    r0: usize,
+    xs: &[f32],
+    heads: Option<&[f32]>,
+    rr: usize,
+    y: &mut Acc,
+) {
     let (k, groups) = (w.k, w.k / QK);
     assert!(rr >= 1 && rr <= max_rows() && xs.len() >= rr * w.nb());
+    assert!(heads.is_none_or(|h| h.len() >= w.nb() * super::HEADS));
+    #[cfg(target_arch = "x86_64")]
+    let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
     assert!(p0 + TILE_PANELS <= w.np);
     assert!(q.sx.len() >= (r0 + rr) * groups);
     match w.kind {
@@ -37,13 +51,13 @@ pub(super) fn run_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &[f3
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above (the
         // pointer of the buffer the kind does not use is never read).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if *VNNI => unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        Path::Avx512 if *VNNI => unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, y) },
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
         _ => scalar_int(w, p0, q, r0, xs, rr, y),
     }
 }
@@ -57,11 +71,13 @@ pub(super) fn run_int_each(
     q: &QuantRows,
     r0: usize,
     xs: &[f32],
+    heads: Option<&[f32]>,
     rr: usize,
 ) -> Vec<(&'static str, Acc)> {
     let mut out = vec![];
     #[cfg(target_arch = "x86_64")]
     {
+        let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
         use std::arch::is_x86_feature_detected as has;
         let k = w.k;
         let (q8, q16, sx) = (
@@ -74,18 +90,18 @@ pub(super) fn run_int_each(
             let mut y = zero();
             // SAFETY: features detected just above; bounds as `run_int` asserts (the caller passes
             // what `run_int` accepts).
-            unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
+            unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
             out.push(("avx2", y));
         }
         if has!("avx512f") && has!("avx512vl") {
             let mut y = zero();
             // SAFETY: as above.
-            unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
+            unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
             out.push(("avx512", y));
             if super::kernel_zmm::available() {
                 let mut y = zero();
                 // SAFETY: as above.
-                unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), rr, &mut y) };
+                unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
                 out.push(("avx512 vnni (512-bit)", y));
             }
         }
@@ -138,15 +154,16 @@ macro_rules! simd_int {
                 q16: *const i16,
                 sx: *const f32,
                 xs: *const f32,
+                hd: *const f32,
                 rr: usize,
                 y: &mut Acc,
             ) {
                 let y = y.as_mut_ptr();
                 // One instantiation per weight kind, so each gets its own register allocation.
                 match w.kind {
-                    QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, rr, y),
-                    QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, rr, y),
-                    _ => rows::<2>(w, p0, q8, q16, sx, xs, rr, y),
+                    QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    _ => rows::<2>(w, p0, q8, q16, sx, xs, hd, rr, y),
                 }
             }
 
@@ -160,6 +177,7 @@ macro_rules! simd_int {
                 q16: *const i16,
                 sx: *const f32,
                 xs: *const f32,
+                hd: *const f32,
                 rr: usize,
                 y: *mut [f32; P],
             ) {
@@ -169,16 +187,16 @@ macro_rules! simd_int {
                             // 5-bit on 16 registers: one panel at a time (its 16-bit and widened sums
                             // would not fit for two)
                             for v in 0..TILE_PANELS {
-                                panels::<$r, 1, K>(w, p0 + v, q8, q16, sx, xs, y.add(v));
+                                panels::<$r, 1, K>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
                             }
                         } else {
-                            panels::<$r, 2, K>(w, p0, q8, q16, sx, xs, y);
-                            panels::<$r, 2, K>(w, p0 + 2, q8, q16, sx, xs, y.add(2));
+                            panels::<$r, 2, K>(w, p0, q8, q16, sx, xs, hd, y);
+                            panels::<$r, 2, K>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
                         }
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4, K>(w, p0, q8, q16, sx, xs, y),
+                    1 => panels::<1, 4, K>(w, p0, q8, q16, sx, xs, hd, y),
                     2 => group!(2),
                     3 => group!(3),
                     4 => group!(4),
@@ -192,6 +210,7 @@ macro_rules! simd_int {
             /// `R` rows × `V` panels from panel `p0`. Bounds: panel `p0 + v < np` and block `b < nb`
             /// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
             #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
             unsafe fn panels<const R: usize, const V: usize, const K: u8>(
                 w: &QMatrix,
                 p0: usize,
@@ -199,10 +218,11 @@ macro_rules! simd_int {
                 q16: *const i16,
                 sx: *const f32,
                 xs: *const f32,
+                hd: *const f32,
                 y: *mut [f32; P],
             ) {
                 let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
-                let (base, head, half, offsets) = (w.base(), w.head, w.half, w.offsets);
+                let (base, head, offsets) = (w.base(), w.head, w.offsets);
                 let (q4, q5) = (K == 0, K == 1);
                 let m4 = _mm256_set1_epi8(0x0F);
                 let b4 = _mm256_set1_epi8(0x10);
@@ -300,20 +320,7 @@ macro_rules! simd_int {
                         }
                     }
                     for v in 0..V {
-                        let rec = qp[v].sub(head);
-                        let load = |at: *const u8| {
-                            if half {
-                                _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
-                            } else {
-                                _mm256_loadu_ps(at as *const f32)
-                            }
-                        };
-                        let dv = load(rec);
-                        let mv = match (offsets, w.ratio) {
-                            (false, _) => _mm256_setzero_ps(),
-                            (true, None) => load(rec.add(if half { 16 } else { 32 })),
-                            (true, Some(r)) => _mm256_mul_ps(dv, _mm256_set1_ps(r)),
-                        };
+                        let (dv, mv) = super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd);
                         for r in 0..R {
                             let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                             let sxv = _mm256_broadcast_ss(&*sx.add(r * groups + b * bl / QK));

@@ -9,6 +9,7 @@
 
 use std::arch::x86_64::*;
 
+use super::heads::pair_dm;
 use super::kernel::{prefetch_ahead, Acc};
 use super::{QKind, QMatrix, P, TILE_PANELS};
 
@@ -29,53 +30,30 @@ pub(super) unsafe fn pair_bytes(tile: *const u8, rec: usize, head: usize, h: usi
     }
 }
 
-/// The 8 scales (or, with `offsets`, the 8 offsets after them) of panels 2h and 2h + 1 from their
-/// records' heads (f16 when `half`, else f32), side by side.
-/// SAFETY (caller): avx512f and f16c available; both records are whole.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,f16c")]
-pub(super) unsafe fn pair_head(tile: *const u8, rec: usize, h: usize, half: bool, offsets: bool) -> __m512 {
-    let at = if !offsets {
-        0
-    } else if half {
-        16
-    } else {
-        32
-    };
-    let one = |p: *const u8| {
-        // SAFETY: a record's head holds 8 scales, then 8 offsets (by the caller).
-        unsafe {
-            if half {
-                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-            } else {
-                _mm256_loadu_ps(p as *const f32)
-            }
-        }
-    };
-    // SAFETY: both records are inside the matrix (by the caller).
-    let (a, c) = unsafe { (one(tile.add(2 * h * rec + at)), one(tile.add((2 * h + 1) * rec + at))) };
-    _mm512_castpd_ps(_mm512_insertf64x4::<1>(
-        _mm512_castpd256_pd512(_mm256_castps_pd(a)),
-        _mm256_castps_pd(c),
-    ))
-}
-
 /// SAFETY (caller): avx512f, avx2, fma and f16c available; `x` holds `rr` rows of `k`, `xs` `rr` rows
 /// of `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `kernel::run`).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-pub(super) unsafe fn dispatch(w: &QMatrix, p0: usize, x: *const f32, xs: *const f32, rr: usize, y: &mut Acc) {
+pub(super) unsafe fn dispatch(
+    w: &QMatrix,
+    p0: usize,
+    x: *const f32,
+    xs: *const f32,
+    hd: *const f32,
+    rr: usize,
+    y: &mut Acc,
+) {
     let y = y.as_mut_ptr();
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match rr.min(8) {
-            1 => panels::<1>(w, p0, x, xs, y),
-            2 => panels::<2>(w, p0, x, xs, y),
-            3 => panels::<3>(w, p0, x, xs, y),
-            4 => panels::<4>(w, p0, x, xs, y),
-            5 => panels::<5>(w, p0, x, xs, y),
-            6 => panels::<6>(w, p0, x, xs, y),
-            7 => panels::<7>(w, p0, x, xs, y),
-            _ => panels::<8>(w, p0, x, xs, y),
+            1 => panels::<1>(w, p0, x, xs, hd, y),
+            2 => panels::<2>(w, p0, x, xs, hd, y),
+            3 => panels::<3>(w, p0, x, xs, hd, y),
+            4 => panels::<4>(w, p0, x, xs, hd, y),
+            5 => panels::<5>(w, p0, x, xs, hd, y),
+            6 => panels::<6>(w, p0, x, xs, hd, y),
+            7 => panels::<7>(w, p0, x, xs, hd, y),
+            _ => panels::<8>(w, p0, x, xs, hd, y),
         }
     }
 }
@@ -84,12 +62,19 @@ pub(super) unsafe fn dispatch(w: &QMatrix, p0: usize, x: *const f32, xs: *const 
 /// `p0 .. p0 + 4` and blocks `b < nb` keep every record read inside `w`; row `r < R` reads
 /// `x[r·k + b·bl + e]` with `e < bl`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *const f32, y: *mut [f32; P]) {
+unsafe fn panels<const R: usize>(
+    w: &QMatrix,
+    p0: usize,
+    x: *const f32,
+    xs: *const f32,
+    hd: *const f32,
+    y: *mut [f32; P],
+) {
     let (k, nb, bl) = (w.k, w.nb(), w.bl);
     let mask = _mm512_set1_epi32(0x0F);
     let b4 = _mm512_set1_epi32(0x10);
     let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
-    let (base, head, half, offsets, rec) = (w.base(), w.head, w.half, w.offsets, w.rec);
+    let (base, head, offsets, rec) = (w.base(), w.head, w.offsets, w.rec);
     for b in 0..nb {
         prefetch_ahead(w, p0, 0, b);
         // The tile's four records of block `b` are consecutive, `rec` bytes each.
@@ -183,13 +168,7 @@ unsafe fn panels<const R: usize>(w: &QMatrix, p0: usize, x: *const f32, xs: *con
         }
         for h in 0..2 {
             // SAFETY: the tile's records are inside `w`.
-            let dv = unsafe { pair_head(tile, rec, h, half, false) };
-            let mv = match (offsets, w.ratio) {
-                (false, _) => _mm512_setzero_ps(),
-                // SAFETY: as above.
-                (true, None) => unsafe { pair_head(tile, rec, h, half, true) },
-                (true, Some(r)) => _mm512_mul_ps(dv, _mm512_set1_ps(r)),
-            };
+            let (dv, mv) = unsafe { pair_dm(w, tile, p0, b, h, hd) };
             for (r, sr) in s.iter().enumerate() {
                 // SAFETY: outputs of row r, panels 2h and 2h + 1 (16 consecutive floats of `y`); the
                 // block sum of row r, block b.

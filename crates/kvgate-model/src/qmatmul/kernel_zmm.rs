@@ -9,8 +9,9 @@
 
 use std::arch::x86_64::*;
 
+use super::heads::pair_dm;
 use super::kernel::{prefetch_ahead, Acc};
-use super::kernel_wide::{pair_bytes, pair_head};
+use super::kernel_wide::pair_bytes;
 use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
 // A tile's four panels are two registers of sixteen columns.
@@ -34,6 +35,7 @@ pub(super) unsafe fn dispatch(
     q16: *const i16,
     sx: *const f32,
     xs: *const f32,
+    hd: *const f32,
     rr: usize,
     y: &mut Acc,
 ) {
@@ -41,15 +43,18 @@ pub(super) unsafe fn dispatch(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match w.kind {
-            QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, rr, y),
-            QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, rr, y),
-            QKind::Q8 => rows::<2>(w, p0, q8, q16, sx, xs, rr, y),
+            QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            QKind::Q8 => rows::<2>(w, p0, q8, q16, sx, xs, hd, rr, y),
             QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights have no integer kernel"),
         }
     }
 }
 
-/// SAFETY (caller): as [`dispatch`].
+/// SAFETY (caller): as [`dispatch`]. Out of line: one function per weight kind with its own register
+/// allocation, as the compiler laid it out before the head loads moved to `heads` (after that move it
+/// inlined all three into `dispatch`; prefill A/Bs then read a few percent slower, within this VM's noise).
+#[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows<const K: u8>(
@@ -59,20 +64,21 @@ unsafe fn rows<const K: u8>(
     q16: *const i16,
     sx: *const f32,
     xs: *const f32,
+    hd: *const f32,
     rr: usize,
     y: *mut [f32; P],
 ) {
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match rr.min(8) {
-            1 => panels::<1, K>(w, p0, q8, q16, sx, xs, y),
-            2 => panels::<2, K>(w, p0, q8, q16, sx, xs, y),
-            3 => panels::<3, K>(w, p0, q8, q16, sx, xs, y),
-            4 => panels::<4, K>(w, p0, q8, q16, sx, xs, y),
-            5 => panels::<5, K>(w, p0, q8, q16, sx, xs, y),
-            6 => panels::<6, K>(w, p0, q8, q16, sx, xs, y),
-            7 => panels::<7, K>(w, p0, q8, q16, sx, xs, y),
-            _ => panels::<8, K>(w, p0, q8, q16, sx, xs, y),
+            1 => panels::<1, K>(w, p0, q8, q16, sx, xs, hd, y),
+            2 => panels::<2, K>(w, p0, q8, q16, sx, xs, hd, y),
+            3 => panels::<3, K>(w, p0, q8, q16, sx, xs, hd, y),
+            4 => panels::<4, K>(w, p0, q8, q16, sx, xs, hd, y),
+            5 => panels::<5, K>(w, p0, q8, q16, sx, xs, hd, y),
+            6 => panels::<6, K>(w, p0, q8, q16, sx, xs, hd, y),
+            7 => panels::<7, K>(w, p0, q8, q16, sx, xs, hd, y),
+            _ => panels::<8, K>(w, p0, q8, q16, sx, xs, hd, y),
         }
     }
 }
@@ -89,10 +95,11 @@ unsafe fn panels<const R: usize, const K: u8>(
     q16: *const i16,
     sx: *const f32,
     xs: *const f32,
+    hd: *const f32,
     y: *mut [f32; P],
 ) {
     let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
-    let (base, head, half, offsets, rec) = (w.base(), w.head, w.half, w.offsets, w.rec);
+    let (base, head, offsets, rec) = (w.base(), w.head, w.offsets, w.rec);
     let m4 = _mm512_set1_epi8(0x0F);
     let b4 = _mm512_set1_epi8(0x10);
     for b in 0..nb {
@@ -178,13 +185,7 @@ unsafe fn panels<const R: usize, const K: u8>(
         }
         for h in 0..2 {
             // SAFETY: the tile's records are inside `w`.
-            let dv = unsafe { pair_head(tile, rec, h, half, false) };
-            let mv = match (offsets, w.ratio) {
-                (false, _) => _mm512_setzero_ps(),
-                // SAFETY: as above.
-                (true, None) => unsafe { pair_head(tile, rec, h, half, true) },
-                (true, Some(r)) => _mm512_mul_ps(dv, _mm512_set1_ps(r)),
-            };
+            let (dv, mv) = unsafe { pair_dm(w, tile, p0, b, h, hd) };
             for (r, a) in acc.iter().enumerate() {
                 // SAFETY: outputs of row r, panels 2h and 2h + 1 (16 consecutive floats of `y`);
                 // scale and block sum of row r, block b.

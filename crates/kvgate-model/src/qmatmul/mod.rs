@@ -8,7 +8,9 @@
 //! **Layout.** Output columns are grouped in panels of [`P`] = 8 (one AVX2 register). A panel's block
 //! `b` (32 inputs) is one record: its 8 scales `d`, its 8 offsets `m` (left out when every offset of
 //! the matrix is 0, as in Q8_0, or exactly `−8d` / `−16d`, as in Q4_0 / Q5_0: then computed), each f16 when every value of the matrix is exactly an f16 (as in the
-//! formats whose GGUF scales are f16) and f32 otherwise (K-quants' `d · sc`), then its quants. 4-bit:
+//! formats whose GGUF scales are f16) and f32 otherwise — or, for K-quants, nothing: their 8-bit sub-block
+//! integers and f32 super-block factors sit in a header before each run of a super-block's records
+//! ([`QMatrix::sub`]) — then its quants. 4-bit:
 //! one 32-byte chunk per 8 inputs, each column's 32-bit lane holding four consecutive inputs in its
 //! low nibbles and the next four in its high nibbles (`QMatrix::q4_at`); 5-bit: the same plus a
 //! 32-byte plane of fifth bits; 8-bit: one signed byte per column, input by input; 16-bit: two bytes
@@ -28,6 +30,9 @@
 //! guarantees with its own fixed sequence.
 
 mod acts;
+mod build;
+#[cfg(target_arch = "x86_64")]
+mod heads;
 mod kernel;
 mod kernel_int;
 #[cfg(target_arch = "x86_64")]
@@ -36,6 +41,8 @@ mod kernel_wide;
 mod kernel_zmm;
 
 use rayon::prelude::*;
+
+pub(crate) use build::Factors;
 
 /// Weights per block of the GGUF formats (and of most packed matrices; Q6_K's have 16).
 pub const QK: usize = 32;
@@ -48,6 +55,10 @@ pub(crate) const TILE_PANELS: usize = 4;
 
 /// Rows per parallel task when a call has many rows (prefill): a chunk of activations that stays in L2.
 const ROW_CHUNK: usize = 64;
+
+/// Floats per block of a tile's expanded heads ([`QMatrix::expand_heads`]): the tile's 32 scales, then
+/// its 32 offsets.
+const HEADS: usize = 2 * P * TILE_PANELS;
 
 /// Pieces per compute thread that a prefill matmul's tasks are split into at least (see `matmul_rows`).
 const PIECES_PER_THREAD: usize = 32;
@@ -86,6 +97,19 @@ pub struct QMatrix {
     /// records carry only the scales: the kernels compute `m = d · ratio`, the same f32 (a power-of-two
     /// multiple is exact), so the bits are those of stored offsets with 1/6 fewer bytes per 5-bit record.
     ratio: Option<f32>,
+    /// K-quant factors (see [`build::Factors`]): `Some(g)` when every block's scale (and offset) is
+    /// a super-block factor shared by `g` consecutive blocks times the block's own 8-bit integer. The
+    /// records then hold only quants (no head: 32-byte aligned loads) and each tile's run of `g` record
+    /// groups starts with a header of its columns' f32 factors and the runs' integers
+    /// ([`QMatrix::factor_at`]). The kernels multiply the two back — the same f32 the product was (an
+    /// f16 times an 8-bit integer is exact) — so the bits are those of f32 heads, at 4.75 bits per
+    /// Q4_K weight instead of 6 (Q6_K: 8.6 instead of 10). Stored as log2 `g` (super-blocks are 8 or
+    /// 16 blocks; the kernels find a block's header with a shift).
+    sub: Option<u32>,
+    /// Bytes of one such header (0 without `sub`).
+    sh: usize,
+    /// Bytes of one tile's records and headers.
+    tb: usize,
     /// Bytes of a record's scales and offsets.
     head: usize,
     /// Bytes per record: `head` + the quants.
@@ -99,18 +123,6 @@ pub struct QMatrix {
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
-fn f16le(b: &[u8]) -> f32 {
-    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
-}
-
-/// One column's blocks in the canonical (block-major) form the loaders produce: per block `d`, `m`
-/// and 32 quants.
-struct Column<'a> {
-    d: &'a [f32],
-    m: &'a [f32],
-    q: Box<dyn Fn(usize, usize) -> i32 + 'a>,
-}
-
 impl QMatrix {
     fn bytes_per_block(kind: QKind, bl: usize) -> usize {
         match kind {
@@ -123,7 +135,7 @@ impl QMatrix {
 
     /// Blocks per column.
     fn nb(&self) -> usize {
-        self.k / self.bl
+        self.k >> self.bl.trailing_zeros()
     }
 
     /// Where a 4-bit quant lives in its record's quants: the byte offset and the nibble's shift of
@@ -147,7 +159,57 @@ impl QMatrix {
     /// Byte offset of the record of panel `p`, block `b`.
     #[inline]
     fn record(&self, p: usize, b: usize) -> usize {
-        ((p / TILE_PANELS * self.nb() + b) * TILE_PANELS + p % TILE_PANELS) * self.rec
+        let headers = self.sub.map_or(0, |g| ((b >> g) + 1) * self.sh);
+        p / TILE_PANELS * self.tb + headers + (b * TILE_PANELS + p % TILE_PANELS) * self.rec
+    }
+
+    /// With `sub`: how far an offset's factor and integer lie from the scale's (see `factor_at`).
+    #[inline]
+    fn offset_factors(&self) -> (usize, usize) {
+        (4 * P * TILE_PANELS, (TILE_PANELS * P) << self.sub.unwrap_or(0))
+    }
+
+    /// With `sub`: the byte offsets of the f32 super-block factor and of the 8-bit integer of panel
+    /// `p`'s first column in block `b` (of its scale, or with `m` of its offset; the panel's other 7
+    /// columns follow each). A header is `[f32 scale factors, tile's panels × 8 columns][the offsets'
+    /// the same][scale integers, g blocks × panels × 8 columns][the offsets' the same]`.
+    #[inline]
+    fn factor_at(&self, p: usize, b: usize, m: bool) -> (usize, usize) {
+        let g = self.sub.unwrap_or(0);
+        let header = p / TILE_PANELS * self.tb + (b >> g) * (self.sh + ((TILE_PANELS * self.rec) << g));
+        let (v, pairs) = (p % TILE_PANELS, 1 + self.offsets as usize);
+        let (f, i) = (
+            header + 4 * P * v,
+            header + 4 * P * TILE_PANELS * pairs + ((b & ((1 << g) - 1)) * TILE_PANELS + v) * P,
+        );
+        let (df, di) = self.offset_factors();
+        if m {
+            (f + df, i + di)
+        } else {
+            (f, i)
+        }
+    }
+
+    /// With `sub`: the scales and offsets of the tile of panel `p0` (its first), `HEADS` per block (see
+    /// [`HEADS`]), each the product the kernels would form. A prefill task expands its tile once and
+    /// its kernel calls (one per 8 rows) read them as f32 heads instead of each forming them again.
+    fn expand_heads(&self, p0: usize) -> Option<Vec<f32>> {
+        self.sub?;
+        let bytes = self.bytes_slice();
+        let mut out = vec![0f32; self.nb() * HEADS];
+        let half = if self.offsets { 2 } else { 1 };
+        for (b, heads) in out.chunks_exact_mut(HEADS).enumerate() {
+            for (m, heads) in heads.chunks_exact_mut(HEADS / 2).take(half).enumerate() {
+                // the tile's 4 panels' factors and integers are consecutive from its first panel's
+                let (f, i) = self.factor_at(p0, b, m == 1);
+                for (c, h) in heads.iter_mut().enumerate() {
+                    let at = f + 4 * c;
+                    let factor = f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+                    *h = factor * bytes[i + c] as i8 as f32;
+                }
+            }
+        }
+        Some(out)
     }
 
     fn bytes_slice(&self) -> &[u8] {
@@ -158,196 +220,6 @@ impl QMatrix {
     /// The record bytes (the kernels read them through this pointer).
     fn base(&self) -> *const u8 {
         self.data.as_ptr() as *const u8
-    }
-
-    /// Builds the panel layout from `n` columns given one at a time, in blocks of `bl` inputs.
-    fn build<'a>(kind: QKind, n: usize, k: usize, bl: usize, column: impl Fn(usize) -> Column<'a>) -> QMatrix {
-        assert!(bl == QK || bl == QK / 2, "blocks of 16 or 32");
-        assert_eq!(k % bl, 0, "k must be a multiple of the block");
-        let nb = k / bl;
-        let np = n.div_ceil(P).div_ceil(TILE_PANELS) * TILE_PANELS;
-        let bpb = Self::bytes_per_block(kind, bl);
-        let (mut half, mut offsets) = (true, false);
-        // Offsets that may be implied (see `ratio`): whether every `m` is exactly `r · d`, per `r`.
-        let ratios = [-8.0f32, -16.0];
-        let mut implied = [true; 2];
-        let is_f16 = |v: f32| half::f16::from_f32(v).to_f32().to_bits() == v.to_bits();
-        for c in 0..n {
-            let col = column(c);
-            half &= col.d.iter().chain(col.m).all(|&v| is_f16(v));
-            offsets |= col.m.iter().any(|&v| v != 0.0);
-            for (ok, r) in implied.iter_mut().zip(ratios) {
-                *ok = *ok && col.d.iter().zip(col.m).all(|(&d, &m)| (d * r).to_bits() == m.to_bits());
-            }
-        }
-        let ratio = ratios
-            .into_iter()
-            .zip(implied)
-            .find(|&(_, ok)| offsets && ok)
-            .map(|(r, _)| r);
-        let size = if half { 2 } else { 4 };
-        let head = size * P * if offsets && ratio.is_none() { 2 } else { 1 };
-        let rec = head + bpb * P;
-        let mut w = QMatrix {
-            kind,
-            n,
-            k,
-            bl,
-            np,
-            half,
-            offsets,
-            ratio,
-            head,
-            rec,
-            data: vec![Line([0; 64]); (np * nb * rec).div_ceil(64)],
-        };
-        // SAFETY: as in `bytes_slice`, mutably.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(w.data.as_mut_ptr() as *mut u8, w.data.len() * 64) };
-        let put = |bytes: &mut [u8], at: usize, v: f32| {
-            if half {
-                bytes[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-            } else {
-                bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
-            }
-        };
-        for c in 0..n {
-            let col = column(c);
-            let (p, j) = (c / P, c % P);
-            for b in 0..nb {
-                let at = w.record(p, b);
-                put(bytes, at + size * j, col.d[b]);
-                if offsets && ratio.is_none() {
-                    put(bytes, at + size * (P + j), col.m[b]);
-                }
-                let base = at + head + j;
-                match kind {
-                    QKind::Q4 | QKind::Q5 => {
-                        for e in 0..bl {
-                            let q = (col.q)(b, e) as u8;
-                            let (off, shift) = Self::q4_at(j, e);
-                            bytes[at + head + off] |= (q & 0xF) << shift;
-                            if kind == QKind::Q5 {
-                                let (off, bit) = Self::q5_high_at(j, e);
-                                bytes[at + head + off] |= ((q >> 4) & 1) << bit;
-                            }
-                        }
-                    }
-                    QKind::Q8 => {
-                        for e in 0..bl {
-                            bytes[base + e * P] = (col.q)(b, e) as i8 as u8;
-                        }
-                    }
-                    QKind::F16 | QKind::Bf16 => {
-                        // The element's 16 bits; 8 columns' elements are 16 consecutive bytes.
-                        let base = at + head + 2 * j;
-                        for e in 0..bl {
-                            let bits = ((col.q)(b, e) as u16).to_le_bytes();
-                            bytes[base + 2 * e * P..base + 2 * e * P + 2].copy_from_slice(&bits);
-                        }
-                    }
-                }
-            }
-        }
-        w
-    }
-
-    /// A matrix from block-major per-block scales, offsets and packed quants (see [`crate::repack`]):
-    /// 4-bit blocks hold elements `j` and `j + 16` in the low and high nibble of byte `j`, 8-bit blocks
-    /// one signed byte per element, 5-bit blocks one byte (`0..32`) per element.
-    pub(crate) fn from_parts(kind: QKind, n: usize, k: usize, d: Vec<f32>, m: Vec<f32>, qs: Vec<u8>) -> QMatrix {
-        let nb = k / QK;
-        assert_eq!(d.len(), n * nb, "one scale per block");
-        let per_block = if kind == QKind::Q4 { QK / 2 } else { QK };
-        assert_eq!(qs.len(), d.len() * per_block, "quant bytes");
-        let (d, m, qs) = (&d, &m, &qs);
-        Self::build(kind, n, k, QK, |c| Column {
-            d: &d[c * nb..(c + 1) * nb],
-            m: &m[c * nb..(c + 1) * nb],
-            q: Box::new(move |b, e| {
-                let blk = c * nb + b;
-                match kind {
-                    QKind::Q4 => {
-                        let byte = qs[blk * 16 + e % 16];
-                        (if e < 16 { byte & 0xF } else { byte >> 4 }) as i32
-                    }
-                    QKind::Q8 => qs[blk * 32 + e] as i8 as i32,
-                    QKind::Q5 => (qs[blk * 32 + e] & 31) as i32,
-                    QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights are built by from_halves"),
-                }
-            }),
-        })
-    }
-
-    /// A matrix of 16-bit float weights (`bits`: `n × k` row-major, F16 or BF16 bit patterns), in blocks
-    /// of 32 with scale 1; `None` unless `k` is a multiple of 32.
-    pub fn from_halves(kind: QKind, bits: &[u16], n: usize, k: usize) -> Option<QMatrix> {
-        if !matches!(kind, QKind::F16 | QKind::Bf16) || !k.is_multiple_of(QK) || bits.len() != n * k {
-            return None;
-        }
-        let ones = vec![1f32; k / QK];
-        let zeros = vec![0f32; k / QK];
-        let (ones, zeros) = (&ones, &zeros);
-        Some(Self::build(kind, n, k, QK, |c| Column {
-            d: ones,
-            m: zeros,
-            q: Box::new(move |b, e| bits[c * k + b * QK + e] as i32),
-        }))
-    }
-
-    fn from_gguf(
-        data: &[u8],
-        n: usize,
-        k: usize,
-        block_bytes: usize,
-        kind: QKind,
-        split: impl Fn(&[u8]) -> (f32, f32, &[u8]),
-    ) -> QMatrix {
-        assert_eq!(k % QK, 0, "k must be a multiple of 32");
-        let blocks = n * k / QK;
-        assert_eq!(data.len(), blocks * block_bytes, "quantized data size");
-        let mut d = Vec::with_capacity(blocks);
-        let mut m = Vec::with_capacity(blocks);
-        let mut qs = Vec::with_capacity(blocks * Self::bytes_per_block(kind, QK));
-        for b in data.chunks_exact(block_bytes) {
-            let (dd, mm, q) = split(b);
-            d.push(dd);
-            m.push(mm);
-            qs.extend_from_slice(q);
-        }
-        Self::from_parts(kind, n, k, d, m, qs)
-    }
-
-    /// A matrix of 8-bit signed quants in blocks of 16 inputs, block-major (`d[c · k/16 + b]`, quants
-    /// `q[(c · k/16 + b) · 16 + e]`), no offsets: Q6_K's layout after [`crate::repack::q6_k`].
-    pub(crate) fn from_blocks16(n: usize, k: usize, d: Vec<f32>, q: Vec<i8>) -> QMatrix {
-        let (bl, nb) = (QK / 2, k / (QK / 2));
-        assert_eq!(d.len(), n * nb, "one scale per block");
-        assert_eq!(q.len(), n * k, "one quant per weight");
-        let zeros = vec![0f32; nb];
-        let (d, q, zeros) = (&d, &q, &zeros);
-        Self::build(QKind::Q8, n, k, bl, |c| Column {
-            d: &d[c * nb..(c + 1) * nb],
-            m: zeros,
-            q: Box::new(move |b, e| q[(c * nb + b) * bl + e] as i32),
-        })
-    }
-
-    /// Repacks GGUF Q4_0 data (`d: f16, qs: [u8; 16]` per block).
-    pub fn from_q4_0(data: &[u8], n: usize, k: usize) -> QMatrix {
-        Self::from_gguf(data, n, k, 18, QKind::Q4, |b| {
-            let d = f16le(b);
-            (d, -8.0 * d, &b[2..18])
-        })
-    }
-
-    /// Repacks GGUF Q4_1 data (`d: f16, m: f16, qs: [u8; 16]` per block).
-    pub fn from_q4_1(data: &[u8], n: usize, k: usize) -> QMatrix {
-        Self::from_gguf(data, n, k, 20, QKind::Q4, |b| (f16le(b), f16le(&b[2..]), &b[4..20]))
-    }
-
-    /// Repacks GGUF Q8_0 data (`d: f16, qs: [i8; 32]` per block).
-    pub fn from_q8_0(data: &[u8], n: usize, k: usize) -> QMatrix {
-        Self::from_gguf(data, n, k, 34, QKind::Q8, |b| (f16le(b), 0.0, &b[2..34]))
     }
 
     /// The quant of column `c`, block `b`, element `e` (for 16-bit kinds, the weight's bits).
@@ -385,6 +257,14 @@ impl QMatrix {
 
     fn scale_offset(&self, c: usize, b: usize) -> (f32, f32) {
         let bytes = self.bytes_slice();
+        if self.sub.is_some() {
+            let product = |m: bool| {
+                let (f, i) = self.factor_at(c / P, b, m);
+                let (f, i) = (f + 4 * (c % P), i + c % P);
+                f32::from_le_bytes([bytes[f], bytes[f + 1], bytes[f + 2], bytes[f + 3]]) * bytes[i] as i8 as f32
+            };
+            return (product(false), if self.offsets { product(true) } else { 0.0 });
+        }
         let size = if self.half { 2 } else { 4 };
         let get = |i: usize| {
             if self.half {
@@ -401,35 +281,6 @@ impl QMatrix {
             (true, Some(r)) => d * r,
         };
         (d, m)
-    }
-
-    /// The rows of several matrices of the same format and width stacked into one (e.g. q, k, v).
-    pub fn concat(parts: &[&QMatrix]) -> Option<QMatrix> {
-        let first = parts.first()?;
-        if parts
-            .iter()
-            .any(|p| p.kind != first.kind || p.k != first.k || p.bl != first.bl)
-        {
-            return None;
-        }
-        let (k, nb) = (first.k, first.nb());
-        let owner: Vec<(usize, usize)> = parts
-            .iter()
-            .enumerate()
-            .flat_map(|(i, p)| (0..p.n).map(move |c| (i, c)))
-            .collect();
-        let cols: Vec<(Vec<f32>, Vec<f32>)> = owner
-            .iter()
-            .map(|&(i, c)| (0..nb).map(|b| parts[i].scale_offset(c, b)).unzip())
-            .collect();
-        Some(Self::build(first.kind, owner.len(), k, first.bl, |c| {
-            let (i, src) = owner[c];
-            Column {
-                d: &cols[c].0,
-                m: &cols[c].1,
-                q: Box::new(move |b, e| parts[i].quant(src, b, e)),
-            }
-        }))
     }
 
     /// Output rows.
@@ -509,10 +360,19 @@ impl QMatrix {
         } else {
             usize::MAX
         };
+        // Prefill with K-quant factors: each tile's scales and offsets multiplied out once per call,
+        // not once per 8 rows in every kernel call.
+        let expanded: Option<Vec<Vec<f32>>> = (rows > kernel::max_rows() && self.sub.is_some()).then(|| {
+            (0..tiles)
+                .into_par_iter()
+                .filter_map(|t| self.expand_heads(t * TILE_PANELS))
+                .collect()
+        });
         (0..tiles * chunks).into_par_iter().with_max_len(max_len).for_each(|t| {
             let (chunk, tile) = (t / tiles, t % tiles);
             let r1 = ((chunk + 1) * ROW_CHUNK).min(rows);
             let mut r = chunk * ROW_CHUNK;
+            let heads = expanded.as_ref().map(|e| e[tile].as_slice());
             while r < r1 {
                 let mut rr = (r1 - r).min(kernel::max_rows());
                 let mut y: kernel::Acc = [[0f32; P]; kernel::MAX_ROWS * TILE_PANELS];
@@ -522,12 +382,12 @@ impl QMatrix {
                         // a group of consecutive rows of one mode
                         rr = m[r..r + rr].iter().take_while(|&&v| v == m[r]).count();
                         if m[r] {
-                            kernel_int::run_int(self, p0, q, r, &rxs[..rr * nb], rr, &mut y);
+                            kernel_int::run_int(self, p0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
                         } else {
-                            kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], rr, &mut y);
+                            kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y);
                         }
                     }
-                    _ => kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], rr, &mut y),
+                    _ => kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y),
                 }
                 for i in 0..rr {
                     for v in 0..TILE_PANELS {

@@ -37,7 +37,7 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let d = (0..blocks).map(|i| 0.01 + i as f32 * 1.1e-5).collect();
             let m = (0..blocks).map(|i| -0.03 - i as f32 * 0.7e-5).collect();
             let qs = data.chunks_exact(34).flat_map(|b| b[2..18].to_vec()).collect();
-            QMatrix::from_parts(QKind::Q4, n, k, d, m, qs)
+            QMatrix::from_parts(QKind::Q4, n, k, d, m, qs, None)
         }
         "q5" => {
             // 5-bit quants 0..31 with scales and offsets (Q5_1 / Q5_K kept at 5 bits)
@@ -45,7 +45,7 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let d = (0..blocks).map(|i| 0.01 + i as f32 * 1.1e-5).collect();
             let m = (0..blocks).map(|i| -0.03 - i as f32 * 0.7e-5).collect();
             let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
-            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs)
+            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs, None)
         }
         "q5_0" => {
             // Q5_0 kept at 5 bits: offsets exactly −16 times f16 scales (left out of the records)
@@ -54,12 +54,12 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
                 .collect();
             let m = d.iter().map(|d| -16.0 * d).collect();
             let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
-            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs)
+            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs, None)
         }
         "q6" => {
             let d = (0..n * k / 16).map(|i| 0.002 + i as f32 * 1.3e-6).collect();
             let q = data.iter().cycle().take(n * k).map(|&b| (b % 64) as i8 - 32).collect();
-            QMatrix::from_blocks16(n, k, d, q)
+            QMatrix::from_blocks16(n, k, d, q, None)
         }
         "f16" | "bf16" => {
             let vals = (0..n * k).map(|i| ((i * 7919 % 2003) as f32 - 1000.0) / 1500.0);
@@ -70,7 +70,104 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             };
             QMatrix::from_halves(kind, &bits, n, k).unwrap()
         }
+        "q4k" | "q5k" | "q6k" => factored(kind, n, k, seed, true),
         _ => QMatrix::from_q8_0(&data, n, k),
+    }
+}
+
+/// A K-quant-like matrix (`q4k`: 4-bit, `q5k`: 5-bit, both with offsets; `q6k`: 8-bit in blocks of
+/// 16, no offsets) whose scales and offsets are f16 super-block factors times 6- or 8-bit integers,
+/// built with those factors (`with`) or from the products alone.
+fn factored(kind: &str, n: usize, k: usize, seed: u32, with: bool) -> QMatrix {
+    let mut s = seed;
+    let mut rnd = || {
+        s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        s >> 8
+    };
+    let bl = if kind == "q6k" { 16 } else { QK };
+    let nb = k / bl;
+    // several super-blocks per column where the block count allows it
+    let g = [8, 4, 2, 1]
+        .into_iter()
+        .find(|g| nb.is_multiple_of(*g) && *g < nb)
+        .unwrap_or(1);
+    let mut f = Factors::default();
+    for _ in 0..n * nb / g {
+        f.sd.push(half::f16::from_f32(0.001 + (rnd() % 1000) as f32 * 1e-5).to_f32());
+        f.sm.push(if kind == "q6k" {
+            0.0
+        } else {
+            -half::f16::from_f32((rnd() % 1000) as f32 * 2e-5).to_f32()
+        });
+    }
+    for _ in 0..n * nb {
+        f.sc.push(if kind == "q6k" {
+            (rnd() % 256) as u8 as i8
+        } else {
+            (rnd() % 64) as i8
+        });
+        f.mn.push(if kind == "q6k" { 0 } else { (rnd() % 64) as i8 });
+    }
+    let d: Vec<f32> = (0..n * nb).map(|i| f.sd[i / g] * f.sc[i] as f32).collect();
+    let m: Vec<f32> = (0..n * nb).map(|i| f.sm[i / g] * f.mn[i] as f32).collect();
+    let f = Some(&f).filter(|_| with);
+    match kind {
+        "q6k" => {
+            let q = (0..n * k).map(|_| (rnd() % 64) as i8 - 32).collect();
+            QMatrix::from_blocks16(n, k, d, q, f)
+        }
+        "q4k" => {
+            let qs = (0..n * k / 2).map(|_| rnd() as u8).collect();
+            QMatrix::from_parts(QKind::Q4, n, k, d, m, qs, f)
+        }
+        _ => {
+            let qs = (0..n * k).map(|_| (rnd() % 32) as u8).collect();
+            QMatrix::from_parts(QKind::Q5, n, k, d, m, qs, f)
+        }
+    }
+}
+
+#[test]
+fn k_quant_factors_change_no_bit_and_save_bytes() {
+    let (n, k) = (45, 512);
+    for kind in ["q4k", "q5k", "q6k"] {
+        let (w, plain) = (factored(kind, n, k, 5, true), factored(kind, n, k, 5, false));
+        assert!(w.sub.is_some() && plain.sub.is_none(), "{kind}: record format");
+        assert!(
+            w.bytes() * 10 < plain.bytes() * 9,
+            "{kind}: {} vs {} bytes",
+            w.bytes(),
+            plain.bytes()
+        );
+        for c in 0..n {
+            for i in 0..k {
+                assert_eq!(w.value(c, i).to_bits(), plain.value(c, i).to_bits(), "{kind} {c} {i}");
+            }
+        }
+        for rows in [1, 3, 9, 70] {
+            let x = acts(rows, k);
+            assert_eq!(w.matmul(&x, rows), plain.matmul(&x, rows), "{kind}: f32 rows {rows}");
+            let int8 = vec![true; rows];
+            assert_eq!(
+                w.matmul_rows(&x, rows, &int8),
+                plain.matmul_rows(&x, rows, &int8),
+                "{kind}: 8-bit rows {rows}"
+            );
+        }
+        // stacking keeps the factors and each part's outputs
+        let other = factored(kind, 13, k, 9, true);
+        let both = QMatrix::concat(&[&w, &other]).unwrap();
+        assert!(both.sub.is_some(), "{kind}: stacked format");
+        let x = acts(2, k);
+        let (ya, yb, yab) = (w.matmul(&x, 2), other.matmul(&x, 2), both.matmul(&x, 2));
+        for r in 0..2 {
+            assert_eq!(&yab[r * (n + 13)..r * (n + 13) + n], &ya[r * n..(r + 1) * n]);
+            assert_eq!(&yab[r * (n + 13) + n..(r + 1) * (n + 13)], &yb[r * 13..(r + 1) * 13]);
+        }
+        // a part without factors stacks into plain heads, with the same values
+        let mixed = QMatrix::concat(&[&w, &factored(kind, 13, k, 9, false)]).unwrap();
+        assert!(mixed.sub.is_none(), "{kind}: mixed stack");
+        assert_eq!(mixed.matmul(&x, 2), yab, "{kind}: mixed stack values");
     }
 }
 
@@ -82,7 +179,9 @@ fn acts(rows: usize, k: usize) -> Vec<f32> {
 fn matches_the_dequantized_matmul_and_is_batch_invariant() {
     // n = 37: a partial panel and padding panels; rows = 70 > ROW_CHUNK: two row chunks.
     let (n, k) = (37, 96);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16"] {
+    for kind in [
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16", "q4k", "q5k", "q6k",
+    ] {
         let w = matrix(kind, n, k, 7);
         let rows = 70;
         let x = acts(rows, k);
@@ -114,9 +213,11 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 #[test]
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16"] {
+    for kind in [
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16", "q4k", "q5k", "q6k",
+    ] {
         let w = matrix(kind, n, k, 11);
-        if !matches!(kind, "q6" | "f16" | "bf16") {
+        if !matches!(kind, "q6" | "f16" | "bf16" | "q4k" | "q5k" | "q6k") {
             let ratio = match kind {
                 "q4_0" => Some(-8.0),
                 "q5_0" => Some(-16.0),
@@ -137,17 +238,23 @@ fn the_simd_path_gives_the_scalar_bits() {
             let x = acts(rr, k);
             let xs: Vec<f32> = x.chunks_exact(w.bl).map(|b| b.iter().fold(0.0, |s, v| s + v)).collect();
             for p0 in (0..w.np).step_by(TILE_PANELS) {
-                let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
-                let mut slow = fast;
-                kernel::run(&w, p0, &x, &xs[..rr * nb], rr, &mut fast);
+                let mut slow: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
                 kernel::scalar(&w, p0, &x, &xs[..rr * nb], rr, &mut slow);
-                for i in 0..rr * TILE_PANELS {
-                    for j in 0..P {
-                        assert_eq!(
-                            fast[i][j].to_bits(),
-                            slow[i][j].to_bits(),
-                            "{kind} rows {rr} panel {p0}: {i} {j}"
-                        );
+                // the records' heads, and (K-quant factors) the tile's expanded ones
+                let expanded = w.expand_heads(p0);
+                assert_eq!(expanded.is_some(), w.sub.is_some(), "{kind}");
+                for heads in [None, expanded.as_deref()] {
+                    let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
+                    kernel::run(&w, p0, &x, &xs[..rr * nb], heads, rr, &mut fast);
+                    for i in 0..rr * TILE_PANELS {
+                        for j in 0..P {
+                            assert_eq!(
+                                fast[i][j].to_bits(),
+                                slow[i][j].to_bits(),
+                                "{kind} rows {rr} panel {p0} expanded {}: {i} {j}",
+                                heads.is_some()
+                            );
+                        }
                     }
                 }
             }
@@ -203,7 +310,7 @@ fn decodes_gguf_blocks() {
 #[test]
 fn the_integer_kernel_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6"] {
+    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "q4k", "q5k", "q6k"] {
         let w = matrix(kind, n, k, 13);
         assert!(w.has_int8(), "{kind}");
         let nb = w.nb();
@@ -218,10 +325,14 @@ fn the_integer_kernel_gives_the_scalar_bits() {
             for p0 in (0..w.np).step_by(TILE_PANELS) {
                 let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
                 let mut slow = fast;
-                kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut fast);
+                kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], None, rr, &mut fast);
                 kernel_int::scalar_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut slow);
-                let mut each = kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], rr);
+                let mut each = kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], None, rr);
                 each.push(("this machine's", fast));
+                // K-quant factors: the tile's expanded heads on every path too
+                if let Some(h) = w.expand_heads(p0) {
+                    each.extend(kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], Some(&h), rr));
+                }
                 for (path, fast) in each {
                     for i in 0..rr * TILE_PANELS {
                         for j in 0..P {
@@ -241,7 +352,9 @@ fn the_integer_kernel_gives_the_scalar_bits() {
 #[test]
 fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
     let (n, k, rows) = (37, 96, 70);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "bf16"] {
+    for kind in [
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "bf16", "q4k", "q5k", "q6k",
+    ] {
         let w = matrix(kind, n, k, 7);
         let x = acts(rows, k);
         // mixed batch: runs of integer and f32 rows
