@@ -111,12 +111,14 @@ pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
         // The group `AHEAD` blocks on (past the tile's end: the next tile's, as `record` extends), with
         // the K-quant header in front of it when it starts a super-block.
         let ahead = b + AHEAD;
-        let header = match w.sub {
-            Some(g) if ahead.trailing_zeros() >= g => w.sh,
-            _ => 0,
+        let (from, group) = match w.sub {
+            // the kernel's own `record(p0, b)` and a constant: the plain formats' records are uniform
+            None => (w.record(p0, b) + AHEAD * TILE_PANELS * w.rec, TILE_PANELS * w.rec),
+            Some(g) => {
+                let header = if ahead.trailing_zeros() >= g { w.sh } else { 0 };
+                (w.record(p0, ahead) - header, TILE_PANELS * w.rec + header)
+            }
         };
-        let group = TILE_PANELS * w.rec + header;
-        let from = w.record(p0, ahead) - header;
         if from + group <= w.data.len() * 64 {
             let at = w.base().wrapping_add(from);
             for line in (0..group).step_by(64) {

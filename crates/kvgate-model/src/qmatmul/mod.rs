@@ -159,7 +159,8 @@ impl QMatrix {
     /// Byte offset of the record of panel `p`, block `b`.
     #[inline]
     fn record(&self, p: usize, b: usize) -> usize {
-        let headers = self.sub.map_or(0, |g| ((b >> g) + 1) * self.sh);
+        // branch-free: without `sub`, `sh` is 0
+        let headers = ((b >> self.sub.unwrap_or(0)) + 1) * self.sh;
         p / TILE_PANELS * self.tb + headers + (b * TILE_PANELS + p % TILE_PANELS) * self.rec
     }
 
