@@ -6,7 +6,7 @@
 
 use candle_core::quantized::GgmlDType;
 
-use super::{Line, QKind, QMatrix, P, QK, TILE_PANELS};
+use super::{f32_at, Line, QKind, QMatrix, P, QK, TILE_PANELS};
 use crate::repack;
 
 fn f16le(b: &[u8]) -> f32 {
@@ -362,7 +362,6 @@ impl QMatrix {
     fn factors(&self, c: usize) -> Option<Factors> {
         let g = 1 << self.sub?;
         let (bytes, (p, j)) = (self.bytes_slice(), (c / P, c % P));
-        let at = |i: usize| f32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
         let mut f = Factors::default();
         for b in 0..self.nb() {
             for m in [false, true] {
@@ -370,7 +369,7 @@ impl QMatrix {
                 let (i, x) = if m && !self.offsets {
                     (0, 0.0)
                 } else {
-                    (bytes[at_i + j] as i8, at(at_f + 4 * j))
+                    (bytes[at_i + j] as i8, f32_at(bytes, at_f + 4 * j))
                 };
                 let (ints, xs) = if m {
                     (&mut f.mn, &mut f.sm)

@@ -69,25 +69,9 @@ pub(super) unsafe fn pair_dm(
     // panels' factors and integers are consecutive in the tile's header (by the caller).
     unsafe {
         if w.sub.is_none() {
-            // the two records' heads side by side; an implied offset from the joined scales
-            let one = |at: *const u8| {
-                if w.half {
-                    _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
-                } else {
-                    _mm256_loadu_ps(at as *const f32)
-                }
-            };
-            let (a, c) = (tile.add(2 * h * w.rec), tile.add((2 * h + 1) * w.rec));
-            let d = join(one(a), one(c));
-            let m = match (w.offsets, w.ratio) {
-                (false, _) => _mm512_setzero_ps(),
-                (true, None) => {
-                    let at = if w.half { 16 } else { 32 };
-                    join(one(a.add(at)), one(c.add(at)))
-                }
-                (true, Some(r)) => _mm512_mul_ps(d, _mm512_set1_ps(r)),
-            };
-            return (d, m);
+            let (d0, m0) = dm8(w, tile.add(2 * h * w.rec), p0 + 2 * h, b, hd);
+            let (d1, m1) = dm8(w, tile.add((2 * h + 1) * w.rec), p0 + 2 * h + 1, b, hd);
+            return (join(d0, d1), join(m0, m1));
         }
         if !hd.is_null() {
             let at = hd.add(b * HEADS + 2 * h * P);
@@ -115,7 +99,8 @@ pub(super) unsafe fn pair_dm(
     }
 }
 
-/// [`dm8`] of a matrix with K-quant factors, out of line as [`pair_factors`] is.
+/// [`dm8`] of a matrix with K-quant factors (the 512-bit kernels form both panels' at once in
+/// [`pair_dm`]). Out of line, so the AVX2 kernels' inlined head load stays the plain formats' one.
 /// SAFETY (caller): as [`dm8`], and `w.sub` is set.
 #[inline(never)]
 #[target_feature(enable = "avx2,fma,f16c")]

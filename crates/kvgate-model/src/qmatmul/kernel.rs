@@ -52,9 +52,7 @@ pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&[f32]>, rr: usize, y: &mut Acc) {
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
-    assert!(heads.is_none_or(|h| h.len() >= w.nb() * super::HEADS));
-    #[cfg(target_arch = "x86_64")]
-    let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
+    let hd = w.heads_ptr(heads);
     match *PATH {
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
         // argued in `simd!`.
@@ -63,7 +61,10 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, y) },
-        _ => scalar(w, p0, x, xs, rr, y),
+        _ => {
+            let _ = hd; // the scalar kernel reads the records' own heads
+            scalar(w, p0, x, xs, rr, y)
+        }
     }
 }
 

@@ -32,10 +32,8 @@ pub(super) fn run_int(
 ) {
     let (k, groups) = (w.k, w.k / QK);
     assert!(rr >= 1 && rr <= max_rows() && xs.len() >= rr * w.nb());
-    assert!(heads.is_none_or(|h| h.len() >= w.nb() * super::HEADS));
-    #[cfg(target_arch = "x86_64")]
-    let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
     assert!(p0 + TILE_PANELS <= w.np);
+    let hd = w.heads_ptr(heads);
     assert!(q.sx.len() >= (r0 + rr) * groups);
     match w.kind {
         QKind::Q4 | QKind::Q5 => assert!(q.q8.len() >= (r0 + rr) * k),
@@ -58,7 +56,10 @@ pub(super) fn run_int(
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
-        _ => scalar_int(w, p0, q, r0, xs, rr, y),
+        _ => {
+            let _ = hd; // the scalar kernel reads the records' own heads
+            scalar_int(w, p0, q, r0, xs, rr, y)
+        }
     }
 }
 
@@ -77,9 +78,8 @@ pub(super) fn run_int_each(
     let mut out = vec![];
     #[cfg(target_arch = "x86_64")]
     {
-        let hd = heads.map_or(std::ptr::null(), |h| h.as_ptr());
         use std::arch::is_x86_feature_detected as has;
-        let k = w.k;
+        let (k, hd) = (w.k, w.heads_ptr(heads));
         let (q8, q16, sx) = (
             q.q8.as_ptr().wrapping_add(r0 * k),
             q.q16.as_ptr().wrapping_add(r0 * k),

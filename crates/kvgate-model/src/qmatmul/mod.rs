@@ -196,7 +196,6 @@ impl QMatrix {
     /// its kernel calls (one per 8 rows) read them as f32 heads instead of each forming them again.
     fn expand_heads(&self, p0: usize) -> Option<Vec<f32>> {
         self.sub?;
-        let bytes = self.bytes_slice();
         let mut out = vec![0f32; self.nb() * HEADS];
         let half = if self.offsets { 2 } else { 1 };
         for (b, heads) in out.chunks_exact_mut(HEADS).enumerate() {
@@ -204,13 +203,24 @@ impl QMatrix {
                 // the tile's 4 panels' factors and integers are consecutive from its first panel's
                 let (f, i) = self.factor_at(p0, b, m == 1);
                 for (c, h) in heads.iter_mut().enumerate() {
-                    let at = f + 4 * c;
-                    let factor = f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-                    *h = factor * bytes[i + c] as i8 as f32;
+                    *h = self.product_at(f + 4 * c, i + c);
                 }
             }
         }
         Some(out)
+    }
+
+    /// With `sub`: the f32 factor at byte `f` times the 8-bit integer at byte `i` (a scale or offset).
+    fn product_at(&self, f: usize, i: usize) -> f32 {
+        let bytes = self.bytes_slice();
+        f32_at(bytes, f) * bytes[i] as i8 as f32
+    }
+
+    /// The pointer the SIMD kernels take for a tile's expanded `heads` (null: the records' own heads),
+    /// checked to cover every block.
+    fn heads_ptr(&self, heads: Option<&[f32]>) -> *const f32 {
+        assert!(heads.is_none_or(|h| h.len() >= self.nb() * HEADS));
+        heads.map_or(std::ptr::null(), <[f32]>::as_ptr)
     }
 
     fn bytes_slice(&self) -> &[u8] {
@@ -261,8 +271,7 @@ impl QMatrix {
         if self.sub.is_some() {
             let product = |m: bool| {
                 let (f, i) = self.factor_at(c / P, b, m);
-                let (f, i) = (f + 4 * (c % P), i + c % P);
-                f32::from_le_bytes([bytes[f], bytes[f + 1], bytes[f + 2], bytes[f + 3]]) * bytes[i] as i8 as f32
+                self.product_at(f + 4 * (c % P), i + c % P)
             };
             return (product(false), if self.offsets { product(true) } else { 0.0 });
         }
@@ -271,7 +280,7 @@ impl QMatrix {
             if self.half {
                 half::f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32()
             } else {
-                f32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]])
+                f32_at(bytes, i)
             }
         };
         let at = self.record(c / P, b) + size * (c % P);
@@ -407,6 +416,11 @@ impl QMatrix {
         });
         out
     }
+}
+
+/// The f32 stored little-endian at byte `at`.
+fn f32_at(bytes: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
 /// The output pointer shared by the tasks of one [`QMatrix::matmul`], each writing its own elements.
