@@ -113,6 +113,8 @@ fn a_streamed_response_is_cancelled() {
     let (st, c) = s.post(&format!("/v1/responses/{id}/cancel"), &json!({}));
     assert_eq!(st, 200, "{c}");
     assert_eq!(c["status"], "cancelled", "{c}");
+    // the answer is the stored response (the cancel waited for its end signal), not a stub
+    assert_eq!(c["output"][0]["content"][0]["text"], "Hello", "{c}");
     // the stream ends now, with the message closed and a response.incomplete saying cancelled
     line.clear();
     while r.read_line(&mut line).unwrap_or(0) > 0 {

@@ -8,14 +8,15 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kvgate_engine::{FinishReason, GenerateRequest, StopMatch, TokenLogprob, Usage};
+use kvgate_engine::{FinishReason, StopMatch, TokenLogprob, Usage};
 use kvgate_grammar::GrammarSpec;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
-use crate::events::{now_secs, request_id, submit_all, ChoiceOut};
+use crate::events::{now_secs, request_id, ChoiceOut};
+use crate::generation::{submit, Generation};
 use crate::openai::request::{endpoint_body, CompletionFields, SamplingFields};
-use crate::openai::respond::{respond, vllm_prompt_logprobs, PromptLogprobs, Shape, StreamUsage};
+use crate::openai::respond::{respond, vllm_prompt_logprobs, PromptLogprobs, Shape};
 use crate::openai::response::{Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
@@ -235,37 +236,24 @@ pub async fn completions(
         sf,
         value,
         model,
-        mut c,
+        c,
         prompts,
         score_only,
         echo,
         logprobs,
         constraint,
     } = prepare(&st, map).await?;
-    if let Some((field, spec)) = constraint {
-        c.params.guide = Some(crate::structured::compile(st.grammars.clone(), field, spec).await?);
-    }
     if st.settings.log_requests {
         tracing::info!(body = %value, "completion request");
     }
-    c.cache_salt = st.salted(tenant, c.cache_salt.take());
-    let retain = st.retain_for(&headers, sf.prompt_cache_key.as_deref(), tenant);
-    let n = c.params.n;
-    let reqs = prompts
-        .iter()
-        .map(|p| GenerateRequest {
-            prompt: p.ids.clone(),
-            params: c.params.clone(),
-            cache_salt: c.cache_salt.clone(),
-            retain,
-        })
-        .collect();
-    let tagged = submit_all(&st, reqs)?;
-    let stream = c.stream.then_some(StreamUsage {
-        include: c.include_usage,
-        continuous: c.continuous_usage,
-        prompt_tokens: prompts.iter().map(|p| p.ids.len()).sum(),
-    });
+    let generation = Generation {
+        prompts: prompts.iter().map(|p| p.ids.clone()).collect(),
+        sampling: c,
+        guide: constraint,
+        session: sf.prompt_cache_key,
+    };
+    let sub = submit(&st, &headers, tenant, generation).await?;
+    let (n, stream, prompt_lp) = (sub.sampling.params.n, sub.stream_usage(), sub.sampling.prompt_logprobs);
     let slots = prompts.len() * n;
     let shape = CompletionShape {
         st,
@@ -276,13 +264,13 @@ pub async fn completions(
         echo,
         logprobs,
         score_only,
-        prompt_lp: c.prompt_logprobs,
+        prompt_lp,
         prompt_lps: vec![None; prompts.len()],
         prompts,
         echoed: vec![false; slots],
         offsets: vec![0; slots],
     };
-    respond(tagged, n, stream, shape).await
+    respond(sub.tagged, n, stream, shape).await
 }
 
 /// How a completion writes engine events: `text_completion` objects, choice index = (prompt index

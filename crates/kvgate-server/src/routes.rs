@@ -10,7 +10,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use crate::chat::{normalize_messages, render};
+use crate::conversation::{message_bytes, normalize_messages, render};
 use crate::error::{ApiError, Shape};
 use crate::openai::request::{strict_body, DetokenizeBody, TokenizeBody};
 use crate::state::AppState;
@@ -159,7 +159,7 @@ pub async fn tokenize(
         (Some(p), None) => st.encode("prompt", p, b.add_special_tokens.unwrap_or(true)).await?,
         (None, Some(m)) => {
             let msgs = normalize_messages(Some(&m), "messages")?;
-            st.check_prompt_bytes("messages", crate::chat::message_bytes(&msgs))?;
+            st.check_prompt_bytes("messages", message_bytes(&msgs))?;
             let kwargs = b.chat_template_kwargs.unwrap_or_default();
             let cont = b.continue_final_message.unwrap_or(false);
             let add_gen = b.add_generation_prompt.unwrap_or(true) && !cont;

@@ -13,15 +13,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use kvgate_engine::GenerateRequest;
-use kvgate_model::prompt::{render_conversation, Message, PromptTools, Role};
 use serde_json::{Map, Value};
 
+use crate::conversation::{message_bytes, normalize_messages, render_with_tools};
 use crate::error::ApiError;
-use crate::events::{now_secs, request_id, submit_all};
+use crate::events::{now_secs, request_id};
+use crate::generation::{submit, Generation};
 use crate::openai::request::{endpoint_body, ChatFields, SamplingFields};
-use crate::openai::respond::{respond, StreamUsage};
-use crate::params::kind;
+use crate::openai::respond::respond;
 use crate::reasoning::ReasoningSplit;
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
@@ -29,154 +28,6 @@ use crate::structured;
 use crate::tools::stream::CallStream;
 use crate::tools::{self, ToolSpec};
 use kvgate_grammar::GrammarSpec;
-
-/// Checks and normalises OpenAI chat messages: content parts of type `text` are joined with newlines
-/// (as vLLM does for string-content templates); anything else is refused with its location.
-pub fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Vec<Message>, ApiError> {
-    let arr = match v {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err(ApiError::param(field, format!("'{field}' must not be empty"))),
-        None => return Err(ApiError::param(field, format!("'{field}' is required"))),
-        Some(other) => {
-            return Err(ApiError::param(
-                field,
-                format!("'{field}' must be a list of messages, got {}", kind(other)),
-            ))
-        }
-    };
-    let mut out = Vec::with_capacity(arr.len());
-    for (i, m) in arr.iter().enumerate() {
-        let Value::Object(obj) = m else {
-            return Err(ApiError::param(
-                field,
-                format!("{field}[{i}] must be an object, got {}", kind(m)),
-            ));
-        };
-        let role = obj
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].role is required and must be a string")))?;
-        let Some(r) = Role::parse(role) else {
-            let roles: Vec<&str> = Role::ALL.iter().map(|r| r.as_str()).collect();
-            return Err(ApiError::param(
-                field,
-                format!("{field}[{i}].role must be one of {}, got {role:?}", roles.join(", ")),
-            ));
-        };
-        let content = match obj.get("content") {
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut texts = vec![];
-                for (j, p) in parts.iter().enumerate() {
-                    match (
-                        p.get("type").and_then(Value::as_str),
-                        p.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(t)) => texts.push(t.to_string()),
-                        (Some(t), _) if t != "text" => {
-                            return Err(ApiError::param(
-                                field,
-                                format!(
-                                    "{field}[{i}].content[{j}]: content of type {t:?} is not supported (text only)"
-                                ),
-                            ))
-                        }
-                        _ => {
-                            return Err(ApiError::param(
-                                field,
-                                format!("{field}[{i}].content[{j}] must be {{\"type\": \"text\", \"text\": ...}}"),
-                            ))
-                        }
-                    }
-                }
-                texts.join("\n")
-            }
-            None | Some(Value::Null) if role == "assistant" => String::new(),
-            None | Some(Value::Null) => {
-                return Err(ApiError::param(field, format!("{field}[{i}].content is required")))
-            }
-            Some(other) => {
-                return Err(ApiError::param(
-                    field,
-                    format!(
-                        "{field}[{i}].content must be a string or a list of text parts, got {}",
-                        kind(other)
-                    ),
-                ))
-            }
-        };
-        for k in obj.keys() {
-            match (k.as_str(), role) {
-                ("role" | "content" | "name", _) | ("tool_calls", "assistant") | ("tool_call_id", "tool") => {}
-                ("refusal", "assistant") => {}
-                ("tool_calls" | "tool_call_id" | "function_call" | "audio" | "refusal", _) => {
-                    if !obj[k].is_null() {
-                        return Err(ApiError::param(
-                            field,
-                            format!("{field}[{i}].{k} is not supported by kvgate on a {role} message"),
-                        ));
-                    }
-                }
-                (other, _) => {
-                    return Err(ApiError::param(
-                        field,
-                        format!("{field}[{i}] has an unknown field '{other}'"),
-                    ))
-                }
-            }
-        }
-        let mut n = Message::text(r, content);
-        n.name = obj.get("name").and_then(Value::as_str).map(str::to_string);
-        if let Some(calls) = obj.get("tool_calls").filter(|v| !v.is_null()) {
-            let calls = tools::normalize_tool_calls(calls, &format!("{field}[{i}].tool_calls"))
-                .map_err(|e| ApiError::param(field, e))?;
-            n.tool_calls = Some(calls);
-        }
-        if let Some(id) = obj.get("tool_call_id").filter(|v| !v.is_null()) {
-            let id = id
-                .as_str()
-                .ok_or_else(|| ApiError::param(field, format!("{field}[{i}].tool_call_id must be a string")))?;
-            n.tool_call_id = Some(id.to_string());
-        }
-        out.push(n);
-    }
-    Ok(out)
-}
-
-/// The text bytes of normalised messages (their contents and tool calls): what decides, before any
-/// rendering or tokenizing, whether they can fit the context.
-pub fn message_bytes(messages: &[Message]) -> usize {
-    messages.iter().map(Message::text_bytes).sum()
-}
-
-/// Renders messages with the model's template exactly as `/v1/chat/completions` does (no tools).
-pub fn render(
-    st: &AppState,
-    messages: &[Message],
-    add_generation_prompt: bool,
-    continue_final: bool,
-    kwargs: &Map<String, Value>,
-) -> Result<String, ApiError> {
-    render_with_tools(st, messages, add_generation_prompt, continue_final, kwargs, None)
-}
-
-/// Renders messages and, when offered, tools ([`kvgate_model::prompt::render_conversation`]).
-pub fn render_with_tools(
-    st: &AppState,
-    messages: &[Message],
-    add_generation_prompt: bool,
-    continue_final: bool,
-    kwargs: &Map<String, Value>,
-    tools: Option<&ToolSpec>,
-) -> Result<String, ApiError> {
-    let tmpl = st
-        .chat
-        .as_ref()
-        .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
-    let offered = tools.map(|t| t as &dyn PromptTools);
-    render_conversation(tmpl, messages, add_generation_prompt, continue_final, kwargs, offered)
-        .map_err(|e| ApiError::param("messages", e.to_string()))
-}
 
 /// A chat request read and checked up to its prompt's token ids: everything the generation needs but
 /// the compiled grammar. What `/v1/chat/completions` submits and `/v1/chat/completions/render` shows.
@@ -297,48 +148,36 @@ pub async fn chat_completions(
         value,
         model,
         ids,
-        mut c,
+        c,
         constraint,
         tool_spec,
         reasoning,
         want_lp,
     } = prepare(&st, map).await?;
-    if let Some((field, spec)) = constraint {
-        c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
-    }
     if st.settings.log_requests {
         tracing::info!(body = %value, "chat request");
     }
-    c.cache_salt = st.salted(tenant, c.cache_salt.take());
-    let retain = st.retain_for(&headers, sf.prompt_cache_key.as_deref(), tenant);
-    let n = c.params.n;
-    let prompt_len = ids.len();
-    let tagged = submit_all(
-        &st,
-        vec![GenerateRequest {
-            prompt: ids,
-            params: c.params.clone(),
-            cache_salt: c.cache_salt.clone(),
-            retain,
-        }],
-    )?;
+    let generation = Generation {
+        prompts: vec![ids],
+        sampling: c,
+        guide: constraint,
+        session: sf.prompt_cache_key,
+    };
+    let sub = submit(&st, &headers, tenant, generation).await?;
+    let n = sub.sampling.params.n;
     let shape = ChatShape {
         st,
         id: request_id("chatcmpl"),
         created: now_secs(),
         model,
         want_lp,
-        prompt_lp: c.prompt_logprobs,
+        prompt_lp: sub.sampling.prompt_logprobs,
         started: vec![false; n],
         calls: (0..n).map(|_| CallStream::default()).collect(),
         splits: (0..n).map(|_| ReasoningSplit::new(&reasoning.prompt_tail)).collect(),
         reasoning,
         tools: tool_spec,
     };
-    let stream = c.stream.then_some(StreamUsage {
-        include: c.include_usage,
-        continuous: c.continuous_usage,
-        prompt_tokens: prompt_len,
-    });
-    respond(tagged, n, stream, shape).await
+    let stream = sub.stream_usage();
+    respond(sub.tagged, n, stream, shape).await
 }

@@ -22,24 +22,27 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use kvgate_engine::GenerateRequest;
 use kvgate_grammar::GrammarSpec;
-use serde_json::{json, Map, Value};
+use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use crate::chat::render_with_tools;
+use crate::conversation::render_with_tools;
 use crate::error::ApiError;
-use crate::events::{item_id, now_secs, submit_all};
+use crate::events::{item_id, now_secs};
+use crate::generation::{submit, Generation};
 use crate::openai::request::{strict_body, SamplingFields};
 use crate::openai::respond::{respond, respond_until, Stop, StreamUsage};
 use crate::reasoning::ReasoningSplit;
 use crate::sampling::{self, int_in};
 use crate::state::{AppState, RequestTenant};
-use crate::structured;
-use crate::tools::{self, FunctionDef, Tool, ToolSpec};
+use crate::tools::{self, FunctionDef, Tool, ToolChoice, ToolSpec};
 
 use shape::{ResponsesShape, Turn};
 use store::Cancel;
-use wire::{ResponseObject, ResponsesBody, TextFormat, TextOptions};
+use wire::{
+    Deleted, ReasoningEcho, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, Stub, TextFormat,
+    TextOptions,
+};
 
 /// Hosted tools kvgate cannot run: left out of the prompt.
 const HOSTED: [&str; 10] = [
@@ -55,62 +58,76 @@ const HOSTED: [&str; 10] = [
     "tool_search",
 ];
 
-/// The request's function tools (chat's shape), the custom tools' names, and the tools as the
-/// response reports them.
+/// The schema a custom tool is offered under: a function of one string `input`.
+const CUSTOM_INPUT: &str = r#"{"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}"#;
+
+/// The request's tools in the shared types (custom tools as functions of `{input}`) and the custom
+/// tools' names; hosted tools are left out.
 fn read_tools(tools: &[Value]) -> Result<(Vec<Tool>, Vec<String>), ApiError> {
     let (mut out, mut custom) = (vec![], vec![]);
     for (i, t) in tools.iter().enumerate() {
         let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
-        let text = |k: &str| t.get(k).and_then(Value::as_str).map(str::to_string);
-        match kind {
-            "function" => {
-                let name =
-                    text("name").ok_or_else(|| ApiError::param("tools", format!("tools[{i}].name is required")))?;
-                out.push(Tool {
-                    kind: "function".into(),
-                    function: FunctionDef {
-                        name,
-                        description: text("description"),
-                        parameters: t.get("parameters").filter(|p| !p.is_null()).cloned(),
-                        strict: t.get("strict").and_then(Value::as_bool),
-                    },
-                });
-            }
-            "custom" => {
-                let name =
-                    text("name").ok_or_else(|| ApiError::param("tools", format!("tools[{i}].name is required")))?;
-                custom.push(name.clone());
-                out.push(Tool {
-                    kind: "function".into(),
-                    function: FunctionDef {
-                        name,
-                        description: text("description"),
-                        parameters: Some(json!({"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})),
-                        strict: None,
-                    },
-                });
-            }
-            k if HOSTED.contains(&k) => {}
-            other => {
-                return Err(ApiError::param(
-                    "tools",
-                    format!("tools[{i}].type {other:?} is not supported by kvgate (function and custom tools are)"),
-                ))
-            }
+        if HOSTED.contains(&kind) {
+            continue;
         }
+        let tool = ResponsesTool::deserialize(t).map_err(|e| match kind {
+            "function" | "custom" => ApiError::param("tools", format!("tools[{i}]: {e}")),
+            other => ApiError::param(
+                "tools",
+                format!("tools[{i}].type {other:?} is not supported by kvgate (function and custom tools are)"),
+            ),
+        })?;
+        let named =
+            |name: Option<String>| name.ok_or_else(|| ApiError::param("tools", format!("tools[{i}].name is required")));
+        let function = match tool {
+            ResponsesTool::Function {
+                name,
+                description,
+                parameters,
+                strict,
+            } => FunctionDef {
+                name: named(name)?,
+                description,
+                parameters: parameters.filter(|p| !p.is_null()),
+                strict,
+            },
+            ResponsesTool::Custom { name, description } => {
+                let name = named(name)?;
+                custom.push(name.clone());
+                FunctionDef {
+                    name,
+                    description,
+                    parameters: serde_json::from_str(CUSTOM_INPUT).ok(),
+                    strict: None,
+                }
+            }
+        };
+        out.push(Tool {
+            kind: "function".into(),
+            function,
+        });
     }
     Ok((out, custom))
 }
 
-/// `tool_choice` in chat's shape (the Responses API names a function flat).
-fn chat_tool_choice(v: Option<&Value>) -> Option<Value> {
-    match v {
-        Some(Value::Object(o)) => match (o.get("type").and_then(Value::as_str), o.get("name")) {
-            (Some("function" | "custom"), Some(name)) => Some(json!({"type": "function", "function": {"name": name}})),
-            (Some(k), _) if HOSTED.contains(&k) => Some(json!("auto")),
-            _ => Some(Value::Object(o.clone())),
+/// `tool_choice` in the shared type (the Responses API names a function flat; a hosted tool's
+/// choice reads as `auto`, since kvgate offers none).
+fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(ToolChoice::Auto);
+    };
+    let c = ResponsesToolChoice::deserialize(v)
+        .map_err(|e| ApiError::param("tool_choice", format!("'tool_choice' is not a tool choice: {e}")))?;
+    match c {
+        ResponsesToolChoice::Mode(m) => ToolChoice::of_mode(&m),
+        ResponsesToolChoice::Typed { kind, name } => match (kind.as_str(), name) {
+            ("function" | "custom", Some(name)) => Ok(ToolChoice::Named(name)),
+            (k, _) if HOSTED.contains(&k) => Ok(ToolChoice::Auto),
+            (k, _) => Err(ApiError::param(
+                "tool_choice",
+                format!("'tool_choice' must be a mode or {{\"type\": \"function\", \"name\": …}}, got type {k:?}"),
+            )),
         },
-        other => other.cloned(),
     }
 }
 
@@ -203,9 +220,8 @@ pub async fn create(
     let items = input::items(input)?;
     let conversation = input::conversation(b.instructions.as_deref(), history, &items)?;
     let (tool_list, custom) = read_tools(b.tools.as_deref().unwrap_or_default())?;
-    let choice = chat_tool_choice(b.tool_choice.as_ref());
-    let offered = (!tool_list.is_empty()).then_some(&tool_list);
-    let tool_spec = tools::read(offered, choice.as_ref(), b.parallel_tool_calls)?;
+    let choice = tool_choice(b.tool_choice.as_ref())?;
+    let tool_spec = tools::spec(tool_list, choice, b.parallel_tool_calls)?;
     let mut constraint = match b.text.as_ref().and_then(|t| t.format.clone()) {
         None | Some(TextFormat::Text) => None,
         Some(TextFormat::JsonObject) => Some(("text", GrammarSpec::JsonObject)),
@@ -236,15 +252,16 @@ pub async fn create(
     if !c.max_tokens_given {
         c.params.max_tokens = room;
     }
-    if let Some((field, spec)) = constraint {
-        c.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
-    }
     let id = item_id("resp");
-    c.cache_salt = st.salted(tenant, c.cache_salt.take());
-    // a stored response may be continued: its state is a session's (retained for the next turn)
-    let hint = b.prompt_cache_key.clone().or_else(|| store.then(|| id.clone()));
-    let retain = st.retain_for(&headers, hint.as_deref(), tenant);
     let prompt_len = ids.len();
+    let stream = c.stream;
+    // a stored response may be continued: its state is a session's (retained for the next turn)
+    let generation = Generation {
+        prompts: vec![ids],
+        sampling: c,
+        guide: constraint,
+        session: b.prompt_cache_key.clone().or_else(|| store.then(|| id.clone())),
+    };
     let response = ResponseObject {
         id: id.clone(),
         object: "response",
@@ -261,7 +278,7 @@ pub async fn create(
         previous_response_id: b.previous_response_id.clone(),
         temperature: b.temperature,
         top_p: b.top_p,
-        tool_choice: b.tool_choice.clone().unwrap_or_else(|| json!("auto")),
+        tool_choice: b.tool_choice.clone().unwrap_or_else(|| Value::String("auto".into())),
         tools: b.tools.clone().unwrap_or_default(),
         text: b.text.clone().unwrap_or(TextOptions {
             format: Some(TextFormat::Text),
@@ -273,20 +290,12 @@ pub async fn create(
         reasoning: b
             .reasoning
             .clone()
-            .unwrap_or_else(|| json!({"effort": null, "summary": null})),
+            .unwrap_or_else(|| serde_json::to_value(ReasoningEcho::default()).unwrap_or_default()),
         service_tier: b.service_tier.clone().unwrap_or_else(|| "default".into()),
         background: false,
         user: b.user.clone(),
     };
-    let tagged = submit_all(
-        &st,
-        vec![GenerateRequest {
-            prompt: ids,
-            params: c.params.clone(),
-            cache_salt: c.cache_salt.clone(),
-            retain,
-        }],
-    )?;
+    let tagged = submit(&st, &headers, tenant, generation).await?.tagged;
     let turn = Turn {
         tools: tool_spec,
         custom,
@@ -298,7 +307,7 @@ pub async fn create(
     let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
     // `POST /v1/responses/{id}/cancel` may stop it, streamed or not
     let cancelled = st.responses.running(tenant, &id);
-    if c.stream {
+    if stream {
         let stream = StreamUsage {
             include: false,
             continuous: false,
@@ -357,7 +366,12 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     match st.responses.delete(tenant, &id) {
-        true => Ok(axum::Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()),
+        true => Ok(axum::Json(Deleted {
+            id,
+            object: "response.deleted",
+            deleted: true,
+        })
+        .into_response()),
         false => Err(not_found(&id)),
     }
 }
@@ -375,14 +389,18 @@ pub async fn cancel(
             "response_id",
             format!("response {id:?} cannot be cancelled: its status is {status:?}"),
         )),
-        Cancel::Stopped => {
-            for _ in 0..200 {
-                if let Some((r, _)) = st.responses.get(tenant, &id) {
-                    return Ok(axum::Json(r).into_response());
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        Cancel::Stopped(mut ended) => {
+            // the sender is dropped once the response is stored or forgotten: `changed` then errs
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ended.changed()).await;
+            match st.responses.get(tenant, &id) {
+                Some((r, _)) => Ok(axum::Json(r).into_response()),
+                None => Ok(axum::Json(Stub {
+                    id,
+                    object: "response",
+                    status: "cancelled",
+                })
+                .into_response()),
             }
-            Ok(axum::Json(json!({"id": id, "object": "response", "status": "cancelled"})).into_response())
         }
     }
 }

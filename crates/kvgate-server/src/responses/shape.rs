@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
 use kvgate_model::prompt::{Message, Role};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
 use super::input::{custom_call, function_call};
 use super::wire::{
-    Incomplete, OutputItem, OutputText, ReasoningText, ResponseError, ResponseObject, ResponseUsage, StreamEvent,
+    ArgumentsDone, CallDelta, Incomplete, InputDone, OutputItem, OutputText, ReasoningText, ResponseError,
+    ResponseObject, ResponseUsage, StreamEvent, TextDelta, TextDone, WithItem, WithPart, WithResponse,
 };
 use super::wire::{InputDetails, OutputDetails};
 use crate::error::ApiError;
@@ -77,20 +78,44 @@ pub struct ResponsesShape {
     reasoning_tokens: usize,
 }
 
-fn ev(kind: &'static str, fields: Value) -> StreamEvent {
-    let fields = match fields {
-        Value::Object(m) => m,
-        _ => Map::new(),
-    };
-    StreamEvent {
-        kind,
+fn item(output_index: usize, item: OutputItem) -> WithItem {
+    WithItem {
         sequence_number: 0,
-        fields,
+        output_index,
+        item,
     }
 }
 
-fn to_value<T: serde::Serialize>(t: &T) -> Value {
-    serde_json::to_value(t).unwrap_or(Value::Null)
+fn part(o: &OpenText, part: OutputText) -> WithPart {
+    WithPart {
+        sequence_number: 0,
+        item_id: o.id.clone(),
+        output_index: o.index,
+        content_index: 0,
+        part,
+    }
+}
+
+fn delta(o: &OpenText, delta: String, logprobs: Option<Vec<Value>>) -> TextDelta {
+    TextDelta {
+        sequence_number: 0,
+        item_id: o.id.clone(),
+        output_index: o.index,
+        content_index: 0,
+        delta,
+        logprobs,
+    }
+}
+
+fn done(o: &OpenText, logprobs: Option<Vec<Value>>) -> TextDone {
+    TextDone {
+        sequence_number: 0,
+        item_id: o.id.clone(),
+        output_index: o.index,
+        content_index: 0,
+        text: o.text.clone(),
+        logprobs,
+    }
 }
 
 /// `usage` from the engine's accounting.
@@ -137,7 +162,7 @@ impl ResponsesShape {
     }
 
     fn push(&mut self, out: &mut Vec<StreamEvent>, mut e: StreamEvent) {
-        e.sequence_number = self.seq;
+        e.set_sequence(self.seq);
         self.seq += 1;
         out.push(e);
     }
@@ -174,20 +199,14 @@ impl ResponsesShape {
         if self.thinking.is_none() {
             let index = self.response.output.len();
             let id = item_id("rs");
-            let item = json!({"type": "reasoning", "id": id, "summary": [], "content": [], "status": "in_progress"});
-            self.push(
-                out,
-                ev(
-                    "response.output_item.added",
-                    json!({"output_index": index, "item": item}),
-                ),
-            );
-            self.response.output.push(OutputItem::Reasoning {
+            let opened = OutputItem::Reasoning {
                 id: id.clone(),
                 summary: vec![],
                 content: vec![],
                 status: "in_progress",
-            });
+            };
+            self.push(out, StreamEvent::ItemAdded(item(index, opened.clone())));
+            self.response.output.push(opened);
             self.thinking = Some(OpenText {
                 index,
                 id,
@@ -196,16 +215,15 @@ impl ResponsesShape {
         }
         let Some(o) = self.thinking.as_mut() else { return };
         o.text.push_str(&t);
-        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "delta": t});
-        self.push(out, ev("response.reasoning_text.delta", f));
+        let e = StreamEvent::ReasoningDelta(delta(o, t, None));
+        self.push(out, e);
     }
 
     /// Closes the reasoning item.
     fn close_reasoning(&mut self, out: &mut Vec<StreamEvent>) {
         let Some(o) = self.thinking.take() else { return };
-        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "text": o.text});
-        self.push(out, ev("response.reasoning_text.done", f));
-        let item = OutputItem::Reasoning {
+        self.push(out, StreamEvent::ReasoningDone(done(&o, None)));
+        let closed = OutputItem::Reasoning {
             id: o.id,
             summary: vec![],
             content: vec![ReasoningText {
@@ -214,9 +232,8 @@ impl ResponsesShape {
             }],
             status: "completed",
         };
-        let f = json!({"output_index": o.index, "item": to_value(&item)});
-        self.push(out, ev("response.output_item.done", f));
-        self.response.output[o.index] = item;
+        self.push(out, StreamEvent::ItemDone(item(o.index, closed.clone())));
+        self.response.output[o.index] = closed;
     }
 
     /// A text delta through the reasoning splitter: reasoning goes to its item, the answer is returned.
@@ -243,103 +260,100 @@ impl ResponsesShape {
         self.close_reasoning(out);
         if self.open.is_none() {
             let index = self.response.output.len();
-            let id = item_id("msg");
-            let item =
-                json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
-            self.push(
-                out,
-                ev(
-                    "response.output_item.added",
-                    json!({"output_index": index, "item": item}),
-                ),
-            );
-            let part = to_value(&OutputText::of(String::new()));
-            let f = json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
-            self.push(out, ev("response.content_part.added", f));
-            // the item's place in the output is taken now; its content is filled when it closes
-            self.response.output.push(OutputItem::Message {
-                id: id.clone(),
+            let opened = OutputItem::Message {
+                id: item_id("msg"),
                 status: "in_progress",
                 role: "assistant",
                 content: vec![],
-            });
-            self.open = Some(OpenText {
+            };
+            let o = OpenText {
                 index,
-                id,
+                id: opened.id().to_string(),
                 text: String::new(),
-            });
+            };
+            self.push(out, StreamEvent::ItemAdded(item(index, opened.clone())));
+            self.push(out, StreamEvent::PartAdded(part(&o, OutputText::of(String::new()))));
+            // the item's place in the output is taken now; its content is filled when it closes
+            self.response.output.push(opened);
+            self.open = Some(o);
         }
         let Some(o) = self.open.as_mut() else { return };
         o.text.push_str(&t);
-        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "delta": t, "logprobs": []});
-        self.push(out, ev("response.output_text.delta", f));
+        let e = StreamEvent::TextDelta(delta(o, t, Some(vec![])));
+        self.push(out, e);
     }
 
     /// Closes the open message item.
     fn close_text(&mut self, status: &'static str, out: &mut Vec<StreamEvent>) {
         let Some(o) = self.open.take() else { return };
-        let part = OutputText::of(o.text.clone());
-        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "text": o.text, "logprobs": []});
-        self.push(out, ev("response.output_text.done", f));
-        let f = json!({"item_id": o.id, "output_index": o.index, "content_index": 0, "part": to_value(&part)});
-        self.push(out, ev("response.content_part.done", f));
-        let item = OutputItem::Message {
+        let whole = OutputText::of(o.text.clone());
+        self.push(out, StreamEvent::TextDone(done(&o, Some(vec![]))));
+        self.push(out, StreamEvent::PartDone(part(&o, whole.clone())));
+        let closed = OutputItem::Message {
             id: o.id,
             status,
             role: "assistant",
-            content: vec![part],
+            content: vec![whole],
         };
-        let f = json!({"output_index": o.index, "item": to_value(&item)});
-        self.push(out, ev("response.output_item.done", f));
-        self.response.output[o.index] = item;
+        self.push(out, StreamEvent::ItemDone(item(o.index, closed.clone())));
+        self.response.output[o.index] = closed;
     }
 
     /// A complete call: its own item, opened and closed at once.
     fn call(&mut self, c: ParsedCall, out: &mut Vec<StreamEvent>) {
         self.close_reasoning(out);
         self.close_text("completed", out);
-        let index = self.response.output.len();
-        let item = self.call_item(&c);
-        let mut added = to_value(&item);
-        let (id, delta_kind, done_kind, delta, done_field) = match &item {
-            OutputItem::CustomToolCall { id, input, .. } => {
-                added["input"] = json!("");
-                (
-                    id.clone(),
-                    "response.custom_tool_call_input.delta",
-                    "response.custom_tool_call_input.done",
-                    input.clone(),
-                    "input",
-                )
+        let output_index = self.response.output.len();
+        let whole = self.call_item(&c);
+        // the item as opened: no arguments (or input) yet, in progress
+        let mut added = whole.clone();
+        let (id, text) = match &mut added {
+            OutputItem::CustomToolCall { id, input, status, .. } => {
+                *status = "in_progress";
+                (id.clone(), std::mem::take(input))
             }
-            OutputItem::FunctionCall { id, arguments, .. } => {
-                added["arguments"] = json!("");
-                (
-                    id.clone(),
-                    "response.function_call_arguments.delta",
-                    "response.function_call_arguments.done",
-                    arguments.clone(),
-                    "arguments",
-                )
+            OutputItem::FunctionCall {
+                id, arguments, status, ..
+            } => {
+                *status = "in_progress";
+                (id.clone(), std::mem::take(arguments))
             }
             OutputItem::Message { .. } | OutputItem::Reasoning { .. } => return,
         };
-        added["status"] = json!("in_progress");
-        self.push(
-            out,
-            ev(
-                "response.output_item.added",
-                json!({"output_index": index, "item": added}),
+        let custom = matches!(whole, OutputItem::CustomToolCall { .. });
+        self.push(out, StreamEvent::ItemAdded(item(output_index, added)));
+        let d = CallDelta {
+            sequence_number: 0,
+            item_id: id.clone(),
+            output_index,
+            delta: text.clone(),
+        };
+        let (d, end) = match custom {
+            true => (
+                StreamEvent::InputDelta(d),
+                StreamEvent::InputDone(InputDone {
+                    sequence_number: 0,
+                    item_id: id,
+                    output_index,
+                    name: c.name,
+                    input: text,
+                }),
             ),
-        );
-        let f = json!({"item_id": id, "output_index": index, "delta": delta});
-        self.push(out, ev(delta_kind, f));
-        let mut f = json!({"item_id": id, "output_index": index, "name": c.name});
-        f[done_field] = json!(delta);
-        self.push(out, ev(done_kind, f));
-        let f = json!({"output_index": index, "item": to_value(&item)});
-        self.push(out, ev("response.output_item.done", f));
-        self.response.output.push(item);
+            false => (
+                StreamEvent::ArgumentsDelta(d),
+                StreamEvent::ArgumentsDone(ArgumentsDone {
+                    sequence_number: 0,
+                    item_id: id,
+                    output_index,
+                    name: c.name,
+                    arguments: text,
+                }),
+            ),
+        };
+        self.push(out, d);
+        self.push(out, end);
+        self.push(out, StreamEvent::ItemDone(item(output_index, whole.clone())));
+        self.response.output.push(whole);
     }
 
     fn pieces(&mut self, pieces: Vec<Piece>, out: &mut Vec<StreamEvent>) {
@@ -408,8 +422,11 @@ impl ResponsesShape {
     }
 
     /// The response as a stream event's `response` field.
-    fn snapshot(&self) -> Value {
-        to_value(&self.response)
+    fn snapshot(&self) -> WithResponse {
+        WithResponse {
+            sequence_number: 0,
+            response: self.response.clone(),
+        }
     }
 }
 
@@ -428,15 +445,15 @@ impl Shape for ResponsesShape {
     const DONE_MARKER: bool = false;
 
     fn event_name(c: &StreamEvent) -> Option<&'static str> {
-        Some(c.kind)
+        Some(c.kind())
     }
 
     fn start(&mut self) -> Vec<StreamEvent> {
         let mut out = vec![];
         let snap = self.snapshot();
-        self.push(&mut out, ev("response.created", json!({ "response": snap })));
+        self.push(&mut out, StreamEvent::Created(snap));
         let snap = self.snapshot();
-        self.push(&mut out, ev("response.in_progress", json!({ "response": snap })));
+        self.push(&mut out, StreamEvent::InProgress(snap));
         out
     }
 
@@ -485,8 +502,9 @@ impl Shape for ResponsesShape {
         out
     }
 
+    /// (Never asked for: a response reports its usage in its closing event, [`Shape::end`] below.)
     fn usage_chunk(&self, _: UsageOut) -> StreamEvent {
-        ev("response.in_progress", json!({}))
+        StreamEvent::InProgress(self.snapshot())
     }
 
     fn set_running_usage(_: &mut StreamEvent, _: UsageOut) {}
@@ -495,12 +513,12 @@ impl Shape for ResponsesShape {
         self.conclude(usage);
         self.store();
         let mut out = vec![];
-        let kind = match self.response.status {
-            "incomplete" => "response.incomplete",
-            _ => "response.completed",
-        };
         let snap = self.snapshot();
-        self.push(&mut out, ev(kind, json!({ "response": snap })));
+        let e = match self.response.status {
+            "incomplete" => StreamEvent::Incomplete(snap),
+            _ => StreamEvent::Completed(snap),
+        };
+        self.push(&mut out, e);
         out
     }
 
@@ -514,7 +532,7 @@ impl Shape for ResponsesShape {
         self.store();
         self.st.responses.ended(&self.response.id);
         let snap = self.snapshot();
-        self.push(&mut out, ev("response.incomplete", json!({ "response": snap })));
+        self.push(&mut out, StreamEvent::Incomplete(snap));
         out
     }
 
@@ -529,7 +547,7 @@ impl Shape for ResponsesShape {
         });
         self.st.responses.ended(&self.response.id);
         let snap = self.snapshot();
-        self.push(&mut out, ev("response.failed", json!({ "response": snap })));
+        self.push(&mut out, StreamEvent::Failed(snap));
         Some(out)
     }
 

@@ -2,13 +2,14 @@
 //! response object and the conversation that produced it (what `previous_response_id` continues),
 //! least recently used out first when either bound (entries, bytes) is reached; 0 entries turns storing
 //! off. Each entry belongs to the API key that made it: another key sees a 404. Responses still being
-//! generated are registered too, so `POST /v1/responses/{id}/cancel` can stop them.
+//! generated are registered too, so `POST /v1/responses/{id}/cancel` can stop them and wait for the
+//! signal that they ended (stored or forgotten), never polling.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use kvgate_model::prompt::Message;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
 use super::wire::ResponseObject;
 
@@ -26,7 +27,15 @@ struct Inner {
     lru: BTreeMap<u64, String>,
     tick: u64,
     bytes: usize,
-    running: HashMap<String, (Option<u32>, Arc<Notify>)>,
+    running: HashMap<String, Running>,
+}
+
+/// A response being generated: its key, the cancel signal it listens to, and the end signal a
+/// cancel waits on (dropped, so every receiver wakes, once the response is stored or forgotten).
+struct Running {
+    tenant: Option<u32>,
+    cancel: Arc<Notify>,
+    ended: watch::Sender<()>,
 }
 
 /// The store.
@@ -37,10 +46,11 @@ pub struct ResponseStore {
 }
 
 /// What a cancel found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Cancel {
-    /// A running response was told to stop.
-    Stopped,
+    /// A running response was told to stop; the receiver wakes once it has ended (stored, when it
+    /// is stored).
+    Stopped(watch::Receiver<()>),
     /// The response already ended with this status.
     Ended(&'static str),
     /// No such response (for this key).
@@ -138,9 +148,15 @@ impl ResponseStore {
 
     /// Registers a response being generated; the handle is notified when it is cancelled.
     pub fn running(&self, tenant: Option<u32>, id: &str) -> Arc<Notify> {
-        let n = Arc::new(Notify::new());
-        self.lock().running.insert(id.to_string(), (tenant, n.clone()));
-        n
+        let cancel = Arc::new(Notify::new());
+        let (ended, _) = watch::channel(());
+        let r = Running {
+            tenant,
+            cancel: cancel.clone(),
+            ended,
+        };
+        self.lock().running.insert(id.to_string(), r);
+        cancel
     }
 
     /// Forgets a running response (it ended without being stored).
@@ -151,11 +167,9 @@ impl ResponseStore {
     /// Cancels response `id` of `tenant`.
     pub fn cancel(&self, tenant: Option<u32>, id: &str) -> Cancel {
         let g = self.lock();
-        if let Some((t, n)) = g.running.get(id) {
-            if *t == tenant {
-                n.notify_one();
-                return Cancel::Stopped;
-            }
+        if let Some(r) = g.running.get(id).filter(|r| r.tenant == tenant) {
+            r.cancel.notify_one();
+            return Cancel::Stopped(r.ended.subscribe());
         }
         match g.map.get(id).filter(|e| e.tenant == tenant) {
             Some(e) => Cancel::Ended(e.response.status),

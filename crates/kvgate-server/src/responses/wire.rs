@@ -55,6 +55,52 @@ pub struct ResponsesBody {
     pub prompt: Refused,
 }
 
+/// One of `tools` (flat, unlike chat's: the function's fields beside `type`). Hosted tools kvgate
+/// cannot run are told apart by their `type` before this is read.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponsesTool {
+    /// A function tool.
+    Function {
+        name: Option<String>,
+        #[serde(default)]
+        description: Option<String>,
+        #[serde(default)]
+        parameters: Option<Value>,
+        #[serde(default)]
+        strict: Option<bool>,
+    },
+    /// A custom (freeform-input) tool.
+    Custom {
+        name: Option<String>,
+        #[serde(default)]
+        description: Option<String>,
+    },
+}
+
+/// `tool_choice`: a mode, or a typed choice (`{"type": "function", "name": …}`, a custom tool's, or
+/// a hosted tool's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ResponsesToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// A typed choice.
+    Typed {
+        #[serde(rename = "type")]
+        kind: String,
+        #[serde(default)]
+        name: Option<String>,
+    },
+}
+
+/// The `reasoning` a response reports when the request gave none.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReasoningEcho {
+    pub effort: Option<String>,
+    pub summary: Option<String>,
+}
+
 /// `text`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct TextOptions {
@@ -239,6 +285,18 @@ pub enum OutputItem {
     },
 }
 
+impl OutputItem {
+    /// The item's id.
+    pub fn id(&self) -> &str {
+        match self {
+            OutputItem::Message { id, .. }
+            | OutputItem::FunctionCall { id, .. }
+            | OutputItem::CustomToolCall { id, .. }
+            | OutputItem::Reasoning { id, .. } => id,
+        }
+    }
+}
+
 /// A `reasoning_text` part.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ReasoningText {
@@ -312,12 +370,247 @@ pub struct ResponseObject {
     pub user: Option<String>,
 }
 
-/// A stream event: its type, its sequence number, and the fields of that type.
+/// A `response.created` / `.in_progress` / `.completed` / `.incomplete` / `.failed` event's body.
 #[derive(Debug, Clone, Serialize)]
-pub struct StreamEvent {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
+pub struct WithResponse {
     pub sequence_number: usize,
-    #[serde(flatten)]
-    pub fields: Map<String, Value>,
+    pub response: ResponseObject,
+}
+
+/// A `response.output_item.added` / `.done` event's body.
+#[derive(Debug, Clone, Serialize)]
+pub struct WithItem {
+    pub sequence_number: usize,
+    pub output_index: usize,
+    pub item: OutputItem,
+}
+
+/// A `response.content_part.added` / `.done` event's body.
+#[derive(Debug, Clone, Serialize)]
+pub struct WithPart {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub content_index: usize,
+    pub part: OutputText,
+}
+
+/// A text delta of an item's content (`response.output_text.delta` carries `logprobs`, the
+/// reasoning text's delta does not).
+#[derive(Debug, Clone, Serialize)]
+pub struct TextDelta {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub content_index: usize,
+    pub delta: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Value>>,
+}
+
+/// An item's content text, whole (`response.output_text.done`, `response.reasoning_text.done`).
+#[derive(Debug, Clone, Serialize)]
+pub struct TextDone {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub content_index: usize,
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Value>>,
+}
+
+/// A call's arguments (or custom input) delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallDelta {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub delta: String,
+}
+
+/// `response.function_call_arguments.done`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArgumentsDone {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub name: String,
+    pub arguments: String,
+}
+
+/// `response.custom_tool_call_input.done`.
+#[derive(Debug, Clone, Serialize)]
+pub struct InputDone {
+    pub sequence_number: usize,
+    pub item_id: String,
+    pub output_index: usize,
+    pub name: String,
+    pub input: String,
+}
+
+/// One stream event, a variant per event type; serialized as `{"type", "sequence_number", ...}`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type")]
+pub enum StreamEvent {
+    #[serde(rename = "response.created")]
+    Created(WithResponse),
+    #[serde(rename = "response.in_progress")]
+    InProgress(WithResponse),
+    #[serde(rename = "response.completed")]
+    Completed(WithResponse),
+    #[serde(rename = "response.incomplete")]
+    Incomplete(WithResponse),
+    #[serde(rename = "response.failed")]
+    Failed(WithResponse),
+    #[serde(rename = "response.output_item.added")]
+    ItemAdded(WithItem),
+    #[serde(rename = "response.output_item.done")]
+    ItemDone(WithItem),
+    #[serde(rename = "response.content_part.added")]
+    PartAdded(WithPart),
+    #[serde(rename = "response.content_part.done")]
+    PartDone(WithPart),
+    #[serde(rename = "response.output_text.delta")]
+    TextDelta(TextDelta),
+    #[serde(rename = "response.output_text.done")]
+    TextDone(TextDone),
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningDelta(TextDelta),
+    #[serde(rename = "response.reasoning_text.done")]
+    ReasoningDone(TextDone),
+    #[serde(rename = "response.function_call_arguments.delta")]
+    ArgumentsDelta(CallDelta),
+    #[serde(rename = "response.function_call_arguments.done")]
+    ArgumentsDone(ArgumentsDone),
+    #[serde(rename = "response.custom_tool_call_input.delta")]
+    InputDelta(CallDelta),
+    #[serde(rename = "response.custom_tool_call_input.done")]
+    InputDone(InputDone),
+}
+
+impl StreamEvent {
+    /// The event's type (its SSE `event:` name).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StreamEvent::Created(_) => "response.created",
+            StreamEvent::InProgress(_) => "response.in_progress",
+            StreamEvent::Completed(_) => "response.completed",
+            StreamEvent::Incomplete(_) => "response.incomplete",
+            StreamEvent::Failed(_) => "response.failed",
+            StreamEvent::ItemAdded(_) => "response.output_item.added",
+            StreamEvent::ItemDone(_) => "response.output_item.done",
+            StreamEvent::PartAdded(_) => "response.content_part.added",
+            StreamEvent::PartDone(_) => "response.content_part.done",
+            StreamEvent::TextDelta(_) => "response.output_text.delta",
+            StreamEvent::TextDone(_) => "response.output_text.done",
+            StreamEvent::ReasoningDelta(_) => "response.reasoning_text.delta",
+            StreamEvent::ReasoningDone(_) => "response.reasoning_text.done",
+            StreamEvent::ArgumentsDelta(_) => "response.function_call_arguments.delta",
+            StreamEvent::ArgumentsDone(_) => "response.function_call_arguments.done",
+            StreamEvent::InputDelta(_) => "response.custom_tool_call_input.delta",
+            StreamEvent::InputDone(_) => "response.custom_tool_call_input.done",
+        }
+    }
+
+    /// Sets the event's `sequence_number`.
+    pub fn set_sequence(&mut self, n: usize) {
+        let slot = match self {
+            StreamEvent::Created(e)
+            | StreamEvent::InProgress(e)
+            | StreamEvent::Completed(e)
+            | StreamEvent::Incomplete(e)
+            | StreamEvent::Failed(e) => &mut e.sequence_number,
+            StreamEvent::ItemAdded(e) | StreamEvent::ItemDone(e) => &mut e.sequence_number,
+            StreamEvent::PartAdded(e) | StreamEvent::PartDone(e) => &mut e.sequence_number,
+            StreamEvent::TextDelta(e) | StreamEvent::ReasoningDelta(e) => &mut e.sequence_number,
+            StreamEvent::TextDone(e) | StreamEvent::ReasoningDone(e) => &mut e.sequence_number,
+            StreamEvent::ArgumentsDelta(e) | StreamEvent::InputDelta(e) => &mut e.sequence_number,
+            StreamEvent::ArgumentsDone(e) => &mut e.sequence_number,
+            StreamEvent::InputDone(e) => &mut e.sequence_number,
+        };
+        *slot = n;
+    }
+}
+
+/// `DELETE /v1/responses/{id}`'s body.
+#[derive(Debug, Clone, Serialize)]
+pub struct Deleted {
+    pub id: String,
+    pub object: &'static str,
+    pub deleted: bool,
+}
+
+/// A cancelled response that was not stored (`store: false`): what `cancel` answers with.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stub {
+    pub id: String,
+    pub object: &'static str,
+    pub status: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every event serializes as `{"type", "sequence_number", ...its fields in the spec's order}`, and
+    /// `kind` names the type it serializes with.
+    #[test]
+    fn stream_events_serialize_in_the_wire_order() {
+        let mut delta = StreamEvent::TextDelta(TextDelta {
+            sequence_number: 0,
+            item_id: "msg_1".into(),
+            output_index: 0,
+            content_index: 0,
+            delta: "Hi".into(),
+            logprobs: Some(vec![]),
+        });
+        delta.set_sequence(7);
+        assert_eq!(
+            serde_json::to_string(&delta).unwrap(),
+            r#"{"type":"response.output_text.delta","sequence_number":7,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi","logprobs":[]}"#
+        );
+        let reasoning = StreamEvent::ReasoningDelta(TextDelta {
+            sequence_number: 1,
+            item_id: "rs_1".into(),
+            output_index: 0,
+            content_index: 0,
+            delta: "hm".into(),
+            logprobs: None,
+        });
+        assert_eq!(
+            serde_json::to_string(&reasoning).unwrap(),
+            r#"{"type":"response.reasoning_text.delta","sequence_number":1,"item_id":"rs_1","output_index":0,"content_index":0,"delta":"hm"}"#
+        );
+        let added = StreamEvent::ItemAdded(WithItem {
+            sequence_number: 2,
+            output_index: 1,
+            item: OutputItem::FunctionCall {
+                id: "fc_1".into(),
+                call_id: "call_1".into(),
+                name: "f".into(),
+                arguments: String::new(),
+                status: "in_progress",
+            },
+        });
+        assert_eq!(
+            serde_json::to_string(&added).unwrap(),
+            r#"{"type":"response.output_item.added","sequence_number":2,"output_index":1,"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"f","arguments":"","status":"in_progress"}}"#
+        );
+        let done = StreamEvent::InputDone(InputDone {
+            sequence_number: 3,
+            item_id: "fc_2".into(),
+            output_index: 2,
+            name: "shell".into(),
+            input: "ls".into(),
+        });
+        assert_eq!(
+            serde_json::to_string(&done).unwrap(),
+            r#"{"type":"response.custom_tool_call_input.done","sequence_number":3,"item_id":"fc_2","output_index":2,"name":"shell","input":"ls"}"#
+        );
+        for e in [&delta, &reasoning, &added, &done] {
+            let v: Value = serde_json::to_value(e).unwrap();
+            assert_eq!(v["type"], e.kind());
+        }
+    }
 }

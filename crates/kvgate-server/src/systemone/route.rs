@@ -68,7 +68,7 @@ async fn answer_request(
     // A state that cannot fit the context by its bytes is refused before any question renders and
     // tokenizes it (each read would).
     let state_bytes = match &spec.state {
-        StateKind::Conversation(c) => crate::chat::message_bytes(c),
+        StateKind::Conversation(c) => crate::conversation::message_bytes(c),
         StateKind::Text(t) => t.len(),
     };
     st.check_prompt_bytes("state", state_bytes)?;

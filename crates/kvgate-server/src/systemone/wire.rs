@@ -310,7 +310,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
         // A conversation is normalised here, as chat completions normalise theirs: a message the
         // chat endpoint refuses is this field's problem.
         Some(v @ Value::Array(a)) if !a.is_empty() && a.iter().all(is_message) => {
-            match crate::chat::normalize_messages(Some(v), "state") {
+            match crate::conversation::normalize_messages(Some(v), "state") {
                 Ok(m) => Some(State::Conversation(m)),
                 Err(err) => {
                     e.push("value_error", &["state"], format!("Value error, {err}"), v);

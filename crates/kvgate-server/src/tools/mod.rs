@@ -128,14 +128,57 @@ pub struct ParsedCall {
 fn serde_msg(e: serde_json::Error) -> String {
     e.to_string()
 }
-/// Checks `tools`, `tool_choice` and `parallel_tool_calls` (already typed). `None` when no tool is
-/// offered (no `tools`, an empty list, or `tool_choice: "none"`).
+/// Checks chat's `tools`, `tool_choice` and `parallel_tool_calls`. `None` when no tool is offered (no
+/// `tools`, an empty list, or `tool_choice: "none"`).
 pub fn read(
     tools: Option<&Vec<Tool>>,
     tool_choice: Option<&Value>,
     parallel: Option<bool>,
 ) -> Result<Option<ToolSpec>, ApiError> {
-    let tools: Vec<Tool> = tools.cloned().unwrap_or_default();
+    let choice = choice_of(tool_choice)?;
+    spec(tools.cloned().unwrap_or_default(), choice, parallel)
+}
+
+impl ToolChoice {
+    /// A choice given as a string: `none`, `auto` or `required`.
+    pub fn of_mode(s: &str) -> Result<ToolChoice, ApiError> {
+        match s {
+            "none" => Ok(ToolChoice::None),
+            "auto" => Ok(ToolChoice::Auto),
+            "required" => Ok(ToolChoice::Required),
+            other => Err(ApiError::param(
+                "tool_choice",
+                format!("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {other:?}"),
+            )),
+        }
+    }
+}
+
+/// Chat's `tool_choice`: a mode or `{"type": "function", "function": {"name": …}}`.
+fn choice_of(tool_choice: Option<&Value>) -> Result<ToolChoice, ApiError> {
+    Ok(match tool_choice.filter(|v| !v.is_null()) {
+        None => ToolChoice::Auto,
+        Some(Value::String(s)) => ToolChoice::of_mode(s)?,
+        Some(v) => {
+            let n: NamedChoice = serde_json::from_value(v.clone()).map_err(|e| {
+                ApiError::param(
+                    "tool_choice",
+                    format!("'tool_choice' is not a named function: {}", serde_msg(e)),
+                )
+            })?;
+            if n.kind != "function" {
+                return Err(ApiError::param(
+                    "tool_choice",
+                    format!("tool_choice.type must be \"function\", got {:?}", n.kind),
+                ));
+            }
+            ToolChoice::Named(n.function.name)
+        }
+    })
+}
+
+/// Checks offered `tools` against a `choice` (every protocol's tools end here, in the shared types).
+pub fn spec(tools: Vec<Tool>, choice: ToolChoice, parallel: Option<bool>) -> Result<Option<ToolSpec>, ApiError> {
     if tools.len() > 128 {
         return Err(ApiError::param(
             "tools",
@@ -172,32 +215,6 @@ pub fn read(
             }
         }
     }
-    let choice = match tool_choice.filter(|v| !v.is_null()) {
-        None => ToolChoice::Auto,
-        Some(Value::String(s)) => match s.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::param(
-                    "tool_choice",
-                    format!("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {other:?}"),
-                ))
-            }
-        },
-        Some(v) => {
-            let n: NamedChoice = serde_json::from_value(v.clone()).map_err(|e| {
-                ApiError::param("tool_choice", format!("'tool_choice' is not a named function: {}", serde_msg(e)))
-            })?;
-            if n.kind != "function" {
-                return Err(ApiError::param(
-                    "tool_choice",
-                    format!("tool_choice.type must be \"function\", got {:?}", n.kind),
-                ));
-            }
-            ToolChoice::Named(n.function.name)
-        }
-    };
     let parallel_explicit = parallel == Some(true);
     match (&choice, tools.is_empty()) {
         (ToolChoice::Required | ToolChoice::Named(_), true) => {
