@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvgate_cpu::{load, CpuBackend, CpuCache};
 use kvgate_engine::{start, EngineConfig, EngineHandle, Event, GenerateRequest, KvEventSink, SamplingParams};
 use kvgate_kv::KvDtype;
-use kvgate_model::{load, LoadOptions};
+use kvgate_model::LoadOptions;
 
 fn engine(prefix: bool, kv_events: Option<KvEventSink>, kv_bytes: u64) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     let path = kvgate_server::default_model::ensure_default_model(false).expect("default model");
@@ -27,8 +28,11 @@ fn engine(prefix: bool, kv_events: Option<KvEventSink>, kv_bytes: u64) -> (Engin
     let c = m.model.config().clone();
     let shape = c.cache_shape(16, KvDtype::F32).unwrap();
     let tok = Arc::new(m.tokenizer);
-    let cfg = EngineConfig {
+    let cache = CpuCache {
         num_blocks: shape.blocks_for_bytes(kv_bytes).unwrap(),
+        ..Default::default()
+    };
+    let cfg = EngineConfig {
         kv_events,
         max_queue: 4096,
         prefix_caching: prefix,
@@ -36,7 +40,8 @@ fn engine(prefix: bool, kv_events: Option<KvEventSink>, kv_bytes: u64) -> (Engin
         model_name: "bench".into(),
         ..Default::default()
     };
-    (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+    let backend = Box::new(CpuBackend::with_cache(m.model, cache).unwrap());
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
 
 fn params(max_tokens: usize) -> SamplingParams {

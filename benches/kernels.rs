@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use candle_core::quantized::GgmlDType;
+use kvgate_cpu::QMatrix;
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype};
-use kvgate_model::QMatrix;
 
 fn q4_1_data(n: usize, k: usize) -> Vec<u8> {
     let mut s = 12345u32;
@@ -148,7 +148,7 @@ fn run() {
     let bits: Vec<u16> = (0..n * k)
         .map(|i| half::bf16::from_f32(((i % 89) as f32 - 44.0) / 300.0).to_bits())
         .collect();
-    let w = QMatrix::from_halves(kvgate_model::QKind::Bf16, &bits, n, k).unwrap();
+    let w = QMatrix::from_halves(kvgate_cpu::QKind::Bf16, &bits, n, k).unwrap();
     matmul_rows("bf16", &w, &[1, 16, 512], false);
     // KERNELS=prefill: this table alone
     if selected("prefill attention") {

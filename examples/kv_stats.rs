@@ -2,8 +2,9 @@
 //! with scales 1.0 and with scales calibrated from the prompt itself: a fast probe before the full
 //! `kv_report`. `cargo run --release --example kv_stats`.
 
+use kvgate_cpu::{load, Batch};
 use kvgate_kv::{CpuAttention, KvCache, KvDtype, KvQuant};
-use kvgate_model::{load, Batch, LoadOptions};
+use kvgate_model::LoadOptions;
 
 fn logprobs(x: &[f32]) -> Vec<f64> {
     let m = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
@@ -40,9 +41,9 @@ fn main() {
             }
         }
         let mut b = Batch::single_sequence(&ids, 16);
-        b.outputs = vec![kvgate_model::Output {
+        b.outputs = vec![kvgate_cpu::Output {
             row: ids.len() - 1,
-            want: kvgate_model::Want::Logits,
+            want: kvgate_cpu::Want::Logits,
         }];
         let (lg, a) = m.model.forward_with_amax(&b, &mut cache, &CpuAttention).unwrap();
         (logprobs(&lg), a)

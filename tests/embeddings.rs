@@ -10,9 +10,10 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use common::{assert_openai_error, InProcess};
+use kvgate_cpu::{load, Batch, CpuBackend, CpuCache, Output, Want};
 use kvgate_engine::{start, EmbedRequest, EngineConfig, Pooling};
 use kvgate_kv::{KvDtype, KvQuant};
-use kvgate_model::{load, Batch, LoadOptions, Output, Want};
+use kvgate_model::LoadOptions;
 use serde_json::{json, Value};
 
 fn floats(v: &Value) -> Vec<f32> {
@@ -145,7 +146,7 @@ fn the_wire_and_its_refusals() {
 }
 
 /// Every row's final hidden state of `ids`, one plain forward pass of `model` over an f32 cache.
-fn hidden_rows(model: &kvgate_model::Model, ids: &[u32]) -> Vec<f32> {
+fn hidden_rows(model: &kvgate_cpu::Model, ids: &[u32]) -> Vec<f32> {
     let shape = model.config().cache_shape(16, KvDtype::F32).unwrap();
     let mut cache = kvgate_kv::KvCache::new(shape, ids.len().div_ceil(16));
     let mut b = Batch::single_sequence(ids, 16);
@@ -206,15 +207,17 @@ fn default_model_embeddings_match_an_f32_reference() {
     for kv in [KvDtype::F32, KvDtype::Fp8E4m3] {
         let m = load(&path, &opts(false)).unwrap();
         let cfg = EngineConfig {
-            block_size: 16,
-            num_blocks: 512,
             max_model_len: 2048,
-            kv_dtype: kv,
-            kv_quant: KvQuant::default_for(kv),
             model_name: "smollm2".into(),
             ..Default::default()
         };
-        let h = start(m.model, Arc::new(m.tokenizer), m.eos_token_ids, cfg).unwrap();
+        let cache = CpuCache {
+            dtype: kv,
+            quant: KvQuant::default_for(kv),
+            ..Default::default()
+        };
+        let backend = Box::new(CpuBackend::with_cache(m.model, cache).unwrap());
+        let h = start(backend, Arc::new(m.tokenizer), m.eos_token_ids, cfg).unwrap();
         let mut worst = 1f64;
         for pooling in [Pooling::Last, Pooling::Mean] {
             for (ids, rows) in inputs.iter().zip(&want) {

@@ -22,7 +22,8 @@
 
 mod common;
 
-use kvgate_model::{load, load_stored, LoadOptions, StoredTensor};
+use kvgate_cpu::load;
+use kvgate_model::{load_stored, LoadOptions, StoredTensor};
 use serde_json::Value;
 
 fn top(v: &Value) -> Vec<(u32, f32)> {

@@ -116,7 +116,7 @@ fn qwen_serves_chat_and_renders_its_own_template() {
         return;
     };
     let fx = common::fixture("qwen-chat-template.json");
-    let lm = kvgate_model::load(
+    let lm = kvgate_cpu::load(
         std::path::Path::new(&model),
         &kvgate_model::LoadOptions {
             max_model_len: Some(512),

@@ -6,7 +6,7 @@
 mod common;
 
 use common::InProcess;
-use kvgate_model::tiny::TinySpec;
+use kvgate_cpu::tiny::TinySpec;
 use kvgate_server::testing::TestServer;
 use serde_json::{json, Value};
 

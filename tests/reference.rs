@@ -6,7 +6,8 @@ mod common;
 
 use std::collections::HashSet;
 
-use kvgate_model::{load, LoadOptions};
+use kvgate_cpu::load;
+use kvgate_model::LoadOptions;
 
 #[test]
 fn default_model_matches_the_references() {

@@ -71,7 +71,7 @@ impl InProcess {
     /// Like [`InProcess::tiny`] with a context of `max_len` tokens.
     #[allow(dead_code)]
     pub fn tiny_long(args: &[&str], max_len: usize) -> InProcess {
-        let spec = kvgate_model::tiny::TinySpec {
+        let spec = kvgate_cpu::tiny::TinySpec {
             max_len,
             ..Default::default()
         };
@@ -376,16 +376,16 @@ pub fn ids(v: &Value) -> Vec<u32> {
 /// The next-token log-probabilities after `ids`, from one prefill of the model alone (f32 KV in blocks
 /// of 16; `int8` takes the 8-bit-activation kernels).
 #[allow(dead_code)]
-pub fn next_token_logprobs(model: &kvgate_model::Model, ids: &[u32], int8: bool) -> Vec<f32> {
+pub fn next_token_logprobs(model: &kvgate_cpu::Model, ids: &[u32], int8: bool) -> Vec<f32> {
     let shape = model.config().cache_shape(16, kvgate_kv::KvDtype::F32).unwrap();
     let mut cache = kvgate_kv::KvCache::new(shape, ids.len().div_ceil(16));
-    let mut b = kvgate_model::Batch::single_sequence(ids, 16);
-    b.outputs = vec![kvgate_model::Output {
+    let mut b = kvgate_cpu::Batch::single_sequence(ids, 16);
+    b.outputs = vec![kvgate_cpu::Output {
         row: ids.len() - 1,
-        want: kvgate_model::Want::Logits,
+        want: kvgate_cpu::Want::Logits,
     }];
     let logits = if int8 {
-        b.precision = vec![kvgate_model::Precision::Fast];
+        b.precision = vec![kvgate_cpu::Precision::Fast];
         model.forward_int8(&b, &mut cache, &kvgate_kv::CpuAttention)
     } else {
         model.forward(&b, &mut cache, &kvgate_kv::CpuAttention)

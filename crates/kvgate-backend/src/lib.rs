@@ -2,7 +2,7 @@
 //! plus attention over its own cache), and every type that crosses it. The engine talks to a backend
 //! only in device-neutral terms — a flat [`Batch`] of token ids, positions, cache slots and block
 //! tables as integers, what each output row needs back ([`Want`]), block copies as pairs of indices, one
-//! typed [`KvCalibration`] — so the CPU backend (`kvgate_model::CpuBackend`) and a GPU one implement the
+//! typed [`KvCalibration`] — so the CPU backend (`kvgate_cpu::CpuBackend`) and a GPU one implement the
 //! same trait over their own memory without the engine changing.
 //!
 //! Guarantees every implementation gives: block ids, slots, table indices, tokens and output rows are
@@ -16,6 +16,7 @@
 mod batch;
 mod calibrate;
 mod capacity;
+mod encoder;
 mod error;
 mod output;
 
@@ -24,6 +25,7 @@ pub use calibrate::{
     dtype_range, kv_scale, scales_from_amax, CalibrationPlan, CalibrationReport, KvAmax, KvCalibration, KvStats, Scales,
 };
 pub use capacity::{Capacity, Device, KvMemory};
+pub use encoder::EncoderBackend;
 pub use error::{BackendError, BatchError};
 pub use output::{log_sum_exp, logprobs_of, StepOutput};
 

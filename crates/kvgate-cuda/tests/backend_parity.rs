@@ -22,9 +22,10 @@ use std::path::PathBuf;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device as CDevice, Tensor};
 use kvgate_backend::{Backend, BackendError, Batch, KvMemory, Output, Want};
+use kvgate_cpu::{prepare, CpuBackend, CpuLayout, CpuSettings};
 use kvgate_cuda::{CudaBackend, CudaSettings, DevMatrix, Gpu, WeightFormat};
 use kvgate_kv::{KvDtype, KvQuant};
-use kvgate_model::{CpuBackend, CpuLayout, CpuSettings, StoredModel, StoredTensor};
+use kvgate_model::{StoredModel, StoredTensor};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -86,7 +87,7 @@ fn cpu_backend(m: &StoredModel, dtype: KvDtype, quant: KvQuant, blocks: usize) -
         f32_weights: true,
     };
     CpuBackend::open(
-        m.clone().into_cpu(layout).unwrap(),
+        prepare::model(m.clone(), layout).unwrap(),
         shape,
         KvMemory::Blocks(blocks),
         CpuSettings::default(),

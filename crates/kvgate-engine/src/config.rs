@@ -1,11 +1,12 @@
-//! The engine's configuration: what `start` builds the backend and the scheduler from, with
-//! [`EngineConfig::default`] as serve's defaults for tests and benches, and the KV calibration it asks
-//! the backend for.
+//! The engine's configuration: what [`crate::start`] builds the scheduler, admission, retention and
+//! tiers from, with [`EngineConfig::default`] as serve's defaults for tests and benches, and the KV
+//! calibration it asks the backend for. The cache itself — block size, block count, dtype and method —
+//! is the backend's: the engine reads it from the backend it is handed, never from here.
 
 use std::time::Duration;
 
 use kvgate_backend::{KvCalibration, Scales};
-use kvgate_kv::{KvDtype, KvQuant};
+use kvgate_kv::KvQuant;
 
 use crate::kv_events::KvEventSink;
 use crate::scheduler::Admission;
@@ -14,10 +15,6 @@ use crate::tier::TierConfig;
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineConfig {
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Blocks in the pool.
-    pub num_blocks: usize,
     /// Sequences running at once.
     pub max_num_seqs: usize,
     /// Tokens per step.
@@ -26,10 +23,6 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prefix caching on.
     pub prefix_caching: bool,
-    /// KV-cache dtype.
-    pub kv_dtype: KvDtype,
-    /// How a quantized cache is written (rotation, scales).
-    pub kv_quant: KvQuant,
     /// Per-layer (k_scale, v_scale) from the checkpoint, if any.
     pub kv_scales: Option<Vec<(f32, f32)>>,
     /// Calibrate scales from the first prefill.
@@ -38,13 +31,6 @@ pub struct EngineConfig {
     pub max_model_len: usize,
     /// Label of every metric series.
     pub model_name: String,
-    /// The CPU backend's setting [`start`] opens it with: completions (never decisions) compute their
-    /// matmuls from 8-bit activations where the weight format has the integer kernel
-    /// (`kvgate_model::QMatrix::matmul_rows`): faster, not f32 accuracy (`serve` turns it on by default;
-    /// off here). The engine itself only sees the backend's [`Backend::fast_path`]: completions are
-    /// marked [`Precision::Fast`] and their KV blocks keyed apart; they read exact blocks (a decision's
-    /// state), exact reads never read theirs (`crate::salts::Salts`).
-    pub int8_activations: bool,
     /// Most blocks `keep_alive` pins may hold (`None`: half the pool).
     pub max_pinned_blocks: Option<usize>,
     /// Most blocks one tenant's pins may hold (`None`: only the overall cap).
@@ -66,26 +52,20 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
-    /// `serve`'s defaults where it has them (16-token blocks, 256 sequences, 2,048 tokens a step, 1,024
-    /// waiting, prefix caching on, a float32 cache, f32 activations, the pin caps' own defaults,
-    /// cache-aware admission with a 30 s bound), over a small pool of 512 blocks and a 2,048-token
+    /// `serve`'s defaults where it has them (256 sequences, 2,048 tokens a step, 1,024 waiting, prefix
+    /// caching on, the pin caps' own defaults, cache-aware admission with a 30 s bound) and a 2,048-token
     /// context: what tests and benches start from. Session retention is off here (serve's default is
     /// 60 s): a test that checks the pool empties opts in.
     fn default() -> EngineConfig {
         EngineConfig {
-            block_size: 16,
-            num_blocks: 512,
             max_num_seqs: 256,
             max_num_batched_tokens: 2048,
             max_queue: 1024,
             prefix_caching: true,
-            kv_dtype: KvDtype::F32,
-            kv_quant: KvQuant::PLAIN,
             kv_scales: None,
             calculate_kv_scales: false,
             max_model_len: 2048,
             model_name: "model".into(),
-            int8_activations: false,
             max_pinned_blocks: None,
             max_pinned_blocks_per_tenant: None,
             max_retained_blocks: None,
@@ -98,16 +78,16 @@ impl Default for EngineConfig {
     }
 }
 
-/// The calibration `cfg` asks for: measured scales win over given ones; a `smooth` method measures
-/// its offsets.
-pub(crate) fn calibration_of(cfg: &EngineConfig) -> KvCalibration {
+/// The calibration `cfg` asks for of a cache written with `quant`: measured scales win over given ones;
+/// a `smooth` method measures its offsets.
+pub(crate) fn calibration_of(cfg: &EngineConfig, quant: KvQuant) -> KvCalibration {
     KvCalibration {
         scales: match (&cfg.kv_scales, cfg.calculate_kv_scales) {
             (_, true) => Scales::Measured,
             (Some(s), false) => Scales::Given(s.clone()),
             (None, false) => Scales::Unit,
         },
-        offsets: cfg.kv_quant.smooth,
+        offsets: quant.smooth,
     }
 }
 

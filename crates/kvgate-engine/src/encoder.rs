@@ -1,5 +1,5 @@
-//! The engine of an encoder model (BERT family, [`kvgate_model::encoder`]): no KV cache, no sampling,
-//! only embeddings. One thread owns the model; inputs queue on a channel (bounded by `max_queue`), and
+//! The engine of an encoder model (BERT family, behind [`EncoderBackend`]: the CPU's is
+//! `kvgate_cpu::encoder`): no KV cache, no sampling, only embeddings. One thread owns the model; inputs queue on a channel (bounded by `max_queue`), and
 //! each step takes what is waiting — whole inputs, up to a token budget — runs them as one batch and
 //! answers each once. Completions and decisions are refused with a 400 naming what the model serves.
 //!
@@ -11,16 +11,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
-use kvgate_model::encoder::Encoder;
+use kvgate_backend::EncoderBackend;
 use tokio::sync::oneshot;
 use tracing::error;
 
 use crate::error::EngineError;
-use crate::handle::{Limits, RequestStream};
 use crate::inference::{Inference, PendingDecision, PendingEmbedding};
+use crate::inference::{Limits, RequestStream};
+use crate::kinds::embed::l2_normalize;
 use crate::metrics::{EMBEDDINGS, PROMPT_TOKENS};
 use crate::request::{DecideRequest, EmbedOutcome, EmbedRequest, GenerateRequest, Usage};
-use crate::requests::embed::l2_normalize;
 
 type Job = (EmbedRequest, oneshot::Sender<Result<EmbedOutcome, EngineError>>);
 
@@ -42,19 +42,19 @@ impl std::fmt::Debug for EncoderHandle {
 /// Starts the encoder thread for `model` (served as `name`): a step batches waiting inputs up to
 /// `batch_tokens` tokens; at most `max_queue` inputs wait.
 pub fn start_encoder(
-    model: Encoder,
+    model: Box<dyn EncoderBackend>,
     name: &str,
     batch_tokens: usize,
     max_queue: usize,
 ) -> Result<EncoderHandle, EngineError> {
-    let c = model.config().clone();
+    let max_positions = model.max_positions();
     let limits = Limits {
-        max_model_len: c.max_positions,
+        max_model_len: max_positions,
         max_queue,
         num_blocks: usize::MAX,
         block_size: 1,
-        vocab_size: c.vocab_size,
-        hidden_size: c.hidden_size,
+        vocab_size: model.vocab_size(),
+        hidden_size: model.hidden_size(),
         window_blocks: None,
     };
     let (tx, rx) = mpsc::channel::<Option<Job>>();
@@ -63,7 +63,7 @@ pub fn start_encoder(
     std::thread::Builder::new()
         .name("kvgate-encoder".into())
         .spawn(move || {
-            run(&model, &rx, &q, batch_tokens.max(c.max_positions), &label);
+            run(model.as_ref(), &rx, &q, batch_tokens.max(max_positions), &label);
             a.store(false, Ordering::SeqCst);
         })
         .map_err(|e| EngineError::Spawn(e.to_string()))?;
@@ -76,7 +76,7 @@ pub fn start_encoder(
     })
 }
 
-fn run(model: &Encoder, rx: &mpsc::Receiver<Option<Job>>, queued: &AtomicUsize, budget: usize, label: &str) {
+fn run(model: &dyn EncoderBackend, rx: &mpsc::Receiver<Option<Job>>, queued: &AtomicUsize, budget: usize, label: &str) {
     let mut carry: Option<Job> = None;
     loop {
         let first = match carry.take() {

@@ -7,63 +7,12 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
-use crate::decision::DecisionLayout;
 use crate::error::EngineError;
-use crate::inference::{PendingDecision, PendingEmbedding};
+use crate::inference::{Inference, Limits, PendingDecision, PendingEmbedding, RequestStream};
+use crate::kinds::{decide, embed, generate, Admit};
 use crate::kv_manager::{blocks_for_choices, blocks_for_reads};
+use crate::layout::DecisionLayout;
 use crate::request::{DecideRequest, EmbedRequest, Event, GenerateRequest, RequestId};
-use crate::requests::decide::Reply;
-use crate::requests::embed::EmbedReply;
-
-/// Limits the handle enforces at submission.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Prompt + output tokens per sequence.
-    pub max_model_len: usize,
-    /// Waiting requests before 429.
-    pub max_queue: usize,
-    /// KV blocks in the pool.
-    pub num_blocks: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Vocabulary size (token ids must be below it).
-    pub vocab_size: usize,
-    /// The model's hidden size (the length of an embedding).
-    pub hidden_size: usize,
-    /// Blocks one sequence holds at most when every layer's attention is windowed (the window plus a
-    /// step's chunk; slid-out blocks are given back), `None` when a sequence keeps all its blocks.
-    pub window_blocks: Option<usize>,
-}
-
-impl Limits {
-    /// The one context rule: a sequence holds at most `max_model_len` tokens (prompt and output).
-    pub fn fits(&self, tokens: usize) -> bool {
-        tokens <= self.max_model_len
-    }
-
-    /// Output tokens a completion of `prompt_tokens` may still generate (at least one, or the prompt is
-    /// too long).
-    pub fn room_after(&self, prompt_tokens: usize) -> Result<usize, EngineError> {
-        if !self.fits(prompt_tokens + 1) {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens,
-                max_model_len: self.max_model_len,
-            });
-        }
-        Ok(self.max_model_len - prompt_tokens)
-    }
-
-    /// Checks a decision read's prompt (a read computes its prompt and nothing more).
-    pub fn check_read(&self, prompt_tokens: usize) -> Result<(), EngineError> {
-        if !self.fits(prompt_tokens) {
-            return Err(EngineError::PromptTooLong {
-                prompt_tokens,
-                max_model_len: self.max_model_len,
-            });
-        }
-        Ok(())
-    }
-}
 
 /// A snapshot of the engine's state, for tests and `/metrics`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,11 +39,11 @@ pub struct EngineStats {
     pub tier: Option<crate::tier::TierStats>,
 }
 
-/// What the handle sends the engine thread; one variant per request kind registers it.
+/// What the handle sends the engine thread. Every request kind comes as an [`Admit`] built by its
+/// handle method below (its registration).
 pub(crate) enum Command {
-    Generate(RequestId, Box<GenerateRequest>, tmpsc::UnboundedSender<Event>),
-    Decide(RequestId, DecideRequest, Reply),
-    Embed(RequestId, EmbedRequest, EmbedReply),
+    /// A request of any kind: its admission (see [`Admit`]).
+    Admit(RequestId, Admit),
     Abort(RequestId),
     Stats(oneshot::Sender<EngineStats>),
     /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
@@ -122,60 +71,6 @@ impl std::fmt::Debug for EngineHandle {
         f.debug_struct("EngineHandle")
             .field("limits", &self.shared.limits)
             .finish()
-    }
-}
-
-/// The events of one request. Dropping it before the request ends aborts the request in the engine
-/// (its blocks are freed at the next step).
-#[derive(Debug)]
-pub struct RequestStream {
-    id: RequestId,
-    rx: tmpsc::UnboundedReceiver<Event>,
-    tx: Option<mpsc::Sender<Command>>,
-    ended: bool,
-}
-
-impl RequestStream {
-    /// A stream fed by `rx` and attached to no engine (for engines other than this crate's, such as the
-    /// scripted fakes of HTTP tests): dropping it only closes the channel.
-    pub fn detached(id: RequestId, rx: tmpsc::UnboundedReceiver<Event>) -> RequestStream {
-        RequestStream {
-            id,
-            rx,
-            tx: None,
-            ended: false,
-        }
-    }
-
-    /// The request id.
-    pub fn id(&self) -> RequestId {
-        self.id
-    }
-
-    /// The next event; `None` once the engine dropped the request (after its last event).
-    pub async fn next(&mut self) -> Option<Event> {
-        let e = self.rx.recv().await;
-        match &e {
-            Some(Event::Done(_)) | Some(Event::Error(_)) | None => self.ended = true,
-            _ => {}
-        }
-        if e.is_none() {
-            return Some(Event::Error(EngineError::EngineDead));
-        }
-        e
-    }
-
-    /// The next event without waiting (tests).
-    pub fn try_next(&mut self) -> Option<Event> {
-        self.rx.try_recv().ok()
-    }
-}
-
-impl Drop for RequestStream {
-    fn drop(&mut self) {
-        if let (false, Some(tx)) = (self.ended, &self.tx) {
-            let _ = tx.send(Command::Abort(self.id));
-        }
     }
 }
 
@@ -258,7 +153,7 @@ impl EngineHandle {
                 available: l.num_blocks,
             });
         }
-        self.submit(|id, tx| Command::Generate(id, Box::new(req), tx))
+        self.submit(|id, tx| Command::Admit(id, Box::new(move |s, env| generate::admit(s, env, req, tx))))
     }
 
     /// Takes a queue slot, sends the command, returns the request's stream.
@@ -269,12 +164,11 @@ impl EngineHandle {
         let id = self.enqueue()?;
         let (tx, rx) = tmpsc::unbounded_channel();
         self.send(cmd(id, tx))?;
-        Ok(RequestStream {
-            id,
-            rx,
-            tx: Some(self.tx.clone()),
-            ended: false,
-        })
+        let engine = self.tx.clone();
+        let abort = Box::new(move || {
+            let _ = engine.send(Command::Abort(id));
+        });
+        Ok(RequestStream::attached(id, rx, abort))
     }
 
     /// Submits a decision: one result to wait for.
@@ -303,7 +197,10 @@ impl EngineHandle {
         }
         let id = self.enqueue()?;
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Decide(id, req, tx))?;
+        self.send(Command::Admit(
+            id,
+            Box::new(move |s, env| decide::admit(s, req, env, tx)),
+        ))?;
         Ok(PendingDecision::from(rx))
     }
 
@@ -321,7 +218,7 @@ impl EngineHandle {
         }
         let id = self.enqueue()?;
         let (tx, rx) = oneshot::channel();
-        self.send(Command::Embed(id, req, tx))?;
+        self.send(Command::Admit(id, Box::new(move |s, _| embed::admit(s, req, tx))))?;
         Ok(PendingEmbedding::from(rx))
     }
 
@@ -340,6 +237,32 @@ impl EngineHandle {
     /// Stops the engine thread: requests in flight fail, later submissions get `EngineDead`.
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+impl Inference for EngineHandle {
+    fn limits(&self) -> Limits {
+        EngineHandle::limits(self)
+    }
+
+    fn is_alive(&self) -> bool {
+        EngineHandle::is_alive(self)
+    }
+
+    fn generate(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        EngineHandle::generate(self, req)
+    }
+
+    fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError> {
+        EngineHandle::decide(self, req)
+    }
+
+    fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
+        EngineHandle::embed(self, req)
+    }
+
+    fn shutdown(&self) {
+        EngineHandle::shutdown(self)
     }
 }
 

@@ -1,13 +1,13 @@
 //! The seam between the engine and its callers (the HTTP layer, the decision service): the one trait
-//! they talk to. The real engine ([`EngineHandle`]) implements it; tests put the tiny in-memory model
+//! they talk to, and the types on it — the [`Limits`] submissions are checked against, a completion's
+//! [`RequestStream`], the one-shot [`Pending`] result of a decision or an embedding. The real engine ([`EngineHandle`]) implements it; tests put the tiny in-memory model
 //! or a scripted fake behind it. A completion is a stream of events; a decision and an embedding are
 //! one result each.
 
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::error::EngineError;
-use crate::handle::{EngineHandle, Limits, RequestStream};
-use crate::request::{DecideRequest, EmbedOutcome, EmbedRequest, GenerateRequest, ReadResult, Usage};
+use crate::request::{DecideRequest, EmbedOutcome, EmbedRequest, Event, GenerateRequest, ReadResult, RequestId, Usage};
 
 /// What callers need from an engine.
 pub trait Inference: Send + Sync + 'static {
@@ -35,32 +35,6 @@ pub trait Inference: Send + Sync + 'static {
     fn shutdown(&self);
 }
 
-impl Inference for EngineHandle {
-    fn limits(&self) -> Limits {
-        EngineHandle::limits(self)
-    }
-
-    fn is_alive(&self) -> bool {
-        EngineHandle::is_alive(self)
-    }
-
-    fn generate(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
-        EngineHandle::generate(self, req)
-    }
-
-    fn decide(&self, req: DecideRequest) -> Result<PendingDecision, EngineError> {
-        EngineHandle::decide(self, req)
-    }
-
-    fn embed(&self, req: EmbedRequest) -> Result<PendingEmbedding, EngineError> {
-        EngineHandle::embed(self, req)
-    }
-
-    fn shutdown(&self) {
-        EngineHandle::shutdown(self)
-    }
-}
-
 /// What a decision's reads found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecisionOutcome {
@@ -70,41 +44,159 @@ pub struct DecisionOutcome {
     pub usage: Usage,
 }
 
-/// A submitted decision: one result to wait for. Dropping it before the result aborts the decision in
-/// the engine (its blocks are freed at the next step).
+/// A submitted request with one result to wait for (a decision, an embedding). Dropping it before
+/// the result aborts the request in the engine (its blocks are freed at the next step).
 #[derive(Debug)]
-pub struct PendingDecision(oneshot::Receiver<Result<DecisionOutcome, EngineError>>);
+pub struct Pending<T>(oneshot::Receiver<Result<T, EngineError>>);
 
-impl From<oneshot::Receiver<Result<DecisionOutcome, EngineError>>> for PendingDecision {
-    /// A decision whose result arrives on `rx` (engines other than this crate's, such as the scripted
-    /// fakes of HTTP tests, make one from their own channel).
-    fn from(rx: oneshot::Receiver<Result<DecisionOutcome, EngineError>>) -> PendingDecision {
-        PendingDecision(rx)
+/// The sending half of a [`Pending`] result.
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+impl<T> From<oneshot::Receiver<Result<T, EngineError>>> for Pending<T> {
+    /// A result that arrives on `rx` (engines other than this crate's, such as the scripted fakes of
+    /// HTTP tests, make one from their own channel).
+    fn from(rx: oneshot::Receiver<Result<T, EngineError>>) -> Pending<T> {
+        Pending(rx)
     }
 }
 
-impl PendingDecision {
+impl<T> Pending<T> {
     /// Waits for the result (the engine going away without one is [`EngineError::EngineDead`]).
-    pub async fn outcome(self) -> Result<DecisionOutcome, EngineError> {
+    pub async fn outcome(self) -> Result<T, EngineError> {
         self.0.await.unwrap_or(Err(EngineError::EngineDead))
     }
 }
 
-/// A submitted embedding: one result to wait for. Dropping it before the result aborts it in the
-/// engine.
-#[derive(Debug)]
-pub struct PendingEmbedding(oneshot::Receiver<Result<EmbedOutcome, EngineError>>);
+/// A submitted decision.
+pub type PendingDecision = Pending<DecisionOutcome>;
 
-impl From<oneshot::Receiver<Result<EmbedOutcome, EngineError>>> for PendingEmbedding {
-    /// An embedding whose result arrives on `rx`.
-    fn from(rx: oneshot::Receiver<Result<EmbedOutcome, EngineError>>) -> PendingEmbedding {
-        PendingEmbedding(rx)
+/// A submitted embedding.
+pub type PendingEmbedding = Pending<EmbedOutcome>;
+
+/// Limits the handle enforces at submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Prompt + output tokens per sequence.
+    pub max_model_len: usize,
+    /// Waiting requests before 429.
+    pub max_queue: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Vocabulary size (token ids must be below it).
+    pub vocab_size: usize,
+    /// The model's hidden size (the length of an embedding).
+    pub hidden_size: usize,
+    /// Blocks one sequence holds at most when every layer's attention is windowed (the window plus a
+    /// step's chunk; slid-out blocks are given back), `None` when a sequence keeps all its blocks.
+    pub window_blocks: Option<usize>,
+}
+
+impl Limits {
+    /// The one context rule: a sequence holds at most `max_model_len` tokens (prompt and output).
+    pub fn fits(&self, tokens: usize) -> bool {
+        tokens <= self.max_model_len
+    }
+
+    /// Output tokens a completion of `prompt_tokens` may still generate (at least one, or the prompt is
+    /// too long).
+    pub fn room_after(&self, prompt_tokens: usize) -> Result<usize, EngineError> {
+        if !self.fits(prompt_tokens + 1) {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(self.max_model_len - prompt_tokens)
+    }
+
+    /// Checks a decision read's prompt (a read computes its prompt and nothing more).
+    pub fn check_read(&self, prompt_tokens: usize) -> Result<(), EngineError> {
+        if !self.fits(prompt_tokens) {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens,
+                max_model_len: self.max_model_len,
+            });
+        }
+        Ok(())
     }
 }
 
-impl PendingEmbedding {
-    /// Waits for the result (the engine going away without one is [`EngineError::EngineDead`]).
-    pub async fn outcome(self) -> Result<EmbedOutcome, EngineError> {
-        self.0.await.unwrap_or(Err(EngineError::EngineDead))
+/// The events of one request. Dropping it before the request ends aborts the request in the engine
+/// (its blocks are freed at the next step).
+pub struct RequestStream {
+    id: RequestId,
+    rx: tmpsc::UnboundedReceiver<Event>,
+    /// What aborts the request in its engine (called once, on a drop before the request ended).
+    abort: Option<Box<dyn FnOnce() + Send + Sync>>,
+    ended: bool,
+}
+
+impl std::fmt::Debug for RequestStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestStream")
+            .field("id", &self.id)
+            .field("ended", &self.ended)
+            .finish()
+    }
+}
+
+impl RequestStream {
+    /// A stream fed by `rx` and attached to no engine (for engines other than this crate's, such as the
+    /// scripted fakes of HTTP tests): dropping it only closes the channel.
+    pub fn detached(id: RequestId, rx: tmpsc::UnboundedReceiver<Event>) -> RequestStream {
+        RequestStream {
+            id,
+            rx,
+            abort: None,
+            ended: false,
+        }
+    }
+
+    /// A stream fed by `rx` whose drop before the request ends calls `abort` (the engine's handle
+    /// sends its thread an abort).
+    pub(crate) fn attached(
+        id: RequestId,
+        rx: tmpsc::UnboundedReceiver<Event>,
+        abort: Box<dyn FnOnce() + Send + Sync>,
+    ) -> RequestStream {
+        RequestStream {
+            id,
+            rx,
+            abort: Some(abort),
+            ended: false,
+        }
+    }
+
+    /// The request id.
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` once the engine dropped the request (after its last event).
+    pub async fn next(&mut self) -> Option<Event> {
+        let e = self.rx.recv().await;
+        match &e {
+            Some(Event::Done(_)) | Some(Event::Error(_)) | None => self.ended = true,
+            _ => {}
+        }
+        if e.is_none() {
+            return Some(Event::Error(EngineError::EngineDead));
+        }
+        e
+    }
+
+    /// The next event without waiting (tests).
+    pub fn try_next(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if let (false, Some(abort)) = (self.ended, self.abort.take()) {
+            abort();
+        }
     }
 }

@@ -4,34 +4,33 @@
 //! channels; it knows nothing of HTTP.
 //!
 //! The rooms: [`engine`](crate::start) (the loop), `scheduler` (what runs next) over `registry`
-//! (sequences and groups under typed ids), `decision` (decision layouts, keep-alive pins), `kv_manager`
+//! (sequences and groups under typed ids), `layout` (how a group's reads share a prefix, keep-alive pins), `kv_manager`
 //! and `block_pool` (block tables, prefix cache), `batch` (plan → device-neutral batch), the
-//! [`Backend`] seam (its own crate, `kvgate-backend`; [`open_backend`] is the one factory `--device`
-//! goes through), `constraint` (the grammar seam: masks computed alongside the forward pass),
-//! `requests` (the request kinds behind one trait: completions sample, stop, detokenize and stream;
+//! [`Backend`] seam (its own crate, `kvgate-backend`: the engine is handed a backend and opens none —
+//! `serve` chooses the device at its edge), `constraint` (the grammar seam: masks computed alongside the forward pass),
+//! `kinds` (the request kinds behind one trait, fed by `request`'s types and the [`Inference`] seam: completions sample, stop, detokenize and stream;
 //! decisions read label log-probs and answer once; embeddings pool hidden states), [`tier`] (the second KV tier: evicted blocks kept by
 //! content in host memory and a spill file, restored through the backend's copy interface), [`metrics`];
-//! and apart from all of it `encoder` ([`start_encoder`]: a sentence encoder's own thread, no KV cache,
-//! embeddings only, behind the same [`Inference`] seam).
+//! and apart from all of it `encoder` ([`start_encoder`]: a sentence encoder's own thread over an
+//! [`EncoderBackend`], no KV cache, embeddings only, behind the same [`Inference`] seam).
 
 mod batch;
 mod block_pool;
 mod config;
 mod constraint;
-mod decision;
-mod device;
 mod encoder;
 mod engine;
 mod error;
 mod handle;
 mod inference;
+mod kinds;
 mod kv_events;
 mod kv_manager;
+mod layout;
 pub mod metrics;
 mod pacing;
 mod registry;
 mod request;
-mod requests;
 mod salts;
 mod sampling;
 mod scheduler;
@@ -44,15 +43,13 @@ mod scheduler_fuzz;
 pub use block_pool::{BlockId, PoolCounts};
 pub use config::EngineConfig;
 pub use constraint::{ConstraintFactory, Guide, TokenConstraint, TokenMask};
-pub use device::{device_available, open_backend, BackendSpec, ModelWeights, DEFAULT_GPU_MEMORY_UTILIZATION};
 pub use encoder::{start_encoder, EncoderHandle};
-pub use engine::{start, start_with_backend};
+pub use engine::start;
 pub use error::EngineError;
-pub use handle::{EngineHandle, EngineStats, Limits, RequestStream};
-pub use inference::{DecisionOutcome, Inference, PendingDecision, PendingEmbedding};
+pub use handle::{EngineHandle, EngineStats};
+pub use inference::{DecisionOutcome, Inference, Limits, Pending, PendingDecision, PendingEmbedding, RequestStream};
 pub use kv_events::{block_hash, KvEvent, KvEventBatch, KvEventSink};
-pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, KvMemory, KvStats};
-pub use kvgate_model::CpuBackend;
+pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, EncoderBackend, KvMemory, KvStats};
 pub use registry::SchedError;
 pub use request::{
     DecideRequest, DecisionRead, EmbedOutcome, EmbedRequest, Event, FinishReason, GenerateRequest, Pooling, ReadResult,

@@ -4,7 +4,6 @@
 
 use std::time::Instant;
 
-use crate::scheduler::Scheduler;
 use crate::tier::TierStats;
 
 /// Gauge: running requests.
@@ -99,6 +98,38 @@ pub const KV_EVENTS_PUBLISHED: &str = "kvgate:kv_events_published_batches_total"
 /// Every histogram name (the exporter gives them buckets).
 pub const HISTOGRAMS: [&str; 5] = [TTFT, ITL, E2E, QUEUE_TIME, DECISION_LATENCY];
 
+/// What the recorder reads of the scheduler after a step: a snapshot of plain numbers, so that this
+/// room depends on no bookkeeping room (the scheduler makes it, [`crate::scheduler::Scheduler::stats`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SchedulerStats {
+    /// Groups running.
+    pub(crate) running: usize,
+    /// Groups waiting.
+    pub(crate) waiting: usize,
+    /// Blocks referenced by a sequence.
+    pub(crate) used_blocks: usize,
+    /// Blocks in the pool.
+    pub(crate) total_blocks: usize,
+    /// Free blocks that still hold a cached prefix.
+    pub(crate) cached_free: usize,
+    /// Prompt tokens looked up in the prefix cache, and found, since the start.
+    pub(crate) prefix_queries: u64,
+    /// (See `prefix_queries`.)
+    pub(crate) prefix_hits: u64,
+    /// Preemptions since the start.
+    pub(crate) preemptions: u64,
+    /// Blocks session retention holds.
+    pub(crate) retained_blocks: usize,
+    /// Session turns that found their retained state, and pins released early, since the start.
+    pub(crate) pins_consumed: u64,
+    /// (See `pins_consumed`.)
+    pub(crate) pins_released_early: u64,
+    /// Cached blocks evicted (LRU) since the start.
+    pub(crate) evictions: u64,
+    /// The second tier's counters (zero without one).
+    pub(crate) tier: TierStats,
+}
+
 /// Records the engine's series under one `model_name` label.
 pub(crate) struct Recorder {
     label: [(&'static str, String); 1],
@@ -130,38 +161,37 @@ impl Recorder {
     }
 
     /// Gauges from the scheduler's state; counters by what changed since the last call.
-    pub(crate) fn update(&mut self, sched: &Scheduler) {
+    pub(crate) fn update(&mut self, s: &SchedulerStats) {
         let l = &self.label;
-        let c = sched.pool().counts();
-        metrics::gauge!(RUNNING, l).set(sched.num_running_groups() as f64);
-        metrics::gauge!(WAITING, l).set(sched.num_waiting() as f64);
-        metrics::gauge!(KV_USAGE, l).set(c.used as f64 / c.total.max(1) as f64);
-        metrics::gauge!(KV_CACHED_FREE, l).set(c.cached_free as f64);
-        let p = sched.prefix_stats();
+        metrics::gauge!(RUNNING, l).set(s.running as f64);
+        metrics::gauge!(WAITING, l).set(s.waiting as f64);
+        metrics::gauge!(KV_USAGE, l).set(s.used_blocks as f64 / s.total_blocks.max(1) as f64);
+        metrics::gauge!(KV_CACHED_FREE, l).set(s.cached_free as f64);
+        let (queries, hits) = (s.prefix_queries, s.prefix_hits);
         let prev_prefix = self.last_prefix;
-        metrics::counter!(PREFIX_QUERIES, l).increment(p.queries - self.last_prefix.0.min(p.queries));
-        metrics::counter!(PREFIX_HITS, l).increment(p.hits - self.last_prefix.1.min(p.hits));
-        self.last_prefix = (p.queries, p.hits);
-        let pre = sched.preemptions();
+        metrics::counter!(PREFIX_QUERIES, l).increment(queries - self.last_prefix.0.min(queries));
+        metrics::counter!(PREFIX_HITS, l).increment(hits - self.last_prefix.1.min(hits));
+        self.last_prefix = (queries, hits);
+        let pre = s.preemptions;
         metrics::counter!(PREEMPTIONS, l).increment(pre - self.last_preemptions.min(pre));
         self.last_preemptions = pre;
-        metrics::gauge!(RETAINED_BLOCKS, l).set(sched.retained_blocks() as f64);
-        let kept = sched.pins_consumed();
+        metrics::gauge!(RETAINED_BLOCKS, l).set(s.retained_blocks as f64);
+        let kept = s.pins_consumed;
         metrics::counter!(SESSION_TURNS_KEPT, l).increment(kept - self.last_pins.0.min(kept));
-        let early = sched.pins_released_early();
+        let early = s.pins_released_early;
         metrics::counter!(PINS_RELEASED_EARLY, l).increment(early - self.last_pins.1.min(early));
         let reason = |r: &'static str| [l[0].clone(), ("reason", r.to_string())];
         metrics::counter!(EVICTIONS, &reason("retention_released")).increment(early - self.last_pins.1.min(early));
         self.last_pins = (kept, early);
-        let ev = sched.pool().evictions();
+        let ev = s.evictions;
         metrics::counter!(EVICTIONS, &reason("lru")).increment(ev - self.last_evictions.min(ev));
         self.last_evictions = ev;
-        let t = sched.tier().map(|t| t.stats()).unwrap_or_default();
+        let t = s.tier;
         let last = std::mem::replace(&mut self.last_tier, t);
         let d = |now: u64, then: u64| now - then.min(now);
         let tier = |name: &'static str| [l[0].clone(), ("tier", name.to_string())];
         let (hm, hd) = (d(t.hits_memory, last.hits_memory), d(t.hits_disk, last.hits_disk));
-        let hot_tokens = d(p.hits, prev_prefix.1).saturating_sub((hm + hd) * self.block_size);
+        let hot_tokens = d(hits, prev_prefix.1).saturating_sub((hm + hd) * self.block_size);
         metrics::counter!(HITS_BY_TIER, &tier("hot")).increment(hot_tokens);
         metrics::counter!(HIT_BLOCKS_BY_TIER, &tier("hot")).increment(hot_tokens / self.block_size.max(1));
         for (name, blocks) in [("memory", hm), ("disk", hd)] {

@@ -10,8 +10,8 @@ use std::fmt;
 
 use thiserror::Error;
 
-use crate::decision::DecisionState;
 use crate::kv_manager::SeqBlocks;
+use crate::layout::DecisionState;
 
 /// A sequence id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

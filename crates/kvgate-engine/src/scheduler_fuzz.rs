@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::block_pool::{BlockPool, BlockRef};
-use crate::decision::PinKind;
+use crate::layout::PinKind;
 use crate::registry::{GroupId, SeqId};
 use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig};
 use crate::tier::{SecondTier, TierConfig};

@@ -1,8 +1,8 @@
 //! The backend seam from the engine's side, on the tiny model: every row says what it needs back — a
 //! decision read asks for the log-probs of its label ids only (never a full-vocabulary row), a
 //! completion for logits rows, a prefill chunk for nothing — and those log-probs equal the entries of
-//! the log-softmax of the same row; calibration is one typed call; `--device` goes through one factory
-//! that refuses a device with no backend by name; the backend reports its own capacity. And the decode
+//! the log-softmax of the same row; calibration is one typed call. (The `--device` factory and its
+//! refusals are tested beside it, in `kvgate-server`'s `backends`.) And the decode
 //! floor as the backend sees it: a step that prefilled next to running streams is followed by a
 //! decode-only step.
 
@@ -12,13 +12,13 @@ use kvgate_backend::{
     Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device, KvCalibration, KvMemory, Output,
     Scales, StepOutput, Want,
 };
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache, CpuSettings, Model};
 use kvgate_engine::{
-    log_softmax, open_backend, start_with_backend, BackendSpec, DecideRequest, DecisionRead, EngineConfig, Event,
-    GenerateRequest, SamplingParams,
+    log_softmax, start, DecideRequest, DecisionRead, EngineConfig, Event, GenerateRequest, SamplingParams,
 };
 use kvgate_kv::{CacheShape, KvDtype};
-use kvgate_model::tiny::{tiny_model, TinySpec};
-use kvgate_model::{CpuBackend, CpuSettings, LoadedModel};
+use kvgate_model::LoadedModel;
 
 /// A backend that records the outputs each batch asked for, then runs the CPU backend.
 struct Recording {
@@ -77,24 +77,24 @@ impl Backend for Recording {
     }
 }
 
-fn tiny() -> LoadedModel {
+fn tiny() -> LoadedModel<Model> {
     tiny_model(TinySpec::default()).unwrap()
 }
 
-fn spec(m: &LoadedModel, blocks: usize) -> BackendSpec {
-    BackendSpec {
-        device: Device::Cpu,
-        shape: m.model.config().cache_shape(4, KvDtype::F32).unwrap(),
-        memory: KvMemory::Blocks(blocks),
-        int8_activations: false,
-        gpu_memory_utilization: 0.9,
-    }
+/// The tiny model over `blocks` blocks of 4 tokens.
+fn cpu(model: Model, blocks: usize) -> Box<dyn Backend> {
+    let c = CpuCache {
+        block_size: 4,
+        num_blocks: blocks,
+        ..Default::default()
+    };
+    Box::new(CpuBackend::with_cache(model, c).unwrap())
 }
 
 #[test]
 fn reads_ask_for_label_logprobs_and_completions_for_logits() {
     let m = tiny();
-    let backend = open_backend(tiny().model, &spec(&m, 64)).unwrap();
+    let backend = cpu(tiny().model, 64);
     let tok = Arc::new(m.tokenizer);
     let seen = Arc::new(Mutex::new(vec![]));
     let rec = Recording {
@@ -103,12 +103,10 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
         rows: Arc::new(Mutex::new(vec![])),
     };
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: 64,
         max_model_len: m.max_model_len,
         ..Default::default()
     };
-    let h = start_with_backend(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
+    let h = start(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -190,75 +188,6 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
 }
 
 #[test]
-fn the_factory_sizes_the_cache_and_refuses_devices_without_a_backend() {
-    let m = tiny();
-    let s = spec(&m, 10);
-    let per = s.shape.bytes_per_block();
-    let b = open_backend(tiny().model, &s).unwrap();
-    assert_eq!(b.device(), Device::Cpu);
-    assert_eq!(
-        b.capacity(),
-        Capacity {
-            num_blocks: 10,
-            bytes_per_block: per,
-            budget_bytes: 10 * per as u64
-        }
-    );
-    assert_eq!(b.fast_path(), None);
-    let bytes = BackendSpec {
-        memory: KvMemory::Bytes(3 * per as u64 + 5),
-        int8_activations: true,
-        ..s.clone()
-    };
-    let b = open_backend(tiny().model, &bytes).unwrap();
-    assert_eq!(b.capacity().num_blocks, 3);
-    assert_eq!(
-        b.fast_path(),
-        None,
-        "f32 weights have no integer kernel: nothing to key apart"
-    );
-    let quantized = tiny_model(TinySpec {
-        quantized: true,
-        ..Default::default()
-    })
-    .unwrap();
-    let b = open_backend(quantized.model, &bytes).unwrap();
-    assert_eq!(b.fast_path(), Some("int8-activations"));
-    let small = BackendSpec {
-        memory: KvMemory::Bytes(1),
-        ..s.clone()
-    };
-    assert!(matches!(
-        open_backend(tiny().model, &small),
-        Err(BackendError::Cache(kvgate_kv::KvError::TooSmall { bytes: 1, .. }))
-    ));
-    let cuda = BackendSpec {
-        device: Device::Cuda(0),
-        ..s
-    };
-    // a model laid out for the CPU cannot move to a GPU; without a GPU the refusal says what is missing
-    let err = open_backend(tiny().model, &cuda).err().unwrap();
-    assert!(
-        matches!(
-            err,
-            BackendError::Unavailable {
-                device: Device::Cuda(0),
-                ..
-            }
-        ),
-        "{err}"
-    );
-    if kvgate_engine::device_available(Device::Cuda(0)).is_err() {
-        let msg = err.to_string();
-        assert!(
-            msg.starts_with("--device cuda:0: ")
-                && (msg.contains("libcuda.so.1") || msg.contains("no usable CUDA device") || msg.contains("libnvrtc")),
-            "{msg}"
-        );
-    }
-}
-
-#[test]
 fn calibration_is_one_typed_call() {
     let m = tiny();
     let shape = m.model.config().cache_shape(4, KvDtype::Fp8E4m3).unwrap();
@@ -291,12 +220,10 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
     let m = tiny();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: 64,
         max_model_len: m.max_model_len,
         ..Default::default()
     };
-    let h = kvgate_engine::start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap();
+    let h = start(cpu(m.model, 64), tok.clone(), m.eos_token_ids, cfg).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -343,7 +270,7 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
 fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
     for share in [0.5, 0.0] {
         let m = tiny();
-        let backend = open_backend(tiny().model, &spec(&m, 512)).unwrap();
+        let backend = cpu(tiny().model, 512);
         let tok = Arc::new(m.tokenizer);
         let rows = Arc::new(Mutex::new(vec![]));
         let rec = Recording {
@@ -352,14 +279,12 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
             rows: rows.clone(),
         };
         let cfg = EngineConfig {
-            block_size: 4,
-            num_blocks: 512,
             max_num_batched_tokens: 16,
             max_model_len: m.max_model_len,
             decode_share: share,
             ..Default::default()
         };
-        let h = start_with_backend(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
+        let h = start(Box::new(rec), tok.clone(), m.eos_token_ids, cfg).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -440,45 +365,6 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
                 followed < mixed.len(),
                 "without the floor prefill goes on at once: {rows:?}"
             );
-        }
-    }
-}
-
-/// A backend opened on weights as stored lays them out itself and computes exactly what a model laid
-/// out for the CPU beforehand computes (the tiny Llama and Qwen3 fixtures, safetensors, both
-/// activation modes): the stored form is what `serve` hands the factory.
-#[test]
-fn a_backend_prepares_stored_weights_itself() {
-    for arch in ["llama", "qwen3"] {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/fixtures/tiny")
-            .join(arch);
-        for int8 in [false, true] {
-            let (config, weights) = kvgate_model::load_stored(&dir).unwrap();
-            let layout = kvgate_model::CpuLayout {
-                five_bit: int8,
-                f32_weights: false,
-            };
-            let cpu = kvgate_model::Model::new(config.clone(), weights.clone().into_cpu(layout).unwrap(), 64).unwrap();
-            let stored = kvgate_model::StoredModel {
-                config,
-                weights,
-                max_positions: 64,
-            };
-            let spec = BackendSpec {
-                device: Device::Cpu,
-                shape: cpu.config().cache_shape(4, KvDtype::F32).unwrap(),
-                memory: KvMemory::Blocks(16),
-                int8_activations: int8,
-                gpu_memory_utilization: 0.9,
-            };
-            let ids: Vec<u32> = (1..20).collect();
-            let batch = Batch::single_sequence(&ids, 4);
-            let a = open_backend(stored, &spec).unwrap().forward(&batch).unwrap();
-            let b = open_backend(cpu, &spec).unwrap().forward(&batch).unwrap();
-            assert_eq!(a.logits.len(), ids.len() * a.vocab, "{arch}");
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a.logits), bits(&b.logits), "{arch} int8 {int8}");
         }
     }
 }

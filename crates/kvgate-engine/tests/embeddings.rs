@@ -5,10 +5,10 @@
 //! blocks.
 
 use kvgate_backend::{Backend, Batch, Output, Want};
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::CpuBackend;
 use kvgate_engine::{EmbedRequest, EngineHandle, GenerateRequest, Pooling};
 use kvgate_kv::KvDtype;
-use kvgate_model::tiny::{tiny_model, TinySpec};
-use kvgate_model::CpuBackend;
 
 mod common;
 

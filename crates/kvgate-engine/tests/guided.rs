@@ -5,19 +5,18 @@
 
 use std::sync::Arc;
 
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache};
 use kvgate_engine::{
     start, ConstraintFactory, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, Guide, SamplingParams,
     TokenConstraint, TokenMask,
 };
-use kvgate_model::tiny::{tiny_model, TinySpec};
 
 fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
     let m = tiny_model(TinySpec::default()).unwrap();
     let tok = Arc::new(m.tokenizer);
     let vocab = m.model.config().vocab_size;
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: 256,
         max_num_seqs: 64,
         max_num_batched_tokens: 512,
         max_queue: 64,
@@ -26,7 +25,18 @@ fn engine() -> (EngineHandle, Arc<kvgate_model::Tokenizer>, usize) {
         model_name: "tiny".into(),
         ..Default::default()
     };
-    (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok, vocab)
+    let backend = Box::new(
+        CpuBackend::with_cache(
+            m.model,
+            CpuCache {
+                block_size: 4,
+                num_blocks: 256,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok, vocab)
 }
 
 /// The output must spell `target`; from `ff_from` tokens on, the rest is forced.

@@ -6,10 +6,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache};
 use kvgate_engine::{
     start, DecideRequest, DecisionRead, EngineConfig, EngineError, EngineHandle, Event, GenerateRequest, SamplingParams,
 };
-use kvgate_model::tiny::{tiny_model, TinySpec};
 
 const BLOCKS: usize = 64;
 
@@ -21,8 +22,6 @@ fn engine_with(max_pinned: Option<usize>, per_tenant: Option<usize>) -> (EngineH
     let m = tiny_model(TinySpec::default()).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: BLOCKS,
         max_num_seqs: 64,
         max_num_batched_tokens: 512,
         max_queue: 64,
@@ -33,7 +32,18 @@ fn engine_with(max_pinned: Option<usize>, per_tenant: Option<usize>) -> (EngineH
         max_pinned_blocks_per_tenant: per_tenant,
         ..Default::default()
     };
-    (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+    let backend = Box::new(
+        CpuBackend::with_cache(
+            m.model,
+            CpuCache {
+                block_size: 4,
+                num_blocks: BLOCKS,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -8,18 +8,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache};
 use kvgate_engine::{
     start, Admission, DecideRequest, DecisionRead, EngineConfig, EngineHandle, Event, GenerateRequest, SamplingParams,
 };
-use kvgate_model::tiny::{tiny_model, TinySpec};
 use kvgate_model::Tokenizer;
 
 fn engine(blocks: usize, retention: bool) -> (EngineHandle, Arc<Tokenizer>) {
     let m = tiny_model(TinySpec::default()).unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: blocks,
         max_num_batched_tokens: 64,
         max_model_len: m.max_model_len,
         session_window: retention.then(|| Duration::from_secs(600)),
@@ -30,7 +29,18 @@ fn engine(blocks: usize, retention: bool) -> (EngineHandle, Arc<Tokenizer>) {
         },
         ..Default::default()
     };
-    (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+    let backend = Box::new(
+        CpuBackend::with_cache(
+            m.model,
+            CpuCache {
+                block_size: 4,
+                num_blocks: blocks,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
 
 fn state(tok: &Tokenizer, i: usize) -> Vec<u32> {

@@ -8,9 +8,10 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache};
 use kvgate_engine::{start, EngineConfig, EngineHandle, Event, GenerateRequest, SamplingParams, TierConfig};
 use kvgate_kv::KvDtype;
-use kvgate_model::tiny::{tiny_model, TinySpec};
 use kvgate_model::Tokenizer;
 
 /// An engine over `blocks` hot blocks; waits for a previous engine to let go of the spill file.
@@ -19,15 +20,24 @@ fn engine(blocks: usize, tier: TierConfig, dtype: KvDtype) -> (EngineHandle, Arc
         let m = tiny_model(TinySpec::default()).unwrap();
         let tok = Arc::new(m.tokenizer);
         let cfg = EngineConfig {
-            block_size: 4,
-            num_blocks: blocks,
             max_num_batched_tokens: 64,
             max_model_len: m.max_model_len,
-            kv_dtype: dtype,
             tier: tier.clone(),
             ..Default::default()
         };
-        match start(m.model, tok.clone(), m.eos_token_ids, cfg) {
+        let backend = Box::new(
+            CpuBackend::with_cache(
+                m.model,
+                CpuCache {
+                    block_size: 4,
+                    num_blocks: blocks,
+                    dtype,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        );
+        match start(backend, tok.clone(), m.eos_token_ids, cfg) {
             Ok(h) => return (h, tok),
             Err(e) if e.to_string().contains("in use") => std::thread::sleep(std::time::Duration::from_millis(50)),
             Err(e) => panic!("{e}"),

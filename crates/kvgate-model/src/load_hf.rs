@@ -9,10 +9,10 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
-use crate::linear::Linear;
 use crate::stored::{StoredLayer, StoredLinear, StoredTensor, StoredWeights};
 
-pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
+/// A JSON file, parsed (an error names the file).
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
         path: path.display().to_string(),
         source,
@@ -20,34 +20,32 @@ pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
     serde_json::from_str(&text).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))
 }
 
-pub(crate) struct Tensors(pub(crate) HashMap<String, Tensor>);
+/// A checkpoint's tensors by name, taken out as they are used.
+pub struct Tensors(pub HashMap<String, Tensor>);
 
 impl Tensors {
-    pub(crate) fn take(&mut self, name: &str) -> Result<Tensor> {
+    /// The tensor `name` (an error when it is missing).
+    pub fn take(&mut self, name: &str) -> Result<Tensor> {
         self.0
             .remove(name)
             .ok_or_else(|| ModelError::Invalid(format!("tensor '{name}' is missing")))
     }
 
-    pub(crate) fn opt(&mut self, name: &str) -> Option<Tensor> {
+    /// The tensor `name`, when there is one.
+    pub fn opt(&mut self, name: &str) -> Option<Tensor> {
         self.0.remove(name)
     }
 
-    pub(crate) fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
+    /// The tensor `name` as f32 values.
+    pub fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
         Ok(self.take(name)?.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?)
     }
 
-    fn opt_vec(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
+    /// The tensor `name` as f32 values, when there is one.
+    pub fn opt_vec(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
         self.opt(name)
             .map(|t| Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?))
             .transpose()
-    }
-
-    /// A layer for the CPU at once (the encoder models, which only the CPU runs).
-    pub(crate) fn linear(&mut self, prefix: &str) -> Result<Linear> {
-        let w = self.take(&format!("{prefix}.weight"))?;
-        let b = self.opt_vec(&format!("{prefix}.bias"))?;
-        Linear::dense(w, b)
     }
 
     /// A layer as stored.

@@ -10,8 +10,7 @@ use crate::chat::ChatTemplate;
 use crate::error::{ModelError, Result};
 use crate::load_gguf::load_gguf;
 use crate::load_hf::load_hf_dir_with_scales;
-use crate::model::Model;
-use crate::stored::{CpuLayout, StoredModel, StoredWeights};
+use crate::stored::{StoredModel, StoredWeights};
 use crate::tokenizer::Tokenizer;
 
 /// Server-side sampling defaults (from `generation_config.json`; unset fields use the API defaults).
@@ -29,10 +28,10 @@ pub struct GenerationDefaults {
     pub repetition_penalty: Option<f32>,
 }
 
-/// A model with everything around it: `M` is the network, laid out for the CPU ([`Model`], from
-/// [`load`]) or as stored ([`StoredModel`], from [`load_unprepared`], for a backend to prepare).
+/// A model with everything around it: `M` is the network, as stored ([`StoredModel`], from
+/// [`load_unprepared`], for a backend to prepare) or laid out by one (`kvgate_cpu::load`).
 #[derive(Debug)]
-pub struct LoadedModel<M = Model> {
+pub struct LoadedModel<M = StoredModel> {
     /// The network.
     pub model: M,
     /// Its tokenizer.
@@ -58,11 +57,12 @@ pub struct LoadedModel<M = Model> {
 pub struct LoadOptions {
     /// Serve at most this many tokens per sequence (default: the model's context length).
     pub max_model_len: Option<usize>,
-    /// Lay weights out for the 8-bit-activation mode (5-bit GGUF formats stay 5-bit; see
-    /// [`crate::Linear::quantized_for`]): the same weights, their products rounded differently in f32.
+    /// (The CPU's `load`) lay weights out for the 8-bit-activation mode (5-bit GGUF formats stay
+    /// 5-bit): the same weights, their products rounded differently in f32.
     pub int8_activations: bool,
-    /// Every GGUF weight dequantized to f32 and multiplied in plain f32 (a reference: the same weight
-    /// values, none of the packed kernels). Not for serving: four to eight times the memory.
+    /// (The CPU's `load`) every GGUF weight dequantized to f32 and multiplied in plain f32 (a
+    /// reference: the same weight values, none of the packed kernels). Not for serving: four to eight
+    /// times the memory.
     pub f32_weights: bool,
 }
 
@@ -124,7 +124,7 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 }
 
 /// The config and weights of the model at `path` (a `.gguf` file or a Hugging Face directory), as the
-/// file stores them: what a device prepares its own layout from ([`StoredWeights::into_cpu`] for the CPU).
+/// file stores them: what a device prepares its own layout from.
 pub fn load_stored(path: &Path) -> Result<(crate::config::ModelConfig, StoredWeights)> {
     if path.is_dir() {
         let (cfg, w, _, _) = load_hf_dir_with_scales(path)?;
@@ -135,29 +135,8 @@ pub fn load_stored(path: &Path) -> Result<(crate::config::ModelConfig, StoredWei
     }
 }
 
-/// Loads the model at `path` (a `.gguf` file or a Hugging Face directory) for the CPU: the stored
-/// weights ([`load_unprepared`]) laid out as `opts` says.
-pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
-    let l = load_unprepared(path, opts)?;
-    let layout = CpuLayout {
-        five_bit: opts.int8_activations,
-        f32_weights: opts.f32_weights,
-    };
-    Ok(LoadedModel {
-        model: l.model.into_cpu(layout)?,
-        tokenizer: l.tokenizer,
-        chat_template: l.chat_template,
-        eos_token_ids: l.eos_token_ids,
-        defaults: l.defaults,
-        name: l.name,
-        max_model_len: l.max_model_len,
-        source: l.source,
-        kv_scales: l.kv_scales,
-    })
-}
-
 /// Loads the model at `path` with everything around it, its weights as stored: no device decision is
-/// taken (a backend lays them out at its start; `opts`' CPU switches are for [`load`]).
+/// taken (a backend lays them out at its start; `opts`' CPU switches are for `kvgate_cpu::load`).
 pub fn load_unprepared(path: &Path, opts: &LoadOptions) -> Result<LoadedModel<StoredModel>> {
     let mut kv_scales = None;
     let (cfg, weights, tokenizer, template, bos, eos_str, mut eos, defaults) = if path.is_dir() {

@@ -1,12 +1,10 @@
 //! Weights as the file stores them, before any device lays them out: what the loaders return (GGUF
-//! quant blocks as stored, safetensors tensors in their stored dtype, norms and biases as f32), and the
-//! CPU's preparation of them ([`StoredWeights::into_cpu`]: packed panels, 5-bit or widened layouts, or
-//! plain f32 for the reference path).
+//! quant blocks as stored, safetensors tensors in their stored dtype, norms and biases as f32). Each
+//! backend prepares its own layout from them (`kvgate_cpu::prepare` for the CPU's packed panels, the
+//! CUDA backend uploads the bytes).
 //!
 //! Guarantee: the loaders take no device decision — no panel layout, no int8 choice, no
-//! dequantization of a matrix — so a GPU backend can upload exactly what the file holds;
-//! [`StoredWeights::into_cpu`] gives the same [`Weights`] the loaders used to build (the golden-logit
-//! and real-weight tests hold it to that).
+//! dequantization of a matrix — so a GPU backend can upload exactly what the file holds.
 
 use std::sync::Arc;
 
@@ -15,8 +13,6 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::linear::Linear;
-use crate::weights::{Embedding, LayerWeights, Weights};
 
 /// One matrix as stored, shape `(rows, cols)` (a linear layer's `(out, in)`).
 #[derive(Debug, Clone)]
@@ -53,7 +49,7 @@ impl StoredTensor {
     }
 
     /// Every element as f32, row-major (an embedding table for the CPU's row lookups).
-    fn f32_rows(&self) -> Result<Vec<f32>> {
+    pub fn f32_rows(&self) -> Result<Vec<f32>> {
         Ok(match self {
             StoredTensor::Gguf(q) => q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?,
             StoredTensor::Dense(t) => t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
@@ -70,6 +66,39 @@ pub struct StoredLinear {
     pub bias: Option<Vec<f32>>,
 }
 
+/// One transformer layer; `L` is how its linear layers are held — as the file stores them
+/// ([`StoredLinear`]) or laid out by a backend (the CPU's `Linear`). Optional parts (biases, q/k norms,
+/// sandwich norms) are `None` where an architecture has none.
+#[derive(Debug, Clone)]
+pub struct LayerWeights<L> {
+    /// Norm before attention.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub q: L,
+    /// Key projection.
+    pub k: L,
+    /// Value projection.
+    pub v: L,
+    /// Output projection.
+    pub o: L,
+    /// Per-head query norm (Qwen3, Gemma 3).
+    pub q_norm: Option<Vec<f32>>,
+    /// Per-head key norm (Qwen3, Gemma 3).
+    pub k_norm: Option<Vec<f32>>,
+    /// Norm of the attention output before the residual add (Gemma 3).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// Norm before the MLP.
+    pub ffn_norm: Vec<f32>,
+    /// Norm of the MLP output before the residual add (Gemma 3).
+    pub post_ffn_norm: Option<Vec<f32>>,
+    /// MLP gate.
+    pub gate: L,
+    /// MLP up.
+    pub up: L,
+    /// MLP down.
+    pub down: L,
+}
+
 /// One transformer layer as stored.
 pub type StoredLayer = LayerWeights<StoredLinear>;
 
@@ -84,26 +113,6 @@ pub struct StoredWeights {
     pub final_norm: Vec<f32>,
     /// The output projection; `None` when it is the embedding matrix (tied).
     pub lm_head: Option<StoredLinear>,
-}
-
-/// How the CPU lays matrices out.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CpuLayout {
-    /// 5-bit GGUF formats stay 5-bit (the layout 8-bit activations stream best; see
-    /// [`Linear::quantized_for`]).
-    pub five_bit: bool,
-    /// Every matrix dequantized to f32 and multiplied in plain f32 (the reference path).
-    pub f32_weights: bool,
-}
-
-impl StoredLinear {
-    fn into_cpu(self, layout: CpuLayout) -> Result<Linear> {
-        match self.weight {
-            StoredTensor::Gguf(q) if layout.f32_weights => Linear::dense(q.dequantize(&Device::Cpu)?, self.bias),
-            StoredTensor::Gguf(q) => Linear::quantized_for(q, self.bias, layout.five_bit),
-            StoredTensor::Dense(t) => Linear::dense(t, self.bias),
-        }
-    }
 }
 
 impl StoredWeights {
@@ -123,54 +132,10 @@ impl StoredWeights {
                 })
                 .sum::<usize>()
     }
-
-    /// The CPU's weights: each matrix repacked (or widened) as `layout` says, the embedding table as f32
-    /// rows; a tied output projection is the embedding matrix in the layout its stored format takes
-    /// (GGUF blocks repacked, a safetensors table as f32). Each layer's stored tensors are dropped as it
-    /// is prepared.
-    pub fn into_cpu(self, layout: CpuLayout) -> Result<Weights> {
-        let (_, dim) = self.embed.dims()?;
-        let rows = self.embed.f32_rows()?;
-        let lm_head = match self.lm_head {
-            Some(l) => l.into_cpu(layout)?,
-            None => match &self.embed {
-                StoredTensor::Gguf(q) => StoredLinear {
-                    weight: StoredTensor::Gguf(q.clone()),
-                    bias: None,
-                }
-                .into_cpu(layout)?,
-                StoredTensor::Dense(t) => Linear::dense(t.to_dtype(DType::F32)?, None)?,
-            },
-        };
-        let mut layers = Vec::with_capacity(self.layers.len());
-        for l in self.layers {
-            layers.push(LayerWeights {
-                attn_norm: l.attn_norm,
-                q: l.q.into_cpu(layout)?,
-                k: l.k.into_cpu(layout)?,
-                v: l.v.into_cpu(layout)?,
-                o: l.o.into_cpu(layout)?,
-                q_norm: l.q_norm,
-                k_norm: l.k_norm,
-                post_attn_norm: l.post_attn_norm,
-                ffn_norm: l.ffn_norm,
-                post_ffn_norm: l.post_ffn_norm,
-                gate: l.gate.into_cpu(layout)?,
-                up: l.up.into_cpu(layout)?,
-                down: l.down.into_cpu(layout)?,
-            });
-        }
-        Ok(Weights {
-            embed: Embedding { rows, dim },
-            layers,
-            final_norm: self.final_norm,
-            lm_head,
-        })
-    }
 }
 
 /// A model as loaded, not yet laid out for any device: its config, its weights as stored, and the
-/// positions it serves. A backend prepares it ([`StoredModel::into_cpu`] for the CPU).
+/// positions it serves. A backend prepares it (`kvgate_cpu::prepare` for the CPU).
 #[derive(Debug, Clone)]
 pub struct StoredModel {
     /// The architecture's config.
@@ -179,13 +144,6 @@ pub struct StoredModel {
     pub weights: StoredWeights,
     /// Positions per sequence it serves.
     pub max_positions: usize,
-}
-
-impl StoredModel {
-    /// The CPU's model: the weights laid out as `layout` says.
-    pub fn into_cpu(self, layout: CpuLayout) -> Result<crate::model::Model> {
-        crate::model::Model::new(self.config, self.weights.into_cpu(layout)?, self.max_positions)
-    }
 }
 
 /// What every form of a loaded model tells: its config.
@@ -197,11 +155,5 @@ pub trait Configured {
 impl Configured for StoredModel {
     fn config(&self) -> &ModelConfig {
         &self.config
-    }
-}
-
-impl Configured for crate::model::Model {
-    fn config(&self) -> &ModelConfig {
-        crate::model::Model::config(self)
     }
 }

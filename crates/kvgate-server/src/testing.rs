@@ -5,13 +5,13 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kvgate_model::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
 use tokio::sync::oneshot;
 
-use crate::cli::{assemble, build, BuildOptions};
-use crate::config;
+use crate::http::state::{AppState, ServedModel};
 use crate::infer::Inference;
-use crate::state::{AppState, ServedModel};
+use crate::startup::cli::{assemble, build, BuildOptions};
+use crate::startup::config;
 
 /// A server running in this process; stops on drop.
 pub struct TestServer {

@@ -1,7 +1,7 @@
 //! The engine thread: the loop. It owns the backend (KV storage + forward pass), the scheduler (with the
 //! block pool, prefix cache, sequences and pins) and every request's state, and
 //! loops: take commands, drop requests whose caller went away, plan a step, flatten it into a batch, run
-//! it on the backend, hand each chunk's output to its request kind ([`crate::requests`]), apply what
+//! it on the backend, hand each chunk's output to its request kind ([`crate::kinds`]), apply what
 //! they did to the sequences in one scheduler call, free what ended.
 //!
 //! Every way a request ends goes through [`Engine::end_request`], which releases its blocks: finished,
@@ -11,7 +11,7 @@
 mod start;
 mod tier_io;
 
-pub use start::{start, start_with_backend};
+pub use start::start;
 
 use tier_io::open_tier;
 
@@ -29,11 +29,11 @@ use crate::config::EngineConfig;
 use crate::constraint::GuideState;
 use crate::error::EngineError;
 use crate::handle::{Command, EngineStats, Shared};
+use crate::kinds::{Active, AdmitEnv, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
 use crate::metrics::Recorder;
 use crate::pacing::DecodeFloor;
 use crate::registry::{GroupId, SeqId};
 use crate::request::RequestId;
-use crate::requests::{decide, embed, generate, Active, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
 use crate::scheduler::{Chunk, Logits, Scheduler, StepUpdate};
 use crate::tier::TierConfig;
 
@@ -139,7 +139,7 @@ impl Engine {
                 }
             }
             self.publish_kv_events();
-            self.rec.update(&self.sched);
+            self.rec.update(&self.sched.stats());
         }
     }
 
@@ -153,25 +153,13 @@ impl Engine {
     /// Handles one command; false means stop the engine.
     fn command(&mut self, c: Command) -> bool {
         match c {
-            Command::Generate(id, req, tx) => {
-                // Blocks computed on the backend's fast path are keyed apart: an exact read (a
-                // decision) never reads them; a fast completion reads exact blocks first (a decision's
-                // warm state) and continues on its own.
-                let exact = req.cache_salt.clone().unwrap_or_default();
-                let (salt, exact) = match self.backend.fast_path() {
-                    Some(path) => (crate::salts::fast_key(path, &exact), Some(exact)),
-                    None => (exact, None),
+            Command::Admit(id, admit) => {
+                let env = AdmitEnv {
+                    fast_path: self.backend.fast_path(),
+                    session_window: self.cfg.session_window,
+                    rec: &self.rec,
                 };
-                let (g, kind) = generate::admit(&mut self.sched, *req, &salt, exact.as_deref(), tx);
-                self.register(id, g, kind);
-            }
-            Command::Decide(id, req, reply) => {
-                let (g, kind) = decide::admit(&mut self.sched, req, reply, self.cfg.session_window);
-                self.register(id, g, kind);
-                self.rec.decision_request();
-            }
-            Command::Embed(id, req, reply) => {
-                let (g, kind) = embed::admit(&mut self.sched, req, reply);
+                let (g, kind) = admit(&mut self.sched, &env);
                 self.register(id, g, kind);
             }
             Command::Abort(id) => {
@@ -368,7 +356,7 @@ impl Engine {
             let Some(a) = self.reqs.get_mut(&c.group) else { continue };
             let pin_until = |k: Duration| millis_since(epoch) + k.as_millis() as u64;
             let mut cx = StepContext {
-                sched: &mut self.sched,
+                seqs: &mut self.sched,
                 update: &mut update,
                 rec: &self.rec,
                 env: &self.env,
@@ -453,11 +441,11 @@ impl Engine {
             }
         }
         if how.scales == Scales::Measured {
-            info!(dtype = %self.cfg.kv_dtype, layers = report.scales.len(), "calibrated KV scales from the first prefill");
+            info!(dtype = %self.backend.cache_shape().dtype(), layers = report.scales.len(), "calibrated KV scales from the first prefill");
         }
         if how.offsets {
             info!(
-                method = self.cfg.kv_quant.name(),
+                method = self.backend.cache_shape().quant().name(),
                 tokens = report.measured_rows,
                 "KV offsets from the first prefill"
             );

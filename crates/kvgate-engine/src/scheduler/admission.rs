@@ -140,7 +140,7 @@ impl Scheduler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decision::PinKind;
+    use crate::layout::PinKind;
     use crate::scheduler::SchedulerConfig;
 
     fn sched(blocks: usize, budget: usize, admission: Admission) -> Scheduler {

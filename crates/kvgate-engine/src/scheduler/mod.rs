@@ -13,10 +13,10 @@
 //!
 //! The [`Plan`] of a step carries everything the step needs (each chunk's tokens, positions, cache
 //! slots and block table), so nothing outside reaches into a sequence. Sequences and groups live in the
-//! [`Registry`]; decision layouts and keep-alive pins in [`crate::decision`].
+//! [`Registry`]; decision layouts and keep-alive pins in [`crate::layout`].
 
 mod admission;
-mod decisions;
+mod forks;
 mod plan;
 mod step;
 mod update;
@@ -31,8 +31,8 @@ pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
 pub(crate) use update::StepUpdate;
 
 use crate::block_pool::{BlockId, BlockPool};
-use crate::decision::{PinKind, Pins};
 use crate::kv_manager::{KvManager, PrefixStats, TierOps};
+use crate::layout::{PinKind, Pins};
 #[cfg(test)]
 use crate::registry::Seq;
 use crate::registry::{GroupId, GroupKind, Registry, SchedError, SeqId};
@@ -102,6 +102,27 @@ impl Scheduler {
     /// The pool.
     pub fn pool(&self) -> &BlockPool {
         self.kv.pool()
+    }
+
+    /// The numbers the metrics recorder reads after a step.
+    pub(crate) fn stats(&self) -> crate::metrics::SchedulerStats {
+        let c = self.pool().counts();
+        let p = self.prefix_stats();
+        crate::metrics::SchedulerStats {
+            running: self.num_running_groups(),
+            waiting: self.num_waiting(),
+            used_blocks: c.used,
+            total_blocks: c.total,
+            cached_free: c.cached_free,
+            prefix_queries: p.queries,
+            prefix_hits: p.hits,
+            preemptions: self.preemptions(),
+            retained_blocks: self.retained_blocks(),
+            pins_consumed: self.pins_consumed(),
+            pins_released_early: self.pins_released_early(),
+            evictions: self.pool().evictions(),
+            tier: self.tier().map(|t| t.stats()).unwrap_or_default(),
+        }
     }
 
     /// Starts recording the pool's KV events (an `AllCleared` first).

@@ -6,7 +6,7 @@
 //! happens once per request, at its first sample, and the new ids key the choices.
 
 use super::{Chunk, Result, Scheduler};
-use crate::decision::PinKind;
+use crate::layout::PinKind;
 use crate::registry::SeqId;
 
 /// One change to a sequence.

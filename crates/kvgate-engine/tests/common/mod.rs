@@ -5,8 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache, CpuSettings};
 use kvgate_engine::{start, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SamplingParams};
-use kvgate_model::tiny::{tiny_model, TinySpec};
 
 pub struct Opts {
     pub blocks: usize,
@@ -41,18 +42,30 @@ pub fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     .unwrap();
     let tok = Arc::new(m.tokenizer);
     let cfg = EngineConfig {
-        block_size: 4,
-        num_blocks: o.blocks,
         max_num_seqs: 256,
         max_num_batched_tokens: o.budget,
         max_queue: o.max_queue,
         prefix_caching: o.prefix,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
-        int8_activations: o.int8,
         ..Default::default()
     };
-    (start(m.model, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+    let settings = CpuSettings {
+        int8_activations: o.int8,
+    };
+    let backend = Box::new(
+        CpuBackend::with_cache(
+            m.model,
+            CpuCache {
+                block_size: 4,
+                num_blocks: o.blocks,
+                settings,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
 }
 
 pub fn greedy(max_tokens: usize) -> SamplingParams {

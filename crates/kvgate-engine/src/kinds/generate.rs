@@ -1,0 +1,394 @@
+//! A completion as a request kind: prompt logprobs, the fork into `n` choices, sampling (under a
+//! grammar mask for structured outputs and tools), stop tokens and strings, detokenization, logprobs,
+//! the finish reason, all streamed as [`Event`]s on the request's channel. The tokens it appends and
+//! the choices it ends go into the step's update.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use tokio::sync::mpsc as tmpsc;
+use tracing::warn;
+
+use super::{AdmitEnv, ChunkOut, Outcome, OutputEnv, Progress, RequestKind, StepContext};
+use crate::batch::ChunkWant;
+use crate::constraint::GuideState;
+use crate::error::EngineError;
+use crate::layout::PinKind;
+use crate::registry::{GroupId, SchedError, SeqId};
+use crate::request::{Event, FinishReason, GenerateRequest, Retain, StopMatch, Usage};
+use crate::sampling::{log_softmax, Sampler, SamplingParams, TokenLogprob};
+use crate::scheduler::{Chunk, Logits, Scheduler};
+use crate::text::TextState;
+
+/// Tokens of the prompt's tail the detokenizer starts from.
+const DECODE_CONTEXT: usize = 6;
+
+/// One choice of a completion.
+struct Choice {
+    index: usize,
+    sampler: Sampler,
+    text: TextState,
+    guide: Option<GuideState>,
+}
+
+impl Choice {
+    fn new(index: usize, p: &SamplingParams, prompt: &[u32]) -> Choice {
+        let tail = &prompt[prompt.len().saturating_sub(DECODE_CONTEXT)..];
+        Choice {
+            index,
+            sampler: Sampler::new(p, prompt, index),
+            text: TextState::new(
+                tail,
+                p.stop.clone(),
+                p.include_stop_str_in_output,
+                p.skip_special_tokens,
+            ),
+            guide: p.guide.as_ref().map(GuideState::new),
+        }
+    }
+
+    /// A forked choice: same constraint state and prepared mask as `parent`, its own sampler.
+    fn forked(index: usize, p: &SamplingParams, prompt: &[u32], parent: &Choice) -> Choice {
+        let mut c = Choice::new(index, p, prompt);
+        c.guide = parent.guide.as_ref().map(GuideState::fork);
+        c
+    }
+}
+
+/// A completion's output state.
+struct GenState {
+    tx: tmpsc::UnboundedSender<Event>,
+    params: SamplingParams,
+    prompt: Vec<u32>,
+    choices: HashMap<SeqId, Choice>,
+    forked: bool,
+    remaining: usize,
+    completion_tokens: usize,
+    prompt_lps: Vec<Option<TokenLogprob>>,
+    last_token: Option<Instant>,
+    retain: Option<Retain>,
+}
+
+/// Queues a completion in the scheduler (its blocks keyed by `salt`; on the fast path it also reads the
+/// exact path's blocks, keyed by `exact`) and returns its group and state.
+pub(crate) fn admit(
+    sched: &mut Scheduler,
+    env: &AdmitEnv,
+    req: GenerateRequest,
+    tx: tmpsc::UnboundedSender<Event>,
+) -> (GroupId, Box<dyn RequestKind>) {
+    // Blocks computed on the backend's fast path are keyed apart: an exact read (a decision) never
+    // reads them; a fast completion reads exact blocks first (a decision's warm state) and continues
+    // on its own.
+    let exact = req.cache_salt.clone().unwrap_or_default();
+    let (salt, exact) = match env.fast_path {
+        Some(path) => (crate::salts::fast_key(path, &exact), Some(exact)),
+        None => (exact, None),
+    };
+    let all = req.params.prompt_logprobs.is_some();
+    let (g, seq) = sched.add_generate(req.prompt.clone(), &salt, all);
+    if let Some(exact) = exact.as_deref() {
+        // the group was just created: this cannot fail
+        let _ = sched.read_exact_blocks(g, exact);
+    }
+    let mut state = GenState::new(seq, req.prompt, req.params, tx);
+    state.retain = req.retain;
+    (g, Box::new(state))
+}
+
+impl GenState {
+    /// A completion of `prompt` (its first sequence is `seq`).
+    fn new(seq: SeqId, prompt: Vec<u32>, params: SamplingParams, tx: tmpsc::UnboundedSender<Event>) -> GenState {
+        let n = params.n.max(1);
+        let mut choices = HashMap::new();
+        choices.insert(seq, Choice::new(0, &params, &prompt));
+        let prompt_lps = vec![
+            None;
+            if params.prompt_logprobs.is_some() {
+                prompt.len()
+            } else {
+                0
+            }
+        ];
+        GenState {
+            tx,
+            choices,
+            forked: n == 1,
+            remaining: n,
+            completion_tokens: 0,
+            prompt_lps,
+            last_token: None,
+            params,
+            prompt,
+            retain: None,
+        }
+    }
+
+    /// Prompt logprobs, then at the chunk's end: the fork into `n` choices (first sample), one
+    /// sampled (or grammar-forced) token per choice, its event, and the finishes.
+    fn on_logits(
+        &mut self,
+        cx: &mut StepContext,
+        progress: Progress,
+        c: &Chunk,
+        rows: &[f32],
+        vocab: usize,
+    ) -> Result<Outcome, SchedError> {
+        let (arrival, cached_tokens) = (progress.arrival, progress.cached_tokens);
+        let gs = self;
+        if c.logits == Logits::All {
+            // Prompt logprobs: row i predicts the token at position start + i + 1.
+            let k = gs.params.prompt_logprobs.unwrap_or(0);
+            for i in 0..c.len {
+                let p = c.start + i + 1;
+                let (Some(&t), Some(slot)) = (gs.prompt.get(p), gs.prompt_lps.get_mut(p)) else {
+                    break;
+                };
+                let ls = log_softmax(&rows[i * vocab..(i + 1) * vocab]);
+                *slot = Some(TokenLogprob::of(&ls, t, k));
+            }
+        }
+        if !c.at_end {
+            return Ok(Outcome::Continue);
+        }
+        let last = &rows[rows.len() - vocab..];
+        let mut targets = vec![c.seq];
+        if !gs.forked {
+            gs.forked = true;
+            let n = gs.params.n.max(1);
+            let children = cx.fork(c.seq, n - 1)?;
+            if let Some(parent) = gs.choices.get_mut(&c.seq) {
+                if let Some(g) = parent.guide.as_mut() {
+                    cx.rec.grammar_mask(g.prepare());
+                }
+            }
+            let forks: Vec<Choice> = match gs.choices.get(&c.seq) {
+                Some(parent) => (0..children.len())
+                    .map(|i| Choice::forked(i + 1, &gs.params, &gs.prompt, parent))
+                    .collect(),
+                None => vec![],
+            };
+            for (ch, choice) in children.iter().zip(forks) {
+                gs.choices.insert(*ch, choice);
+            }
+            targets.extend(children);
+        }
+        if !gs.prompt_lps.is_empty() {
+            let lps = std::mem::take(&mut gs.prompt_lps);
+            let _ = gs.tx.send(Event::PromptLogprobs(lps));
+        }
+        let now = Instant::now();
+        cx.rec.token_timing(arrival, gs.last_token, now);
+        gs.last_token = Some(now);
+        let mut stop_ids: Vec<u32> = gs.params.stop_token_ids.clone();
+        if !gs.params.ignore_eos {
+            stop_ids.extend(&cx.env.eos);
+        }
+        let mut ended = vec![];
+        for t in targets {
+            let Some(ch) = gs.choices.get_mut(&t) else { continue };
+            let mask = match ch.guide.as_mut() {
+                Some(g) => {
+                    cx.rec.grammar_mask(g.prepare());
+                    match g.mask.take() {
+                        Some(Ok(m)) => Some(m),
+                        Some(Err(e)) => {
+                            // The grammar cannot go on (an internal llguidance error): the choice
+                            // ends here rather than produce text the grammar does not allow.
+                            warn!(error = %e, "grammar mask failed; ending the choice");
+                            let tail = ch.text.finish(&cx.env.tok);
+                            let _ = gs.tx.send(Event::Finished {
+                                choice: ch.index,
+                                reason: FinishReason::Stop,
+                                text: tail,
+                                stop: None,
+                            });
+                            ended.push((t, FinishReason::Stop));
+                            continue;
+                        }
+                        None => None,
+                    }
+                }
+                None => None,
+            };
+            let (tok, lp) = ch.sampler.sample(last, &gs.params, &stop_ids, mask.as_ref());
+            cx.update.append(t, tok);
+            gs.completion_tokens += 1;
+            cx.rec.generated_token();
+            let mut finish = gs.emit(cx.env, t, tok, lp);
+            if finish.is_none() {
+                finish = gs.follow_grammar(cx, t, tok);
+            }
+            if let Some((reason, stop)) = finish {
+                let Some(ch) = gs.choices.get_mut(&t) else { continue };
+                let tail = if matches!(stop, Some(StopMatch::Text(_))) {
+                    String::new()
+                } else {
+                    ch.text.finish(&cx.env.tok)
+                };
+                let _ = gs.tx.send(Event::Finished {
+                    choice: ch.index,
+                    reason,
+                    text: tail,
+                    stop,
+                });
+                ended.push((t, reason));
+            }
+        }
+        let mut last_reason = None;
+        for (t, reason) in ended {
+            gs.choices.remove(&t);
+            gs.remaining -= 1;
+            if let (0, Some(r)) = (gs.remaining, gs.retain) {
+                // the last choice to end: its conversation so far is retained for the next turn
+                cx.update
+                    .pin(t, usize::MAX, (cx.pin_until)(r.window), r.tenant, PinKind::Session);
+            }
+            cx.update.finish(t);
+            last_reason = Some(reason);
+        }
+        if gs.remaining > 0 {
+            return Ok(Outcome::Continue);
+        }
+        let usage = Usage {
+            prompt_tokens: gs.prompt.len(),
+            completion_tokens: gs.completion_tokens,
+            cached_tokens,
+        };
+        let _ = gs.tx.send(Event::Done(usage));
+        cx.rec.request_done(arrival, gs.prompt.len());
+        Ok(Outcome::Done(last_reason.map_or("stop", FinishReason::as_str)))
+    }
+
+    /// Detokenizes one output token of choice `t`, sends its event, and says whether it ends the
+    /// choice (a stop token, a stop string, `max_tokens` or the context length).
+    fn emit(
+        &mut self,
+        env: &OutputEnv,
+        t: SeqId,
+        tok: u32,
+        lp: Option<TokenLogprob>,
+    ) -> Option<(FinishReason, Option<StopMatch>)> {
+        let gs = self;
+        let ch = gs.choices.get_mut(&t)?;
+        let mut text = String::new();
+        let mut finish = stop_token_finish(&env.eos, tok, &gs.params);
+        if finish.is_none() {
+            let d = ch.text.push(&env.tok, tok);
+            text = d.text;
+            finish = d.stopped_by.map(|s| (FinishReason::Stop, Some(StopMatch::Text(s))));
+        }
+        let len = gs.prompt.len() + ch.sampler.generated();
+        if finish.is_none() && (ch.sampler.generated() >= gs.params.max_tokens || !env.limits.fits(len + 1)) {
+            finish = Some((FinishReason::Length, None));
+        }
+        let _ = gs.tx.send(Event::Token {
+            choice: ch.index,
+            token: tok,
+            text,
+            logprob: lp,
+        });
+        finish
+    }
+
+    /// Feeds a sampled token to choice `t`'s grammar: a complete grammar ends the choice (`stop`);
+    /// tokens it forces next are appended and emitted without sampling (not when logprobs are asked:
+    /// those are sampled under a one-token mask so each has its raw logprob).
+    fn follow_grammar(
+        &mut self,
+        cx: &mut StepContext,
+        t: SeqId,
+        tok: u32,
+    ) -> Option<(FinishReason, Option<StopMatch>)> {
+        let gs = self;
+        let ff_ok = gs.params.logprobs.is_none();
+        let g = gs.choices.get_mut(&t).and_then(|c| c.guide.as_mut())?;
+        let forced = match g.constraint.commit(tok, ff_ok) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!(error = %e, token = tok, "grammar rejected a sampled token; ending the choice");
+                return Some((FinishReason::Stop, None));
+            }
+        };
+        for f in forced {
+            cx.update.append(t, f);
+            if let Some(ch) = gs.choices.get_mut(&t) {
+                ch.sampler.note_forced(f);
+            }
+            gs.completion_tokens += 1;
+            cx.rec.generated_token();
+            cx.rec.forced_token();
+            if let Some(end) = gs.emit(cx.env, t, f, None) {
+                return Some(end);
+            }
+        }
+        let stopped = gs
+            .choices
+            .get(&t)
+            .and_then(|c| c.guide.as_ref())
+            .is_some_and(|g| g.constraint.is_stopped());
+        stopped.then_some((FinishReason::Stop, None))
+    }
+}
+
+impl RequestKind for GenState {
+    fn want(&self, c: &Chunk) -> ChunkWant {
+        match c.logits {
+            Logits::None => ChunkWant::Nothing,
+            l => ChunkWant::Logits(l),
+        }
+    }
+
+    fn may_be_fast(&self) -> bool {
+        true
+    }
+
+    fn counts_warmed(&self) -> bool {
+        true
+    }
+
+    fn session_prompt(&self) -> Option<usize> {
+        self.retain.is_some().then_some(self.prompt.len())
+    }
+
+    fn guides<'a>(&'a mut self, seqs: &[SeqId], out: &mut Vec<&'a mut GuideState>) {
+        for (s, c) in self.choices.iter_mut() {
+            if let (true, Some(gd)) = (seqs.contains(s), c.guide.as_mut()) {
+                out.push(gd);
+            }
+        }
+    }
+
+    fn on_output(
+        &mut self,
+        cx: &mut StepContext,
+        progress: Progress,
+        c: &Chunk,
+        out: ChunkOut,
+    ) -> Result<Outcome, SchedError> {
+        match out {
+            ChunkOut::Logits { rows, vocab } => self.on_logits(cx, progress, c, rows, vocab),
+            // the engine asks a completion only for logits
+            ChunkOut::Logprobs(_) | ChunkOut::Hidden { .. } => Ok(Outcome::Continue),
+        }
+    }
+
+    fn fail(&mut self, e: EngineError) {
+        let _ = self.tx.send(Event::Error(e));
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+/// The finish a sampled token causes by itself (EOS or a stop token id).
+fn stop_token_finish(eos: &[u32], tok: u32, p: &SamplingParams) -> Option<(FinishReason, Option<StopMatch>)> {
+    let is_eos = !p.ignore_eos && eos.contains(&tok);
+    let is_stop_id = p.stop_token_ids.contains(&tok);
+    if !(is_eos || is_stop_id) {
+        return None;
+    }
+    let stop = (is_stop_id && !is_eos).then_some(StopMatch::Token(tok));
+    Some((FinishReason::Stop, stop))
+}

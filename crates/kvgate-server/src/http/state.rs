@@ -1,0 +1,364 @@
+//! The state every handler shares: the engine handle, the tokenizer and chat template (read-only), the
+//! served names, limits and settings.
+
+use std::sync::Arc;
+
+use axum::http::{header, HeaderMap};
+use kvgate_decide::temperature::Fitted;
+use kvgate_decide::DecisionService;
+use kvgate_grammar::Grammars;
+use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde_json::{Map, Value};
+
+use crate::http::error::ApiError;
+use crate::infer::Inference;
+use crate::pipeline::params::parse_object;
+use crate::startup::config::Args;
+use crate::startup::settings::Settings;
+
+/// Shared by all handlers.
+pub struct AppState {
+    /// The engine, behind the HTTP ↔ engine seam.
+    pub(crate) engine: Arc<dyn Inference>,
+    /// The tokenizer.
+    pub(crate) tokenizer: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub(crate) chat: Option<Arc<ChatTemplate>>,
+    /// Names the API answers to; the first is reported.
+    pub(crate) served_names: Vec<String>,
+    /// Sampling defaults.
+    pub(crate) defaults: GenerationDefaults,
+    /// The Prometheus exporter, when installed.
+    pub(crate) metrics: Option<PrometheusHandle>,
+    /// The serving settings, parsed once from the flags.
+    pub(crate) settings: Settings,
+    /// System One decisions (the service below HTTP, over the same engine).
+    pub(crate) decisions: Arc<DecisionService>,
+    /// Start time (unix seconds), used as `created` of the model.
+    pub(crate) created: u64,
+    /// The model's end-of-sequence token ids.
+    pub(crate) eos_token_ids: Vec<u32>,
+    /// Tokenization off the async runtime: bytes per token at most, and the slots.
+    pub(crate) tokenize: TokenizeSlots,
+    /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
+    pub(crate) grammars: Option<Arc<Grammars>>,
+    /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
+    pub(crate) responses: crate::protocols::responses::store::ResponseStore,
+}
+
+/// What the handlers need of the loaded model besides the engine.
+pub struct ServedModel {
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, if the model has one.
+    pub chat: Option<ChatTemplate>,
+    /// Sampling defaults.
+    pub defaults: GenerationDefaults,
+    /// End-of-sequence token ids.
+    pub eos_token_ids: Vec<u32>,
+    /// Vocabulary size (the width of a logits row).
+    pub vocab_size: usize,
+    /// Names the API answers to; the first is reported.
+    pub served_names: Vec<String>,
+    /// Decision temperatures and default option orders fitted for this model, if it is a fitted one.
+    pub fitted: Option<Fitted>,
+}
+
+/// Tokenization runs on the blocking pool, a few at a time (the cores), with a bounded queue; text is
+/// only tokenized once it is known to be able to fit the context by its bytes (no token is longer than
+/// the vocabulary's longest, so more bytes than `max_model_len` × that cannot fit).
+pub struct TokenizeSlots {
+    longest_token: usize,
+    slots: Arc<tokio::sync::Semaphore>,
+    waiting: std::sync::atomic::AtomicUsize,
+    max_waiting: usize,
+}
+
+impl TokenizeSlots {
+    /// Slots for `tok`: as many at once as there are cores, up to `max_waiting` waiting (the engine's
+    /// `--max-queue`: a burst the engine would queue is not refused before it gets there).
+    pub fn new(tok: &Tokenizer, max_waiting: usize) -> TokenizeSlots {
+        let longest_token = tok.token_bytes().iter().map(|(b, _)| b.len()).max().unwrap_or(1).max(1);
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        TokenizeSlots {
+            longest_token,
+            slots: Arc::new(tokio::sync::Semaphore::new(cores)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            max_waiting: max_waiting.max(1),
+        }
+    }
+}
+
+/// Builds the grammar compiler for a tokenizer (logged; `None` with a warning when it cannot).
+pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<Arc<Grammars>> {
+    let t = std::time::Instant::now();
+    match Grammars::new(tok.clone(), eos, vocab) {
+        Ok(g) => {
+            tracing::info!(
+                ms = t.elapsed().as_millis() as u64,
+                "structured outputs ready (llguidance)"
+            );
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs and forced tool calls are unavailable");
+            None
+        }
+    }
+}
+
+impl AppState {
+    /// The state over `engine` and `model` with the flags `args` (read here, once, into [`Settings`]
+    /// and the decision service's temperature): the tokenization slots, the grammar compiler and the
+    /// decision service are built here, once, for `serve` and the test servers alike.
+    pub fn new(
+        engine: Arc<dyn Inference>,
+        model: ServedModel,
+        args: Args,
+        metrics: Option<PrometheusHandle>,
+    ) -> AppState {
+        let ServedModel {
+            tokenizer,
+            chat,
+            defaults,
+            eos_token_ids,
+            vocab_size,
+            served_names,
+            fitted,
+        } = model;
+        let chat = chat.map(Arc::new);
+        let decisions = Arc::new(DecisionService::new(
+            engine.clone(),
+            tokenizer.clone(),
+            chat.clone(),
+            args.decision_temperature.resolve(fitted.map(|f| f.temperature)),
+            args.decision_orders
+                .map(usize::from)
+                .or(fitted.map(|f| f.orders))
+                .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
+            served_names[0].clone(),
+        ));
+        AppState {
+            engine,
+            decisions,
+            grammars: grammars_for(&tokenizer, &eos_token_ids, vocab_size),
+            tokenize: TokenizeSlots::new(&tokenizer, args.max_queue),
+            eos_token_ids,
+            tokenizer,
+            chat,
+            served_names,
+            defaults,
+            metrics,
+            responses: crate::protocols::responses::store::ResponseStore::new(
+                args.responses_store_entries,
+                args.responses_store_memory.bytes() as usize,
+            ),
+            settings: Settings::from_args(&args),
+            created: crate::pipeline::events::now_secs(),
+        }
+    }
+
+    /// The reported model name.
+    pub fn model_name(&self) -> &str {
+        &self.served_names[0]
+    }
+
+    /// Checks a System One request's `model`: also accepts the aliases (`--model-alias`).
+    pub fn check_decision_model(&self, name: Option<&str>) -> Result<String, ApiError> {
+        match name {
+            Some(n) if self.settings.model_aliases.iter().any(|a| a == n) => Ok(self.model_name().to_string()),
+            other => self.check_model(other),
+        }
+    }
+
+    /// Checks a request's `model` (absent means the served model); unknown names are 404.
+    pub fn check_model(&self, name: Option<&str>) -> Result<String, ApiError> {
+        match name {
+            None => Ok(self.model_name().to_string()),
+            Some(n) if self.served_names.iter().any(|s| s == n) => Ok(self.model_name().to_string()),
+            Some(n) => Err(ApiError::NotFound(format!("The model `{n}` does not exist."))),
+        }
+    }
+
+    /// The `cache_salt` a request computes with: its own, joined to its API key's tenant when tenants
+    /// are kept apart (several keys), so prefixes are only shared within a key.
+    pub fn salted(&self, tenant: Option<u32>, salt: Option<String>) -> Option<String> {
+        match tenant {
+            Some(t) if !self.settings.share_prefix_cache_across_keys => {
+                Some(format!("\u{1}tenant-{t}\u{1}{}", salt.unwrap_or_default()))
+            }
+            _ => salt,
+        }
+    }
+
+    /// The retention a completion asks for: a session hint (`prompt_cache_key`, or an `X-Session-ID`
+    /// header as vllm-router's consistent hashing routes by) with session retention on.
+    pub fn retain_for(
+        &self,
+        headers: &HeaderMap,
+        prompt_cache_key: Option<&str>,
+        tenant: Option<u32>,
+    ) -> Option<kvgate_engine::Retain> {
+        let hinted = prompt_cache_key.is_some_and(|k| !k.is_empty()) || headers.contains_key("x-session-id");
+        let window = self.settings.session_window.filter(|_| hinted)?;
+        Some(kvgate_engine::Retain { window, tenant })
+    }
+
+    /// vLLM's `bad_words` as token sequences: each word as written and after a space (as it appears
+    /// inside a text), at most 256 words of at most 512 bytes.
+    pub fn bad_words(&self, words: Option<&Vec<String>>) -> Result<Vec<Vec<u32>>, ApiError> {
+        let Some(words) = words else { return Ok(vec![]) };
+        if words.len() > 256 {
+            return Err(ApiError::param(
+                "bad_words",
+                format!("'bad_words' may hold at most 256 words, got {}", words.len()),
+            ));
+        }
+        let mut out = vec![];
+        for (i, w) in words.iter().enumerate() {
+            if w.is_empty() || w.len() > 512 {
+                return Err(ApiError::param(
+                    "bad_words",
+                    format!("bad_words[{i}] must be 1 to 512 bytes, got {}", w.len()),
+                ));
+            }
+            for text in [w.clone(), format!(" {}", w.trim_start())] {
+                let ids = self
+                    .tokenizer
+                    .encode(&text, false)
+                    .map_err(|e| ApiError::param("bad_words", format!("bad_words[{i}]: {e}")))?;
+                if !ids.is_empty() && !out.contains(&ids) {
+                    out.push(ids);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The most bytes a text of at most `max_model_len` tokens can have.
+    pub fn max_prompt_bytes(&self) -> usize {
+        self.engine
+            .limits()
+            .max_model_len
+            .saturating_mul(self.tokenize.longest_token)
+    }
+
+    /// A 400 on `field` when `bytes` of text cannot fit the context, decided before tokenizing it.
+    pub fn check_prompt_bytes(&self, field: &str, bytes: usize) -> Result<(), ApiError> {
+        let max = self.max_prompt_bytes();
+        if bytes <= max {
+            return Ok(());
+        }
+        Err(ApiError::param(
+            field,
+            format!(
+                "This model's maximum context length is {} tokens. However, your '{field}' is {bytes} bytes, \
+                 more than {} tokens can hold ({max} bytes: no token is longer than {} bytes); it was not tokenized.",
+                self.engine.limits().max_model_len,
+                self.engine.limits().max_model_len,
+                self.tokenize.longest_token
+            ),
+        ))
+    }
+
+    /// Tokenizes `text` (checked by bytes first) on the blocking pool; 503 with the queue's size when
+    /// too many tokenizations are waiting.
+    pub async fn encode(&self, field: &str, text: String, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        use std::sync::atomic::Ordering;
+        self.check_prompt_bytes(field, text.len())?;
+        let t = &self.tokenize;
+        if t.waiting.fetch_add(1, Ordering::SeqCst) >= t.max_waiting {
+            t.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::TooManyRequests {
+                message: format!(
+                    "the server is busy: {} tokenizations are already waiting; retry later",
+                    t.max_waiting
+                ),
+                retry_after: 1,
+            });
+        }
+        let permit = t.slots.clone().acquire_owned().await;
+        t.waiting.fetch_sub(1, Ordering::SeqCst);
+        let permit = permit.map_err(|_| ApiError::Unavailable("the server is shutting down".into()))?;
+        let tok = self.tokenizer.clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            tok.encode(&text, add_special)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+        r.map_err(|e| ApiError::param(field, e.to_string()))
+    }
+
+    /// 400 when the served model does not generate (an embedding model), naming what it serves.
+    pub fn check_generates(&self, route: &str) -> Result<(), ApiError> {
+        if self.engine.generates() {
+            return Ok(());
+        }
+        Err(ApiError::bad(format!(
+            "the model '{}' is an embedding model (a sentence encoder): it serves /v1/embeddings, not {route}",
+            self.model_name()
+        )))
+    }
+
+    /// Checks the content type and parses a JSON object body (415 / 413 / 400 as appropriate).
+    pub fn json_body(
+        &self,
+        headers: &HeaderMap,
+        body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    ) -> Result<Map<String, Value>, ApiError> {
+        check_json_content_type(headers)?;
+        let bytes = body.map_err(|e| self.body_error(e))?;
+        parse_object(&bytes)
+    }
+
+    /// Maps a body-reading failure.
+    pub fn body_error(&self, e: axum::extract::rejection::BytesRejection) -> ApiError {
+        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge {
+                limit: self.settings.max_request_body,
+            }
+        } else {
+            ApiError::bad(format!("cannot read the request body: {e}"))
+        }
+    }
+}
+
+/// The API key (its index) a request used, when several keys are configured: the auth layer puts it
+/// in the request's extensions (a client cannot set it); as an extractor, `None` when it did not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTenant(pub Option<u32>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestTenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<RequestTenant>()
+            .copied()
+            .unwrap_or(RequestTenant(None)))
+    }
+}
+
+/// 415 unless the body is declared as JSON.
+pub fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
+        Ok(())
+    } else {
+        Err(ApiError::UnsupportedMediaType(format!(
+            "Content-Type must be application/json, got {}",
+            if ct.is_empty() {
+                "none".to_string()
+            } else {
+                format!("{ct:?}")
+            }
+        )))
+    }
+}

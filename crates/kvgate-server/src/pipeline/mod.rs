@@ -1,0 +1,14 @@
+//! The one request path every protocol shares: conversations read and rendered (`conversation`),
+//! sampling, structured outputs, tools and reasoning read into one typed `generation::Generation` and
+//! submitted once (`generation::submit`); the engine's events turned into a protocol's answers by its
+//! `Shape` (`openai::respond`, `events`).
+
+pub(crate) mod conversation;
+pub(crate) mod events;
+pub(crate) mod generation;
+pub(crate) mod openai;
+pub(crate) mod params;
+pub(crate) mod reasoning;
+pub(crate) mod sampling;
+pub(crate) mod structured;
+pub(crate) mod tools;

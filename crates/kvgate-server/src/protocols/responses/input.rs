@@ -1,0 +1,206 @@
+//! A Responses request's input as a conversation: `instructions` first (as the system message), then
+//! the items in order — messages (`developer` reads as `system`), earlier function and custom tool
+//! calls folded into the assistant message they belong to, their outputs as `tool` messages, earlier
+//! reasoning dropped (the model re-reads the conversation). Images, files, audio and item references
+//! are refused with a 400 naming the item.
+
+use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
+use serde_json::{json, Value};
+
+use super::wire::{Content, Item, Part};
+use crate::http::error::ApiError;
+use crate::pipeline::openai::request::typed;
+
+fn text_of(c: &Content, at: &str) -> Result<String, ApiError> {
+    match c {
+        Content::Text(s) => Ok(s.clone()),
+        Content::Parts(parts) => {
+            let mut out = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p {
+                    Part::InputText { text } | Part::OutputText { text } => out.push_str(text),
+                    Part::Refusal { refusal } => out.push_str(refusal),
+                    Part::InputImage {} | Part::InputFile {} | Part::InputAudio {} => {
+                        return Err(ApiError::param(
+                            "input",
+                            format!("{at}.content[{i}]: images, files and audio are not supported by kvgate (the served model reads text)"),
+                        ))
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+}
+
+fn message(role: Role, content: String) -> Message {
+    Message {
+        role,
+        content,
+        name: None,
+        tool_calls: None,
+        tool_call_id: None,
+    }
+}
+
+/// Appends a call to the assistant turn it belongs to (the last message when it is the assistant's and
+/// no tool answered since), or opens one.
+fn push_call(msgs: &mut Vec<Message>, call: ToolCall) {
+    match msgs.last_mut() {
+        Some(m) if m.role == Role::Assistant => m.tool_calls.get_or_insert_with(Vec::new).push(call),
+        _ => {
+            let mut m = message(Role::Assistant, String::new());
+            m.tool_calls = Some(vec![call]);
+            msgs.push(m);
+        }
+    }
+}
+
+fn call(call_id: &str, name: &str, arguments: Value) -> ToolCall {
+    ToolCall {
+        id: Value::String(call_id.to_string()),
+        kind: ToolCallKind::Function,
+        function: FunctionCall {
+            name: name.to_string(),
+            arguments,
+        },
+    }
+}
+
+/// A function call as templates read it (its arguments parsed when they are JSON).
+pub(super) fn function_call(call_id: &str, name: &str, arguments: &str) -> ToolCall {
+    let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()));
+    call(call_id, name, args)
+}
+
+/// A custom tool call as templates read it: a function of one string `input`.
+pub(super) fn custom_call(call_id: &str, name: &str, input: &str) -> ToolCall {
+    call(call_id, name, json!({ "input": input }))
+}
+
+/// The items of `input` (a string is one user message).
+pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
+    match input {
+        Value::String(s) => Ok(vec![Item::Message {
+            role: "user".into(),
+            content: Content::Text(s.clone()),
+        }]),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let mut v = v.clone();
+                if let Some(o) = v.as_object_mut() {
+                    if !o.contains_key("type") && o.contains_key("role") {
+                        o.insert("type".into(), json!("message"));
+                    }
+                }
+                typed::<Item>(&v).map_err(|e| ApiError::param("input", format!("input[{i}]: {e}")))
+            })
+            .collect(),
+        _ => Err(ApiError::param("input", "'input' must be a string or a list of items")),
+    }
+}
+
+/// The conversation `items` make after `history` (a previous response's), with `instructions` first.
+pub fn conversation(
+    instructions: Option<&str>,
+    history: Vec<Message>,
+    items: &[Item],
+) -> Result<Vec<Message>, ApiError> {
+    let mut msgs = vec![];
+    if let Some(ins) = instructions.filter(|s| !s.is_empty()) {
+        msgs.push(message(Role::System, ins.to_string()));
+    }
+    msgs.extend(history.into_iter().filter(|m| m.role != Role::System));
+    for (i, it) in items.iter().enumerate() {
+        let at = format!("input[{i}]");
+        match it {
+            Item::Message { role, content } => {
+                let role = match role.as_str() {
+                    "user" => Role::User,
+                    "assistant" => Role::Assistant,
+                    "system" | "developer" => Role::System,
+                    other => {
+                        return Err(ApiError::param(
+                            "input",
+                            format!("{at}.role must be user, assistant, system or developer, got {other:?}"),
+                        ))
+                    }
+                };
+                msgs.push(message(role, text_of(content, &at)?));
+            }
+            Item::FunctionCall {
+                call_id,
+                name,
+                arguments,
+            } => push_call(&mut msgs, function_call(call_id, name, arguments)),
+            Item::CustomToolCall { call_id, name, input } => push_call(&mut msgs, custom_call(call_id, name, input)),
+            Item::FunctionCallOutput { call_id, output } | Item::CustomToolCallOutput { call_id, output } => {
+                let mut m = message(Role::Tool, text_of(output, &at)?);
+                m.tool_call_id = Some(call_id.clone());
+                msgs.push(m);
+            }
+            Item::Reasoning {} => {}
+            Item::ItemReference { .. } => {
+                return Err(ApiError::param(
+                    "input",
+                    format!("{at}: item references are not supported by kvgate; send the item itself or use previous_response_id"),
+                ))
+            }
+        }
+    }
+    if msgs.iter().all(|m| m.role == Role::System) {
+        return Err(ApiError::param("input", "'input' holds no message to answer"));
+    }
+    Ok(msgs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn items_become_a_conversation() {
+        let input = json!([
+            {"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in "}, {"type": "input_text", "text": "Paris?"}]},
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": "{\"city\":\"Paris\"}", "id": "fc_1", "status": "completed"},
+            {"type": "function_call", "call_id": "call_2", "name": "weather", "arguments": "not json"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]}
+        ]);
+        let msgs = conversation(Some("You are kvgate."), vec![], &items(&input).unwrap()).unwrap();
+        let roles: Vec<Role> = msgs.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [
+                Role::System,
+                Role::System,
+                Role::User,
+                Role::Assistant,
+                Role::Tool,
+                Role::Assistant
+            ]
+        );
+        assert_eq!(msgs[2].content, "Weather in Paris?");
+        let calls = msgs[3].tool_calls.as_ref().unwrap();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].function.arguments, json!({"city": "Paris"}));
+        assert_eq!(calls[1].function.arguments, json!("not json"));
+        assert_eq!(msgs[4].tool_call_id.as_deref(), Some("call_1"));
+        let e = items(&json!([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]))
+            .and_then(|it| conversation(None, vec![], &it))
+            .unwrap_err();
+        assert!(e.to_string().contains("input[0].content[0]"), "{e}");
+        assert!(items(&json!([{"type": "item_reference", "id": "x"}]))
+            .and_then(|it| conversation(None, vec![], &it))
+            .is_err());
+        assert!(items(&json!(5)).is_err());
+        assert!(items(&json!([{"type": "bogus"}]))
+            .unwrap_err()
+            .to_string()
+            .contains("input[0]"));
+    }
+}
