@@ -114,7 +114,7 @@ impl TestServer {
 
 impl Drop for TestServer {
     fn drop(&mut self) {
-        self.state.engine.shutdown();
+        self.state.engine().shutdown();
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }

@@ -24,8 +24,8 @@ use crate::{
 
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
 pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_hooks: bool) -> Router {
-    let limit = st.settings.max_request_body.min(usize::MAX as u64) as usize;
-    let body_timeout = st.settings.body_read_timeout;
+    let limit = st.settings().max_request_body.min(usize::MAX as u64) as usize;
+    let body_timeout = st.settings().body_read_timeout;
     let mut r = Router::new();
     if test_hooks {
         // For the test suite only: routes that break things on purpose.

@@ -17,7 +17,7 @@ use crate::pipeline::openai::request::{strict_body, DetokenizeBody, TokenizeBody
 
 /// `GET /health` and `/ping`: 200 while the engine runs, 503 when it does not.
 pub async fn health(State(st): State<Arc<AppState>>) -> Response {
-    if st.engine.is_alive() {
+    if st.engine().is_alive() {
         StatusCode::OK.into_response()
     } else {
         ApiError::Unavailable("the engine is not running".into()).into_response()
@@ -44,8 +44,7 @@ pub async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
     let body = st
-        .metrics
-        .as_ref()
+        .metrics()
         .map(|h| crate::http::vllm_metrics::with_vllm_names(h.render(), st.model_name(), now))
         .unwrap_or_default();
     (
@@ -88,11 +87,11 @@ fn model_object<'a>(st: &'a AppState, n: &'a str) -> ModelObject<'a> {
     ModelObject {
         id: n,
         object: "model",
-        created: st.created,
+        created: st.created(),
         owned_by: "kvgate",
-        root: &st.served_names[0],
+        root: &st.served_names()[0],
         parent: None,
-        max_model_len: st.engine.limits().max_model_len,
+        max_model_len: st.engine().limits().max_model_len,
     }
 }
 
@@ -105,12 +104,12 @@ pub async fn model(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> R
 
 /// `GET /v1/models`.
 pub async fn models(State(st): State<Arc<AppState>>) -> Response {
-    let data = st.served_names.iter().map(|n| model_object(&st, n)).collect();
+    let data = st.served_names().iter().map(|n| model_object(&st, n)).collect();
     // Jev's list (its SDKs' `models.list()`): every name `/v1/systemone` accepts, aliases included.
-    let date = kvgate_model::strftime("%Y-%m-%d", st.created as i64);
+    let date = kvgate_model::strftime("%Y-%m-%d", st.created() as i64);
     let served = st.model_name();
     let mut models: Vec<JevModel> = st
-        .served_names
+        .served_names()
         .iter()
         .map(|n| JevModel {
             name: n,
@@ -119,10 +118,10 @@ pub async fn models(State(st): State<Arc<AppState>>) -> Response {
         })
         .collect();
     models.extend(
-        st.settings
+        st.settings()
             .model_aliases
             .iter()
-            .filter(|a| !st.served_names.contains(a))
+            .filter(|a| !st.served_names().contains(a))
             .map(|a| JevModel {
                 name: a,
                 description: format!("alias of {served} (System One requests)"),
@@ -171,7 +170,7 @@ pub async fn tokenize(
     };
     Ok(axum::Json(Tokenized {
         count: tokens.len(),
-        max_model_len: st.engine.limits().max_model_len,
+        max_model_len: st.engine().limits().max_model_len,
         tokens,
     })
     .into_response())
@@ -195,19 +194,14 @@ struct TokenizerInfo<'a> {
 /// through the server, as vLLM serves it): the special tokens as strings, the chat template, the
 /// context length and vocabulary size.
 pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Response {
-    let tok = &st.tokenizer;
+    let tok = &st.tokenizer();
     let name = |id: Option<&u32>| id.and_then(|&i| tok.id_to_token(i));
     let eos = st
-        .chat
-        .as_ref()
+        .chat()
         .map(|c| c.eos_token().to_string())
         .filter(|s| !s.is_empty())
-        .or_else(|| name(st.eos_token_ids.first()));
-    let bos = st
-        .chat
-        .as_ref()
-        .map(|c| c.bos_token().to_string())
-        .filter(|s| !s.is_empty());
+        .or_else(|| name(st.eos_token_ids().first()));
+    let bos = st.chat().map(|c| c.bos_token().to_string()).filter(|s| !s.is_empty());
     let find = |cands: &[&str]| {
         cands
             .iter()
@@ -217,12 +211,12 @@ pub async fn tokenizer_info(State(st): State<Arc<AppState>>) -> Response {
     axum::Json(TokenizerInfo {
         tokenizer_class: "PreTrainedTokenizerFast",
         eos_token: eos,
-        eos_token_ids: &st.eos_token_ids,
+        eos_token_ids: st.eos_token_ids(),
         bos_token: bos,
         pad_token: find(&["<pad>", "<|pad|>", "<|finetune_right_pad_id|>"]),
         unk_token: find(&["<unk>", "<|unk|>"]),
-        chat_template: st.chat.as_ref().map(|c| c.source()),
-        model_max_length: st.engine.limits().max_model_len,
+        chat_template: st.chat().as_ref().map(|c| c.source()),
+        model_max_length: st.engine().limits().max_model_len,
         vocab_size: tok.vocab_size(),
     })
     .into_response()
@@ -245,17 +239,17 @@ pub async fn detokenize(
     let Some(ids) = b.tokens else {
         return Err(ApiError::param("tokens", "'tokens' is required"));
     };
-    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.engine.limits().vocab_size) {
+    if let Some(&bad) = ids.iter().find(|&&t| t as usize >= st.engine().limits().vocab_size) {
         return Err(ApiError::param(
             "tokens",
             format!(
                 "token id {bad} is outside the vocabulary (size {})",
-                st.engine.limits().vocab_size
+                st.engine().limits().vocab_size
             ),
         ));
     }
     let text = st
-        .tokenizer
+        .tokenizer()
         .decode(&ids, false)
         .map_err(|e| ApiError::param("tokens", e.to_string()))?;
     Ok(axum::Json(Detokenized { prompt: text }).into_response())
@@ -279,6 +273,6 @@ pub async fn debug_panic() -> Response {
 
 /// Test hook (only routed when `KVGATE_TEST_HOOKS=1`): stops the engine thread.
 pub async fn debug_stop_engine(State(st): State<Arc<AppState>>) -> Response {
-    st.engine.shutdown();
+    st.engine().shutdown();
     StatusCode::NO_CONTENT.into_response()
 }

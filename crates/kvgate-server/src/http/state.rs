@@ -20,31 +20,83 @@ use crate::startup::settings::Settings;
 /// Shared by all handlers.
 pub struct AppState {
     /// The engine, behind the HTTP ↔ engine seam.
-    pub(crate) engine: Arc<dyn Inference>,
+    engine: Arc<dyn Inference>,
     /// The tokenizer.
-    pub(crate) tokenizer: Arc<Tokenizer>,
+    tokenizer: Arc<Tokenizer>,
     /// The chat template, if the model has one.
-    pub(crate) chat: Option<Arc<ChatTemplate>>,
+    chat: Option<Arc<ChatTemplate>>,
     /// Names the API answers to; the first is reported.
-    pub(crate) served_names: Vec<String>,
+    served_names: Vec<String>,
     /// Sampling defaults.
-    pub(crate) defaults: GenerationDefaults,
+    defaults: GenerationDefaults,
     /// The Prometheus exporter, when installed.
-    pub(crate) metrics: Option<PrometheusHandle>,
+    metrics: Option<PrometheusHandle>,
     /// The serving settings, parsed once from the flags.
-    pub(crate) settings: Settings,
+    settings: Settings,
     /// System One decisions (the service below HTTP, over the same engine).
-    pub(crate) decisions: Arc<DecisionService>,
+    decisions: Arc<DecisionService>,
     /// Start time (unix seconds), used as `created` of the model.
-    pub(crate) created: u64,
+    created: u64,
     /// The model's end-of-sequence token ids.
-    pub(crate) eos_token_ids: Vec<u32>,
+    eos_token_ids: Vec<u32>,
     /// Tokenization off the async runtime: bytes per token at most, and the slots.
-    pub(crate) tokenize: TokenizeSlots,
+    tokenize: TokenizeSlots,
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
-    pub(crate) grammars: Option<Arc<Grammars>>,
+    grammars: Option<Arc<Grammars>>,
     /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
-    pub(crate) responses: crate::protocols::responses::store::ResponseStore,
+    responses: crate::protocols::responses::store::ResponseStore,
+}
+
+/// What handlers read of the shared state: each part read-only, behind its accessor.
+impl AppState {
+    /// The engine, behind the HTTP ↔ engine seam.
+    pub(crate) fn engine(&self) -> &Arc<dyn Inference> {
+        &self.engine
+    }
+    /// The tokenizer.
+    pub(crate) fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+    /// The chat template, if the model has one.
+    pub(crate) fn chat(&self) -> Option<&Arc<ChatTemplate>> {
+        self.chat.as_ref()
+    }
+    /// Names the API answers to; the first is reported.
+    pub(crate) fn served_names(&self) -> &[String] {
+        &self.served_names
+    }
+    /// Sampling defaults.
+    pub(crate) fn defaults(&self) -> &GenerationDefaults {
+        &self.defaults
+    }
+    /// The Prometheus exporter, when installed.
+    pub(crate) fn metrics(&self) -> Option<&PrometheusHandle> {
+        self.metrics.as_ref()
+    }
+    /// The serving settings.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
+    }
+    /// The System One decision service.
+    pub(crate) fn decisions(&self) -> &Arc<DecisionService> {
+        &self.decisions
+    }
+    /// Start time (unix seconds).
+    pub(crate) fn created(&self) -> u64 {
+        self.created
+    }
+    /// The model's end-of-sequence token ids.
+    pub(crate) fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+    /// The structured-output grammar compiler.
+    pub(crate) fn grammars(&self) -> Option<&Arc<Grammars>> {
+        self.grammars.as_ref()
+    }
+    /// Stored `/v1/responses` responses.
+    pub(crate) fn responses(&self) -> &crate::protocols::responses::store::ResponseStore {
+        &self.responses
+    }
 }
 
 /// What the handlers need of the loaded model besides the engine.

@@ -37,7 +37,7 @@ pub fn submit_all(st: &AppState, reqs: Vec<GenerateRequest>) -> Result<Vec<Tagge
     reqs.into_iter()
         .enumerate()
         .map(|(i, r)| {
-            st.engine
+            st.engine()
                 .generate(r)
                 .map(|s| Tagged { prompt: i, stream: s })
                 .map_err(ApiError::from)

@@ -64,7 +64,7 @@ pub(crate) async fn submit(
         session,
     } = g;
     if let Some((field, spec)) = guide {
-        sampling.params.guide = Some(structured::compile(st.grammars.clone(), field, spec).await?);
+        sampling.params.guide = Some(structured::compile(st.grammars().cloned(), field, spec).await?);
     }
     sampling.cache_salt = st.salted(tenant, sampling.cache_salt.take());
     let retain = st.retain_for(headers, session.as_deref(), tenant);

@@ -37,7 +37,7 @@ enum RawPrompt<'a> {
 }
 
 async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Prompt>, ApiError> {
-    let tok = &st.tokenizer;
+    let tok = &st.tokenizer();
     let raw: Vec<RawPrompt> = match prompt.filter(|v| !v.is_null()) {
         None => return Err(ApiError::param("prompt", "'prompt' is required")),
         Some(Value::String(s)) => vec![RawPrompt::Text(s)],
@@ -64,7 +64,7 @@ async fn read_prompts(prompt: Option<&Value>, st: &AppState) -> Result<Vec<Promp
             format!("at most 64 prompts per request, got {}", raw.len()),
         ));
     }
-    let vocab = st.engine.limits().vocab_size;
+    let vocab = st.engine().limits().vocab_size;
     let mut prompts = Vec::with_capacity(raw.len());
     for r in raw {
         let p = match r {
@@ -125,7 +125,7 @@ fn legacy_logprobs(
     };
     let mut off = offset;
     for (i, &t) in tokens.iter().enumerate() {
-        let s = st.tokenizer.decode(&[t], false).unwrap_or_default();
+        let s = st.tokenizer().decode(&[t], false).unwrap_or_default();
         out.text_offset.push(off);
         off += s.len();
         out.tokens.push(s);
@@ -134,7 +134,7 @@ fn legacy_logprobs(
         out.top_logprobs.push(l.filter(|l| !l.top.is_empty() && k > 0).map(|l| {
             let mut m = TopMap::default();
             for &(id, lp) in l.top.iter().take(k) {
-                m.insert(st.tokenizer.decode(&[id], false).unwrap_or_default(), lp);
+                m.insert(st.tokenizer().decode(&[id], false).unwrap_or_default(), lp);
             }
             m
         }));
@@ -182,8 +182,8 @@ pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Pr
     }
     let mut c = sampling::read(
         &sf,
-        &st.defaults,
-        st.engine.limits().vocab_size,
+        st.defaults(),
+        st.engine().limits().vocab_size,
         Some(max_tokens.max(1)),
     )?;
     c.params.bad_words = st.bad_words(sf.bad_words.as_ref())?;
@@ -243,7 +243,7 @@ pub async fn completions(
         logprobs,
         constraint,
     } = prepare(&st, map).await?;
-    if st.settings.log_requests {
+    if st.settings().log_requests {
         tracing::info!(body = %value, "completion request");
     }
     let generation = Generation {
@@ -308,7 +308,11 @@ impl CompletionShape {
     }
 
     fn text_len(&self, token: u32) -> usize {
-        self.st.tokenizer.decode(&[token], false).map(|s| s.len()).unwrap_or(0)
+        self.st
+            .tokenizer()
+            .decode(&[token], false)
+            .map(|s| s.len())
+            .unwrap_or(0)
     }
 }
 
@@ -435,7 +439,7 @@ impl Shape for CompletionShape {
                     stop_reason: StopReason::of(&ch.stop),
                     prompt_logprobs: self
                         .prompt_lp
-                        .map(|k| vllm_prompt_logprobs(&self.st.tokenizer, k, prompt_lps[i / n].as_ref())),
+                        .map(|k| vllm_prompt_logprobs(self.st.tokenizer(), k, prompt_lps[i / n].as_ref())),
                 }
             })
             .collect();

@@ -152,7 +152,7 @@ pub async fn embeddings(
 ) -> Result<Response, ApiError> {
     let b: EmbeddingsBody = strict_body(st.json_body(&headers, body)?)?;
     let model = st.check_model(b.model.as_deref())?;
-    let limits = st.engine.limits();
+    let limits = st.engine().limits();
     let base64 = match b.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -214,9 +214,9 @@ pub async fn embeddings(
         }
         prompts.push(ids);
     }
-    let (pooling, normalize) = (st.settings.pooling, b.normalize.unwrap_or(true));
+    let (pooling, normalize) = (st.settings().pooling, b.normalize.unwrap_or(true));
     let salt = st.salted(tenant, None);
-    let engine = st.engine.clone();
+    let engine = st.engine().clone();
     let results: Vec<(Vec<f32>, Usage)> = futures::stream::iter(prompts)
         .map(|prompt| {
             let req = EmbedRequest {

@@ -396,7 +396,7 @@ where
 
 /// The router over a state, with the CORS policy and keys its settings name.
 pub fn assemble(state: AppState, test_hooks: bool) -> (Router, Arc<AppState>, Arc<CorsPolicy>, Arc<Keys>) {
-    let (policy, keys) = (state.settings.cors.clone(), state.settings.keys.clone());
+    let (policy, keys) = (state.settings().cors.clone(), state.settings().keys.clone());
     let state = Arc::new(state);
     let router = app::router(state.clone(), policy.clone(), keys.clone(), test_hooks);
     (router, state, policy, keys)
@@ -504,7 +504,7 @@ async fn run(args: Args) -> Result<(), StartError> {
         addr: addr.clone(),
         msg: e.to_string(),
     })?;
-    let max_model_len = built.state.engine.limits().max_model_len;
+    let max_model_len = built.state.engine().limits().max_model_len;
     info!(
         model = %built.state.model_name(),
         source = %source,
@@ -546,7 +546,7 @@ async fn run(args: Args) -> Result<(), StartError> {
     );
     info!("kvgate {} listening on http://{local}", env!("CARGO_PKG_VERSION"));
     let timeout = Duration::from_secs(shutdown_timeout);
-    let engine = built.state.engine.clone();
+    let engine = built.state.engine().clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = crate::startup::listen::serve(listener, built.router, conn_limits, async move {
         shutdown_signal().await;

@@ -48,8 +48,7 @@ pub(crate) fn render_with_tools(
     tools: Option<&ToolSpec>,
 ) -> Result<String, ApiError> {
     let tmpl = st
-        .chat
-        .as_ref()
+        .chat()
         .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
     let offered = tools.map(|t| t as &dyn PromptTools);
     render_conversation(tmpl, messages, add_generation_prompt, continue_final, kwargs, offered)

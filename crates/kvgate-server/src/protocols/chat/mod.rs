@@ -104,9 +104,9 @@ pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Pr
         (Some(a), _) => Some(a),
         (None, b) => b,
     };
-    let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, mt)?;
+    let mut c = sampling::read(&sf, st.defaults(), st.engine().limits().vocab_size, mt)?;
     c.params.bad_words = st.bad_words(sf.bad_words.as_ref())?;
-    let room = st.engine.limits().room_after(ids.len())?;
+    let room = st.engine().limits().room_after(ids.len())?;
     if !c.max_tokens_given {
         c.params.max_tokens = room;
     }
@@ -154,7 +154,7 @@ pub async fn chat_completions(
         reasoning,
         want_lp,
     } = prepare(&st, map).await?;
-    if st.settings.log_requests {
+    if st.settings().log_requests {
         tracing::info!(body = %value, "chat request");
     }
     let generation = Generation {

@@ -18,7 +18,7 @@ use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};
 
 fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> ChatLogprobs {
-    let text = |id: u32| st.tokenizer.decode(&[id], false).unwrap_or_default();
+    let text = |id: u32| st.tokenizer().decode(&[id], false).unwrap_or_default();
     let content = lps
         .iter()
         .map(|l| {
@@ -316,7 +316,7 @@ impl Shape for ChatShape {
     fn body(self, choices: Vec<ChoiceOut>, prompt_lps: PromptLogprobs, usage: Usage) -> ChatCompletion {
         let prompt_logprobs = self
             .prompt_lp
-            .map(|k| vllm_prompt_logprobs(&self.st.tokenizer, k, prompt_lps.first().and_then(Option::as_ref)));
+            .map(|k| vllm_prompt_logprobs(self.st.tokenizer(), k, prompt_lps.first().and_then(Option::as_ref)));
         let choices = choices
             .iter()
             .enumerate()

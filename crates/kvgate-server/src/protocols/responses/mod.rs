@@ -199,17 +199,17 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let map = st.json_body(&headers, body)?;
     st.check_generates("/v1/responses")?;
-    if st.settings.log_requests {
+    if st.settings().log_requests {
         let logged = Value::Object(map.clone());
         tracing::info!(body = %logged, "responses request");
     }
     let b: ResponsesBody = strict_body(map)?;
     refuse(&b)?;
     let model = st.check_model(b.model.as_deref())?;
-    let store = b.store.unwrap_or(true) && st.responses.enabled();
+    let store = b.store.unwrap_or(true) && st.responses().enabled();
     let history = match b.previous_response_id.as_deref() {
         None => vec![],
-        Some(id) => st.responses.get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
+        Some(id) => st.responses().get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
             ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
         })?,
     };
@@ -247,8 +247,8 @@ pub async fn create(
     let ids = st.encode("input", text, false).await?;
     let sf = sampling_fields(&b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
-    let mut c = sampling::read(&sf, &st.defaults, st.engine.limits().vocab_size, mt)?;
-    let room = st.engine.limits().room_after(ids.len())?;
+    let mut c = sampling::read(&sf, st.defaults(), st.engine().limits().vocab_size, mt)?;
+    let room = st.engine().limits().room_after(ids.len())?;
     if !c.max_tokens_given {
         c.params.max_tokens = room;
     }
@@ -306,7 +306,7 @@ pub async fn create(
     };
     let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
     // `POST /v1/responses/{id}/cancel` may stop it, streamed or not
-    let cancelled = st.responses.running(tenant, &id);
+    let cancelled = st.responses().running(tenant, &id);
     if stream {
         let stream = StreamUsage {
             include: false,
@@ -326,11 +326,11 @@ pub async fn create(
         _ = cancelled.notified() => {
             let mut r = response;
             r.status = "cancelled";
-            st.responses.put(tenant, r.clone(), vec![]);
+            st.responses().put(tenant, r.clone(), vec![]);
             Ok(axum::Json(r).into_response())
         }
     };
-    st.responses.ended(&id);
+    st.responses().ended(&id);
     out
 }
 
@@ -339,7 +339,7 @@ struct Running(Arc<AppState>, String);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.responses.ended(&self.1);
+        self.0.responses().ended(&self.1);
     }
 }
 
@@ -349,7 +349,7 @@ pub async fn get(
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    match st.responses.get(tenant, &id) {
+    match st.responses().get(tenant, &id) {
         Some((r, _)) => Ok(axum::Json(r).into_response()),
         None => Err(not_found(&id)),
     }
@@ -365,7 +365,7 @@ pub async fn delete(
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    match st.responses.delete(tenant, &id) {
+    match st.responses().delete(tenant, &id) {
         true => Ok(axum::Json(Deleted {
             id,
             object: "response.deleted",
@@ -383,7 +383,7 @@ pub async fn cancel(
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    match st.responses.cancel(tenant, &id) {
+    match st.responses().cancel(tenant, &id) {
         Cancel::Missing => Err(not_found(&id)),
         Cancel::Ended(status) => Err(ApiError::param(
             "response_id",
@@ -392,7 +392,7 @@ pub async fn cancel(
         Cancel::Stopped(mut ended) => {
             // the sender is dropped once the response is stored or forgotten: `changed` then errs
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ended.changed()).await;
-            match st.responses.get(tenant, &id) {
+            match st.responses().get(tenant, &id) {
                 Some((r, _)) => Ok(axum::Json(r).into_response()),
                 None => Ok(axum::Json(Stub {
                     id,

@@ -14,7 +14,6 @@ use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
 use kvgate_model::prompt::{Message, Role};
 use serde_json::Value;
 
-use super::input::{custom_call, function_call};
 use super::wire::{
     ArgumentsDone, CallDelta, Incomplete, InputDone, OutputItem, OutputText, ReasoningText, ResponseError,
     ResponseObject, ResponseUsage, StreamEvent, TextDelta, TextDone, WithItem, WithPart, WithResponse,
@@ -22,6 +21,7 @@ use super::wire::{
 use super::wire::{InputDetails, OutputDetails};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
+use super::input::{custom_call, function_call};
 use crate::pipeline::events::{item_id, ChoiceOut};
 use crate::pipeline::openai::respond::{PromptLogprobs, Shape};
 use crate::pipeline::openai::response::UsageOut;
@@ -382,7 +382,7 @@ impl ResponsesShape {
 
     /// Stores the finished response with its conversation (the output as the assistant's turn).
     fn store(&self) {
-        if !self.store || !self.st.responses.enabled() {
+        if !self.store || !self.st.responses().enabled() {
             return;
         }
         let mut conv = self.conversation.clone();
@@ -418,7 +418,7 @@ impl ResponsesShape {
             }
         }
         conv.push(turn);
-        self.st.responses.put(self.tenant, self.response.clone(), conv);
+        self.st.responses().put(self.tenant, self.response.clone(), conv);
     }
 
     /// The response as a stream event's `response` field.
@@ -530,7 +530,7 @@ impl Shape for ResponsesShape {
         self.close_text("incomplete", &mut out);
         self.response.status = "cancelled";
         self.store();
-        self.st.responses.ended(&self.response.id);
+        self.st.responses().ended(&self.response.id);
         let snap = self.snapshot();
         self.push(&mut out, StreamEvent::Incomplete(snap));
         out
@@ -545,7 +545,7 @@ impl Shape for ResponsesShape {
             code: code_of(e).into(),
             message: ApiError::from(e.clone()).to_string(),
         });
-        self.st.responses.ended(&self.response.id);
+        self.st.responses().ended(&self.response.id);
         let snap = self.snapshot();
         self.push(&mut out, StreamEvent::Failed(snap));
         Some(out)

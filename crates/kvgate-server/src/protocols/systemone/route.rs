@@ -61,7 +61,7 @@ async fn answer_request(
 ) -> Result<Response, ApiError> {
     check_json_content_type(&headers)?;
     let bytes = body.map_err(|e| st.body_error(e))?;
-    let req = wire::parse(&bytes, st.settings.systemone_max_questions).map_err(ApiError::Unprocessable)?;
+    let req = wire::parse(&bytes, st.settings().systemone_max_questions).map_err(ApiError::Unprocessable)?;
     let model = st.check_decision_model(req.model.as_deref())?;
     st.check_generates("/v1/systemone")?;
     let mut spec = req.spec;
@@ -72,12 +72,12 @@ async fn answer_request(
         StateKind::Text(t) => t.len(),
     };
     st.check_prompt_bytes("state", state_bytes)?;
-    if st.settings.log_requests {
+    if st.settings().log_requests {
         tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
     }
     spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
     spec.tenant = tenant;
-    let decision = st.decisions.decide(&spec).await?;
+    let decision = st.decisions().decide(&spec).await?;
     let usage = decision.usage;
     let reply = Reply {
         model,
