@@ -6,6 +6,7 @@
 //! and renders it here, so the same messages give the same prompt, and the same warm prefix,
 //! whichever door they came in by.
 
+pub(crate) mod items;
 mod wire;
 
 use kvgate_model::prompt::{render_conversation, Message, PromptTools};

@@ -4,11 +4,12 @@
 //! reasoning dropped (the model re-reads the conversation). Images, files, audio and item references
 //! are refused with a 400 naming the item.
 
-use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
-use serde_json::{json, Value};
+use kvgate_model::prompt::{Message, Role};
+use serde_json::Value;
 
 use super::wire::{Content, Item, Part};
 use crate::http::error::ApiError;
+use crate::pipeline::conversation::items::{custom_call, function_call, push_call, tool_output, turn as message};
 use crate::pipeline::openai::request::typed;
 
 fn text_of(c: &Content, at: &str) -> Result<String, ApiError> {
@@ -33,51 +34,6 @@ fn text_of(c: &Content, at: &str) -> Result<String, ApiError> {
     }
 }
 
-fn message(role: Role, content: String) -> Message {
-    Message {
-        role,
-        content,
-        name: None,
-        tool_calls: None,
-        tool_call_id: None,
-    }
-}
-
-/// Appends a call to the assistant turn it belongs to (the last message when it is the assistant's and
-/// no tool answered since), or opens one.
-fn push_call(msgs: &mut Vec<Message>, call: ToolCall) {
-    match msgs.last_mut() {
-        Some(m) if m.role == Role::Assistant => m.tool_calls.get_or_insert_with(Vec::new).push(call),
-        _ => {
-            let mut m = message(Role::Assistant, String::new());
-            m.tool_calls = Some(vec![call]);
-            msgs.push(m);
-        }
-    }
-}
-
-fn call(call_id: &str, name: &str, arguments: Value) -> ToolCall {
-    ToolCall {
-        id: Value::String(call_id.to_string()),
-        kind: ToolCallKind::Function,
-        function: FunctionCall {
-            name: name.to_string(),
-            arguments,
-        },
-    }
-}
-
-/// A function call as templates read it (its arguments parsed when they are JSON).
-pub(super) fn function_call(call_id: &str, name: &str, arguments: &str) -> ToolCall {
-    let args = serde_json::from_str(arguments).unwrap_or_else(|_| Value::String(arguments.to_string()));
-    call(call_id, name, args)
-}
-
-/// A custom tool call as templates read it: a function of one string `input`.
-pub(super) fn custom_call(call_id: &str, name: &str, input: &str) -> ToolCall {
-    call(call_id, name, json!({ "input": input }))
-}
-
 /// The items of `input` (a string is one user message).
 pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
     match input {
@@ -92,7 +48,7 @@ pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
                 let mut v = v.clone();
                 if let Some(o) = v.as_object_mut() {
                     if !o.contains_key("type") && o.contains_key("role") {
-                        o.insert("type".into(), json!("message"));
+                        o.insert("type".into(), Value::from("message"));
                     }
                 }
                 typed::<Item>(&v).map_err(|e| ApiError::param("input", format!("input[{i}]: {e}")))
@@ -137,9 +93,7 @@ pub fn conversation(
             } => push_call(&mut msgs, function_call(call_id, name, arguments)),
             Item::CustomToolCall { call_id, name, input } => push_call(&mut msgs, custom_call(call_id, name, input)),
             Item::FunctionCallOutput { call_id, output } | Item::CustomToolCallOutput { call_id, output } => {
-                let mut m = message(Role::Tool, text_of(output, &at)?);
-                m.tool_call_id = Some(call_id.clone());
-                msgs.push(m);
+                msgs.push(tool_output(call_id, text_of(output, &at)?));
             }
             Item::Reasoning {} => {}
             Item::ItemReference { .. } => {
@@ -159,6 +113,7 @@ pub fn conversation(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn items_become_a_conversation() {

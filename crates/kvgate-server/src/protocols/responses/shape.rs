@@ -21,7 +21,7 @@ use super::wire::{
 use super::wire::{InputDetails, OutputDetails};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
-use super::input::{custom_call, function_call};
+use crate::pipeline::conversation::items::{custom_call, function_call};
 use crate::pipeline::events::{item_id, ChoiceOut};
 use crate::pipeline::openai::respond::{PromptLogprobs, Shape};
 use crate::pipeline::openai::response::UsageOut;
