@@ -5,7 +5,7 @@
 #   - Debian's chromium: the browser test (tests/browser.rs) drives it headless;
 #   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
-#     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs, and langchain-openai for
+#     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs and tests/decisions_clients.rs, and langchain-openai for
 #     tests/structured_clients.rs, the OpenAI Agents SDK for tests/agents_sdk.rs and pydantic-ai for
 #     tests/pydantic_ai.rs, vllm-router with pyzmq and msgpack for tests/replicas.rs;
 #   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs, Codex CLI for tests/codex_cli.rs.
@@ -36,27 +36,34 @@ if [ ! -x .ci/venv/bin/jevcompat ] || ! .ci/venv/bin/python -c "import typesafe_
 fi
 # The OpenAI Python SDK (tests/openai_sdk.rs drives serve with it).
 if ! .ci/venv/bin/python -c "import openai" 2>/dev/null; then
-  echo "setup: installing openai==3.57.0 into .ci/venv"
+  echo "setup: installing openai==3.60.0 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
-  .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.57.0
+  .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.60.0
 fi
 # LangChain's OpenAI integration (tests/structured_clients.rs: with_structured_output, bind_tools).
 if ! .ci/venv/bin/python -c "import langchain_openai" 2>/dev/null; then
-  echo "setup: installing langchain-openai==1.7.4 (langchain-core==1.8.3) into .ci/venv"
+  echo "setup: installing langchain-openai==1.8.1 (langchain-core==1.8.3) into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
-  .ci/venv/bin/pip install -q --disable-pip-version-check langchain-openai==1.7.4 langchain-core==1.8.3 openai==3.57.0
+  .ci/venv/bin/pip install -q --disable-pip-version-check langchain-openai==1.8.1 langchain-core==1.8.3 openai==3.60.0
 fi
 # The OpenAI Agents SDK (tests/agents_sdk.rs: its default model API is /v1/responses).
 if ! .ci/venv/bin/python -c "import agents" 2>/dev/null; then
   echo "setup: installing openai-agents==0.24.0 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
-  .ci/venv/bin/pip install -q --disable-pip-version-check openai-agents==0.24.0 openai==3.57.0
+  .ci/venv/bin/pip install -q --disable-pip-version-check openai-agents==0.24.0 openai==3.60.0
 fi
 # pydantic-ai (tests/pydantic_ai.rs: its OpenAIResponsesModel).
 if ! .ci/venv/bin/python -c "import pydantic_ai" 2>/dev/null; then
   echo "setup: installing pydantic-ai-slim[openai]==2.68.0 into .ci/venv"
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
-  .ci/venv/bin/pip install -q --disable-pip-version-check 'pydantic-ai-slim[openai]==2.68.0' openai==3.57.0
+  .ci/venv/bin/pip install -q --disable-pip-version-check 'pydantic-ai-slim[openai]==2.68.0' openai==3.60.0
+fi
+# openai 3.60.0 (the Decisions API's DecisionsToolRunner and prompt-cache fields) and langchain-openai
+# 1.8.1 (OpenAIDecisions, OpenAIClassifier) for tests/decisions_clients.rs; the other clients run on it too.
+if ! .ci/venv/bin/python -c "import openai, langchain_openai.decisions, sys; sys.exit(openai.__version__ != '3.60.0')" 2>/dev/null; then
+  echo "setup: installing openai==3.60.0 and langchain-openai==1.8.1 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.60.0 langchain-openai==1.8.1 langchain-core==1.8.3
 fi
 # vllm-router (tests/replicas.rs puts it in front of two replicas) and pyzmq + msgpack (its independent
 # KV event consumer).
@@ -67,12 +74,12 @@ if [ ! -x .ci/venv/bin/vllm-router ] || ! .ci/venv/bin/python -c "import zmq, ms
 fi
 # The Vercel AI SDK (tests/vercel_ai_sdk.rs: @ai-sdk/openai's default model API is /v1/responses) and
 # Codex CLI (tests/codex_cli.rs: it speaks only /v1/responses), from npm.
-if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ] || [ ! -x .ci/node/node_modules/.bin/codex ]; then
+if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ] || [ ! -x .ci/node/node_modules/.bin/codex ] || [ ! -d .ci/node/node_modules/openai ]; then
   if command -v npm >/dev/null 2>&1; then
-    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118, zod@4 and @openai/codex@0.169.0 into .ci/node"
+    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118, zod@4, @openai/codex@0.169.0 and openai@7.60.0 into .ci/node"
     mkdir -p .ci/node
     [ -f .ci/node/package.json ] || echo '{"name": "kvgate-ci-clients", "private": true, "type": "module"}' > .ci/node/package.json
-    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4 @openai/codex@0.169.0)
+    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4 @openai/codex@0.169.0 openai@7.60.0)
   else
     echo "setup: npm not found; tests/vercel_ai_sdk.rs will fail until Node.js (>= 18) is installed" >&2
   fi

@@ -1,4 +1,4 @@
-//! The OpenAI Python SDK (tests/openai_sdk_check.py, openai 3.57.0 in .ci/venv from
+//! The OpenAI Python SDK (tests/openai_sdk_check.py, openai 3.60.0 in .ci/venv from
 //! scripts/setup-test-deps.sh) against `serve` on the default model: `models.retrieve()`, the harmless
 //! fields, `continuous_usage_stats`, `max_tokens=0` with `echo`, an empty prompt. `KVGATE_CI_PYTHON`
 //! names that venv's Python (scripts/test.sh sets it); without it the test says so and checks nothing.

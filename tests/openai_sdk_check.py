@@ -1,4 +1,4 @@
-"""The OpenAI Python SDK (openai 3.57.0, installed into .ci/venv by scripts/setup-test-deps.sh) against a
+"""The OpenAI Python SDK (openai 3.60.0, installed into .ci/venv by scripts/setup-test-deps.sh) against a
 running `serve` on the default model: what real clients send besides sampling. Run by
 tests/openai_sdk.rs: `python tests/openai_sdk_check.py URL`. Prints one line per check; exits non-zero
 on any failure."""

@@ -1,4 +1,4 @@
-"""Structured outputs and tool calls with the clients agents use (openai 3.57.0, langchain-openai 1.7.4,
+"""Structured outputs and tool calls with the clients agents use (openai 3.60.0, langchain-openai 1.8.1,
 installed into .ci/venv by scripts/setup-test-deps.sh) against a running `serve` on the default model.
 Run by tests/structured_clients.rs: `python tests/structured_clients_check.py URL`. Prints one line per
 check; exits non-zero on any failure.

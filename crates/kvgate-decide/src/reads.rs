@@ -108,13 +108,13 @@ async fn read_trie(
     let DecisionOutcome {
         reads: results,
         usage: u,
+        ..
     } = decide(
         st,
         DecideRequest {
             reads,
             cache_salt: salt.clone(),
-            keep_alive: None,
-            tenant: None,
+            ..Default::default()
         },
     )
     .await?;
@@ -133,6 +133,8 @@ pub(crate) struct Read {
     pub diagnostics: Vec<Diagnostics>,
     /// Prompt and cached tokens over every read.
     pub usage: Usage,
+    /// Breakpoint prefix tokens computed and kept.
+    pub written_tokens: usize,
 }
 
 /// One read of the request.
@@ -203,6 +205,45 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
     Ok(plan)
 }
 
+/// What a request writes to the prompt cache besides its session retention.
+#[derive(Default)]
+struct Writes {
+    /// Per breakpoint: the first read's prefix (tokens) to keep, and for how long.
+    breakpoints: Vec<(usize, Duration)>,
+    /// No session retention.
+    only: bool,
+    /// Written tokens (out).
+    written: usize,
+}
+
+/// The token boundaries of `req`'s breakpoints in its first read: each closing message rendered as
+/// the prefix every read starts with, matched against the read's tokens (so a template that renders a
+/// last message differently never moves the boundary past what the reads share).
+fn writes_of(st: &DecisionService, req: &DecisionSpec, main: &[Planned]) -> Result<Writes, DecideError> {
+    let mut w = Writes {
+        only: req.breakpoints_only,
+        ..Writes::default()
+    };
+    let (State::Conversation(_), Some(first), Some((_, q))) = (&req.state, main.first(), req.questions.first()) else {
+        return Ok(w);
+    };
+    let msgs = messages(req, q);
+    let offset = usize::from(req.instructions.is_some());
+    for &k in &req.breakpoints {
+        let Some(prefix) = msgs.get(..offset + k + 1) else {
+            continue;
+        };
+        let text = st.render_prefix(prefix, &template_kwargs())?;
+        let ids = st
+            .tokenizer
+            .encode(&text, false)
+            .map_err(|e| DecideError::field("messages", e.to_string()))?;
+        let n = ids.iter().zip(&first.prompt).take_while(|(a, b)| a == b).count();
+        w.breakpoints.push((n, req.breakpoint_ttl));
+    }
+    Ok(w)
+}
+
 /// Runs planned reads: per question, its distribution (orders combined) and mean label mass.
 async fn execute(
     st: &DecisionService,
@@ -210,11 +251,16 @@ async fn execute(
     questions: usize,
     salt: &Option<String>,
     keep: Option<(Duration, Option<u32>)>,
+    writes: Option<&mut Writes>,
     usage: &mut Usage,
 ) -> Result<Vec<(Vec<f64>, f64)>, DecideError> {
+    let (breakpoints, only) = writes
+        .as_ref()
+        .map_or((vec![], false), |w| (w.breakpoints.clone(), w.only));
     let DecisionOutcome {
         reads: results,
         usage: u,
+        written_tokens,
     } = decide(
         st,
         DecideRequest {
@@ -228,9 +274,14 @@ async fn execute(
             cache_salt: salt.clone(),
             keep_alive: keep.map(|k| k.0),
             tenant: keep.and_then(|k| k.1),
+            breakpoints,
+            breakpoints_only: only,
         },
     )
     .await?;
+    if let Some(w) = writes {
+        w.written = written_tokens;
+    }
     usage.prompt_tokens += u.prompt_tokens;
     usage.cached_tokens += u.cached_tokens;
     // Multi-token labels: their branch reads, one engine request per read, concurrently.
@@ -316,6 +367,7 @@ fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
 /// uncalibrated), then its type's temperature (`--decision-temperature`) applied.
 pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read, DecideError> {
     let main = plan(st, req, true)?;
+    let mut writes = writes_of(st, req, &main)?;
     let n = req.questions.len();
     let mut usage = Usage::default();
     let keep = req.keep_alive.map(|k| (k, req.tenant));
@@ -361,13 +413,21 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         let mut prior_usage = Usage::default();
         let (a, b) = if todo.is_empty() {
             (
-                execute(st, &main, n, &req.cache_salt, keep, &mut usage).await,
+                execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage).await,
                 Ok(vec![]),
             )
         } else {
             futures::future::join(
-                execute(st, &main, n, &req.cache_salt, keep, &mut usage),
-                execute(st, &todo_plan, todo.len(), &req.cache_salt, None, &mut prior_usage),
+                execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage),
+                execute(
+                    st,
+                    &todo_plan,
+                    todo.len(),
+                    &req.cache_salt,
+                    None,
+                    None,
+                    &mut prior_usage,
+                ),
             )
             .await
         };
@@ -377,7 +437,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         }
         a?
     } else {
-        execute(st, &main, n, &req.cache_salt, keep, &mut usage).await?
+        execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage).await?
     };
     let temps = st.temperature;
     let mut diagnostics = Vec::with_capacity(n);
@@ -408,5 +468,6 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         probs: answers.into_iter().map(|(p, _)| p).collect(),
         diagnostics,
         usage,
+        written_tokens: writes.written,
     })
 }

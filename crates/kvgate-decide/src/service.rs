@@ -57,6 +57,9 @@ pub struct Decision {
     pub answers: Vec<QuestionAnswer>,
     /// Prompt tokens over every read (no output tokens), and those served from the prefix cache.
     pub usage: Usage,
+    /// Tokens of the longest breakpoint prefix this decision computed and kept (written to the
+    /// prompt cache).
+    pub written_tokens: usize,
 }
 
 /// The service (one per served model).
@@ -133,7 +136,20 @@ impl DecisionService {
         Ok(Decision {
             answers,
             usage: read.usage,
+            written_tokens: read.written_tokens,
         })
+    }
+
+    /// The text of a conversation prefix as every read renders it, without the generation prompt
+    /// (where a prompt-cache breakpoint closes it).
+    pub(crate) fn render_prefix(
+        &self,
+        messages: &[Message],
+        kwargs: &Map<String, Value>,
+    ) -> Result<String, DecideError> {
+        let tmpl = self.chat.as_ref().ok_or(DecideError::NoChatTemplate)?;
+        render_conversation(tmpl, messages, false, false, kwargs, None)
+            .map_err(|e| DecideError::field("messages", e.to_string()))
     }
 
     /// One read's text: `messages` through the chat template exactly as a chat completion renders

@@ -97,6 +97,13 @@ pub struct DecisionSpec {
     /// Who asks (the API key's index when several keys are configured): its `keep_alive` pins count
     /// against its own cap.
     pub tenant: Option<u32>,
+    /// Prompt-cache breakpoints to write: per one, the index of the conversation message (of a
+    /// [`State::Conversation`]) whose end closes a prefix to keep for `breakpoint_ttl`.
+    pub breakpoints: Vec<usize>,
+    /// How long a breakpoint's prefix is kept.
+    pub breakpoint_ttl: Duration,
+    /// Write only the breakpoints: no session retention of the state (OpenAI's explicit mode).
+    pub breakpoints_only: bool,
 }
 
 impl DecisionSpec {
@@ -111,6 +118,9 @@ impl DecisionSpec {
             read: ReadMethod::DEFAULT,
             orders: None,
             tenant: None,
+            breakpoints: vec![],
+            breakpoint_ttl: Duration::ZERO,
+            breakpoints_only: false,
         }
     }
 }

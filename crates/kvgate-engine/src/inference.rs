@@ -42,6 +42,9 @@ pub struct DecisionOutcome {
     pub reads: Vec<ReadResult>,
     /// Prompt tokens over all reads, cached ones, no output tokens.
     pub usage: Usage,
+    /// Tokens of the longest breakpoint prefix this request computed itself (not found in the
+    /// cache) and pinned: what it wrote to the prompt cache.
+    pub written_tokens: usize,
 }
 
 /// A submitted request with one result to wait for (a decision, an embedding). Dropping it before

@@ -43,7 +43,7 @@ pub struct DecisionRead {
 }
 
 /// A decision request: reads that are evaluated together, forked from their shared prefix.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct DecideRequest {
     /// The reads, in answer order.
     pub reads: Vec<DecisionRead>,
@@ -55,6 +55,12 @@ pub struct DecideRequest {
     /// Who asks (the API key's index when several keys are configured): its pins count against its
     /// own cap.
     pub tenant: Option<u32>,
+    /// Prompt-cache breakpoints: per one, the prefix of the first read to keep (in tokens: its full
+    /// blocks are pinned, as `keep_alive` pins, within the same caps) and for how long.
+    pub breakpoints: Vec<(usize, Duration)>,
+    /// Keep only the breakpoints (OpenAI's explicit caching mode): no session retention of the shared
+    /// prefix.
+    pub breakpoints_only: bool,
 }
 
 /// How an embedding is pooled from a prompt's final hidden states.

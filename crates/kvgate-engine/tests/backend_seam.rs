@@ -130,6 +130,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
                 cache_salt: Some("seam".into()),
                 keep_alive: None,
                 tenant: None,
+                ..Default::default()
             })
             .unwrap();
         pending.outcome().await.unwrap().reads
@@ -237,6 +238,7 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
         cache_salt: None,
         keep_alive: None,
         tenant: None,
+        ..Default::default()
     };
     rt.block_on(async {
         for i in 0..20 {

@@ -198,6 +198,7 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,
+                ..Default::default()
             });
             async move {
                 let o = s.unwrap().outcome().await.unwrap();

@@ -46,6 +46,7 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                     cache_salt: salt.map(str::to_string),
                     keep_alive: None,
                     tenant: None,
+                    ..Default::default()
                 })
                 .unwrap();
             async move {
@@ -118,6 +119,7 @@ fn decision_prefix_is_computed_once() {
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,
+                ..Default::default()
             })
             .unwrap()
             .outcome()
@@ -137,6 +139,7 @@ fn decision_prefix_is_computed_once() {
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,
+                ..Default::default()
             })
             .unwrap()
             .outcome()

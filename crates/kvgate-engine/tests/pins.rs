@@ -77,6 +77,7 @@ async fn pinned_decision_of(
         cache_salt: None,
         keep_alive: Some(Duration::from_secs(3600)),
         tenant,
+        ..Default::default()
     })
     .unwrap()
     .outcome()

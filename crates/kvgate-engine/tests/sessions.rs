@@ -62,6 +62,7 @@ async fn turn(h: EngineHandle, tok: Arc<Tokenizer>, i: usize) -> (usize, usize) 
         cache_salt: None,
         keep_alive: None,
         tenant: None,
+        ..Default::default()
     })
     .unwrap()
     .outcome()

@@ -1,7 +1,8 @@
 //! A decision as a request kind: reads forked from a shared prefix, each asking, at its last row, for
 //! the log-probs of its labels' alias ids only; their probabilities summed per label; the shared
-//! prefix pinned for `keep_alive`; one result sent once every read is in — a one-shot reply, not an
-//! event stream.
+//! prefix pinned for `keep_alive` (else retained for the session window), and each prompt-cache
+//! breakpoint's prefix pinned for its own lifetime; one result sent once every read is in — a one-shot
+//! reply, not an event stream.
 
 use std::time::Duration;
 
@@ -26,6 +27,10 @@ struct DecState {
     pin: Option<(Duration, PinKind)>,
     tenant: Option<u32>,
     shared_len: usize,
+    /// Breakpoints: tokens of the first read's prefix to pin, and for how long.
+    breakpoints: Vec<(usize, Duration)>,
+    /// Tokens per block (a pin holds whole blocks).
+    block_size: usize,
     pinned: bool,
 }
 
@@ -49,10 +54,13 @@ pub(crate) fn admit(
         results: vec![None; n],
         pin: match req.keep_alive {
             Some(k) => Some((k, PinKind::KeepAlive)),
+            None if req.breakpoints_only => None,
             None => session_window.map(|w| (w, PinKind::Session)),
         },
         tenant: req.tenant,
         shared_len,
+        breakpoints: req.breakpoints,
+        block_size: sched.config().block_size.max(1),
         pinned: false,
     };
     (g, Box::new(state))
@@ -94,10 +102,22 @@ impl RequestKind for DecState {
             label_probs: probs,
             label_mass: mass,
         });
-        if let (Some((k, kind)), false) = (self.pin, self.pinned) {
+        if !self.pinned {
             self.pinned = true;
-            cx.update
-                .pin(c.seq, self.shared_len, (cx.pin_until)(k), self.tenant, kind);
+            if let Some((k, kind)) = self.pin {
+                cx.update
+                    .pin(c.seq, self.shared_len, (cx.pin_until)(k), self.tenant, kind);
+            }
+            // A breakpoint inside the shared prefix is a prefix of every read, so of this one.
+            for &(tokens, ttl) in &self.breakpoints {
+                cx.update.pin(
+                    c.seq,
+                    tokens.min(self.shared_len),
+                    (cx.pin_until)(ttl),
+                    self.tenant,
+                    PinKind::KeepAlive,
+                );
+            }
         }
         cx.update.finish(c.seq);
         if !self.results.iter().all(Option::is_some) {
@@ -110,8 +130,24 @@ impl RequestKind for DecState {
             completion_tokens: 0,
             cached_tokens: prompt_tokens.saturating_sub(progress.computed_tokens),
         };
+        // The shared prefix found in the cache: what was computed, less the reads' own suffixes.
+        let suffixes: usize = self
+            .reads
+            .iter()
+            .map(|r| r.prompt.len().saturating_sub(self.shared_len))
+            .sum();
+        let hit = self
+            .shared_len
+            .saturating_sub(progress.computed_tokens.saturating_sub(suffixes));
+        let longest = self.breakpoints.iter().map(|b| b.0.min(self.shared_len)).max();
+        let whole = |t: usize| t / self.block_size * self.block_size;
+        let written_tokens = longest.map_or(0, |b| whole(b).saturating_sub(hit));
         if let Some(reply) = self.reply.take() {
-            let _ = reply.send(Ok(DecisionOutcome { reads, usage }));
+            let _ = reply.send(Ok(DecisionOutcome {
+                reads,
+                usage,
+                written_tokens,
+            }));
         }
         cx.rec.decision_done(progress.arrival, prompt_tokens);
         Ok(Outcome::Done("stop"))

@@ -18,8 +18,8 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use crate::http::middleware::{auth, body_encoding, cors, log, panic_response, CorsPolicy, Keys};
 use crate::http::state::AppState;
 use crate::{
-    http::routes, protocols::chat, protocols::completions, protocols::embeddings, protocols::render,
-    protocols::responses, protocols::systemone,
+    http::routes, protocols::chat, protocols::completions, protocols::decisions, protocols::embeddings,
+    protocols::render, protocols::responses, protocols::systemone,
 };
 
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
@@ -48,6 +48,7 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/systemone", post(systemone::route::systemone))
+        .route("/v1/decisions", post(decisions::decisions))
         .route("/tokenize", post(routes::tokenize))
         .route("/detokenize", post(routes::detokenize))
         .route("/tokenizer_info", get(routes::tokenizer_info))

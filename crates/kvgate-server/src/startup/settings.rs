@@ -22,6 +22,8 @@ pub struct Settings {
     pub share_prefix_cache_across_keys: bool,
     /// Most questions one decision may ask (`--systemone-max-questions`).
     pub systemone_max_questions: usize,
+    /// Most questions one `/v1/decisions` request may ask (`--decisions-max-questions`, at most 400).
+    pub decisions_max_questions: usize,
     /// How long a session's state is retained for its next turn (`--session-window`; `None`: off).
     pub session_window: Option<Duration>,
     /// How embeddings are pooled (`--pooling`).
@@ -42,6 +44,7 @@ impl Settings {
             model_aliases: args.model_alias.clone(),
             share_prefix_cache_across_keys: args.share_prefix_cache_across_keys,
             systemone_max_questions: args.systemone_max_questions,
+            decisions_max_questions: args.decisions_max_questions,
             session_window: args.session_window(),
             pooling: args.pooling.into(),
             cors: Arc::new(CorsPolicy {

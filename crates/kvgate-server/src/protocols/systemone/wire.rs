@@ -440,6 +440,9 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
             read,
             orders,
             tenant: None,
+            breakpoints: vec![],
+            breakpoint_ttl: Duration::ZERO,
+            breakpoints_only: false,
         },
     })
 }

@@ -240,6 +240,10 @@ pub struct Args {
     #[arg(long, env = "KVGATE_SYSTEMONE_MAX_QUESTIONS", default_value_t = 256)]
     pub systemone_max_questions: usize,
 
+    /// Questions per /v1/decisions request (OpenAI's limit is 400; a lower value answers 400 above it)
+    #[arg(long, env = "KVGATE_DECISIONS_MAX_QUESTIONS", default_value_t = 400)]
+    pub decisions_max_questions: usize,
+
     /// Temperature of System One answers per question type (noul=T,choice=T,score=T, or one T):
     /// T > 1 softens, T < 1 sharpens; the answer itself never changes. auto: the temperatures fitted for
     /// the served model when it is a fitted one, else noul=1,choice=0.35,score=1
@@ -432,6 +436,15 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
     }
     if a.threads == Some(0) {
         return bad("threads", "must be at least 1".into());
+    }
+    if !(1..=400).contains(&a.decisions_max_questions) {
+        return bad(
+            "decisions-max-questions",
+            format!(
+                "must be between 1 and 400 (OpenAI's limit), got {}",
+                a.decisions_max_questions
+            ),
+        );
     }
     if a.systemone_max_questions == 0 {
         return bad("systemone-max-questions", "must be at least 1".into());

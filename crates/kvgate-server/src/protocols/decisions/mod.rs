@@ -1,0 +1,69 @@
+//! `POST /v1/decisions`: OpenAI's Decisions API (openai-python 3.60's `decisions.create`) as a thin
+//! wire over the same decision service as `/v1/systemone` — the same spec, the same reads over the same
+//! warm state, the same answers. [`wire`] types the body, [`spec`] checks OpenAI's limits and builds the
+//! service's spec, [`reply`] renders the answers in question order. Errors are OpenAI's shape with the
+//! exact `param`.
+
+pub(crate) mod reply;
+pub(crate) mod spec;
+pub(crate) mod wire;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use kvgate_decide::State as StateKind;
+use serde_json::Value;
+
+use crate::http::error::ApiError;
+use crate::http::state::{check_json_content_type, AppState, RequestTenant};
+
+/// The handler.
+pub(crate) async fn decisions(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_json_content_type(&headers)?;
+    let bytes = body.map_err(|e| st.body_error(e))?;
+    let body: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("invalid JSON body: {e}")))?;
+    if !body.is_object() {
+        return Err(ApiError::bad("the request body must be a JSON object"));
+    }
+    let req = spec::parse(body, st.settings().decisions_max_questions)?;
+    let model = st.check_decision_model(Some(&req.model))?;
+    st.check_generates("/v1/decisions")?;
+    let mut spec = req.spec;
+    // A state that cannot fit the context by its bytes is refused before any question renders it.
+    let state_bytes = match &spec.state {
+        StateKind::Conversation(c) => crate::pipeline::conversation::message_bytes(c),
+        StateKind::Text(t) => t.len(),
+    };
+    st.check_prompt_bytes("input", state_bytes)?;
+    if st.settings().log_requests {
+        tracing::info!(body = %String::from_utf8_lossy(&bytes), "decisions request");
+    }
+    if let Some(id) = &req.safety_identifier {
+        tracing::info!(safety_identifier = %id, "decisions request");
+    }
+    spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
+    spec.tenant = tenant;
+    let decision = st.decisions().decide(&spec).await?;
+    let answers = req
+        .keys
+        .iter()
+        .zip(&decision.answers)
+        .map(|(k, a)| reply::answer(k, a, req.refuse_below))
+        .collect();
+    let u = decision.usage;
+    Ok(axum::Json(reply::Decision {
+        model,
+        answers,
+        usage: reply::DecisionUsage::new(u.prompt_tokens, u.cached_tokens, decision.written_tokens),
+    })
+    .into_response())
+}
