@@ -62,6 +62,7 @@ async fn run(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize, salt: Option
             params: params(max_tokens),
             cache_salt: salt,
             retain: None,
+            breakpoints: vec![],
         })
         .unwrap();
     let mut first = None;

@@ -120,6 +120,31 @@ later = [(d.usage.input_tokens_details.cached_tokens, d.usage.input_tokens) for 
 print("DecisionsToolRunner:", status1, done1, len(decisions1), "decisions; second run's first step cached",
       cached, "of", first.usage.input_tokens, "; first run's later steps (cached, input):", later)
 
+# Prompt-cache controls as openai 3.60 sends them on decisions, chat and responses: a breakpoint on the
+# shared system text, written once, then read back warm by the other two APIs' calls over it.
+SYSTEM = "You triage support tickets. " + " ".join(f"Rule {i}: route by the product named first." for i in range(30))
+d = client.decisions.create(
+    model=MODEL, prompt_cache_key="triage", prompt_cache_options={"mode": "implicit", "ttl": "30m"},
+    input=[{"role": "system", "content": [{"type": "input_text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}]},
+           {"role": "user", "content": "My payout failed."}],
+    questions=[{"type": "predicate", "name": "urgent", "instructions": "Is it urgent?"}])
+wrote = d.usage.input_tokens_details.cache_write_tokens
+assert wrote > 0, d.usage
+c = client.chat.completions.create(
+    model=MODEL, max_tokens=2, prompt_cache_key="triage", prompt_cache_retention="in_memory",
+    prompt_cache_options={"mode": "explicit", "ttl": "30m"},
+    messages=[{"role": "system", "content": [{"type": "text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "12h"}}]},
+              {"role": "user", "content": "Invoices are wrong."}])
+assert c.usage.prompt_tokens_details.cached_tokens >= wrote, (c.usage, wrote)
+r = client.responses.create(
+    model=MODEL, max_output_tokens=16, store=False, prompt_cache_key="triage",
+    prompt_cache_options={"mode": "implicit", "ttl": "12h"},
+    input=[{"role": "developer", "content": [{"type": "input_text", "text": SYSTEM, "prompt_cache_breakpoint": {"mode": "explicit"}}]},
+           {"role": "user", "content": "The app crashes."}])
+assert r.usage.input_tokens_details.cached_tokens >= wrote, (r.usage, wrote)
+print("prompt_cache_options/breakpoints: decision wrote", wrote, "; chat cached", c.usage.prompt_tokens_details.cached_tokens,
+      "; responses cached", r.usage.input_tokens_details.cached_tokens)
+
 # LangChain
 from langchain_core.decisions import Choice as LcChoice  # noqa: E402
 from langchain_core.decisions import Noul, Score as LcScore  # noqa: E402

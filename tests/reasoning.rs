@@ -65,6 +65,7 @@ impl Inference for Thinker {
             stop: None,
         });
         let _ = tx.send(Event::Done(Usage {
+            cache_write_tokens: 0,
             prompt_tokens: 7,
             completion_tokens: PIECES.len(),
             cached_tokens: 0,

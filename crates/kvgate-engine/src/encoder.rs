@@ -135,6 +135,7 @@ fn run(model: &dyn EncoderBackend, rx: &mpsc::Receiver<Option<Job>>, queued: &At
             metrics::counter!(EMBEDDINGS, "model_name" => label.to_string()).increment(1);
             metrics::counter!(PROMPT_TOKENS, "model_name" => label.to_string()).increment(n as u64);
             let usage = Usage {
+                cache_write_tokens: 0,
                 prompt_tokens: n,
                 completion_tokens: 0,
                 cached_tokens: 0,

@@ -20,6 +20,9 @@ pub struct GenerateRequest {
     /// A session hint: its state is expected again (the session's next turn), so its blocks are
     /// retained when it ends.
     pub retain: Option<Retain>,
+    /// Prompt-cache breakpoints: per one, the prompt's prefix to keep (in tokens: its full blocks are
+    /// pinned as `keep_alive` pins, within the same caps) and for how long.
+    pub breakpoints: Vec<(usize, Duration)>,
 }
 
 /// Retention of a finished request's blocks for its session's next turn: ahead of plain LRU for
@@ -151,6 +154,8 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Prompt tokens this request computed and pinned at a prompt-cache breakpoint (the longest).
+    pub cache_write_tokens: usize,
 }
 
 impl Usage {
@@ -159,6 +164,7 @@ impl Usage {
         self.prompt_tokens += other.prompt_tokens;
         self.completion_tokens += other.completion_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
     }
 }
 

@@ -150,6 +150,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
                 },
                 cache_salt: Some("seam-2".into()),
                 retain: None,
+                breakpoints: vec![],
             })
             .unwrap();
         while let Some(e) = s.next().await {
@@ -301,6 +302,7 @@ fn a_prefill_next_to_a_stream_is_followed_by_a_decode_only_step() {
                 },
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             })
             .unwrap()
         };

@@ -158,6 +158,7 @@ fn pooling_is_invariant_to_batching_chunking_caching_and_preemption() {
                             params: greedy(40),
                             cache_salt: None,
                             retain: None,
+                            breakpoints: vec![],
                         },
                     )
                 })

@@ -155,6 +155,7 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
                     },
                     cache_salt: Some("logprobs".into()),
                     retain: None,
+                    breakpoints: vec![],
                 })
                 .unwrap();
             async move {
@@ -185,6 +186,7 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
             params: greedy(2),
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         };
         let (_, first) = collect(&q, req()).await;
         let (_, again) = collect(&q, req()).await;
@@ -237,6 +239,7 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
                 params: greedy(2),
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             },
         )
         .await;
@@ -275,6 +278,7 @@ fn n_choices_seeds_stops_and_lengths() {
             params: params.clone(),
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         };
         let (a, usage) = collect(&h, req.clone()).await;
         let (b, _) = collect(&h, req).await;
@@ -292,6 +296,7 @@ fn n_choices_seeds_stops_and_lengths() {
                 params: greedy(40),
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             },
         )
         .await;
@@ -307,6 +312,7 @@ fn n_choices_seeds_stops_and_lengths() {
                     params: p,
                     cache_salt: None,
                     retain: None,
+                    breakpoints: vec![],
                 },
             )
             .await;
@@ -333,6 +339,7 @@ fn dropped_streams_free_their_blocks() {
                     params: greedy(200),
                     cache_salt: None,
                     retain: None,
+                    breakpoints: vec![],
                 })
                 .unwrap(),
             );
@@ -362,6 +369,7 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
                 params: greedy(1000),
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             })
             .unwrap();
         s.next().await.unwrap();
@@ -385,6 +393,7 @@ fn a_panic_fails_the_request_and_the_engine_keeps_serving() {
                 params: greedy(5),
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             },
         )
         .await;
@@ -408,12 +417,14 @@ fn queue_limit_and_up_front_rejections() {
             params: greedy(max_tokens),
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         };
         let too_long = GenerateRequest {
             prompt: vec![5; 2000],
             params: greedy(1),
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         };
         assert!(matches!(
             h.generate(too_long).unwrap_err(),
@@ -432,6 +443,7 @@ fn queue_limit_and_up_front_rejections() {
                 params: greedy(1),
                 cache_salt: None,
                 retain: None,
+                breakpoints: vec![],
             })
             .unwrap_err(),
             EngineError::InvalidToken { .. }

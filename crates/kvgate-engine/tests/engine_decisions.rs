@@ -75,6 +75,7 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                     params: greedy(30),
                     cache_salt: None,
                     retain: None,
+                    breakpoints: vec![],
                 })
                 .unwrap(),
             );

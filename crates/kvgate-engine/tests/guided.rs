@@ -134,6 +134,7 @@ fn req(prompt: Vec<u32>, params: SamplingParams) -> GenerateRequest {
         params,
         cache_salt: None,
         retain: None,
+        breakpoints: vec![],
     }
 }
 

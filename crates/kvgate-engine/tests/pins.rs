@@ -97,6 +97,7 @@ async fn generate(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Resu
         params: p,
         cache_salt: None,
         retain: None,
+        breakpoints: vec![],
     })?;
     loop {
         match s.next().await.unwrap() {

@@ -80,6 +80,7 @@ async fn turn(h: EngineHandle, tok: Arc<Tokenizer>, i: usize) -> (usize, usize) 
             },
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         })
         .unwrap();
     loop {

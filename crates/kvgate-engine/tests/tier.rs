@@ -68,6 +68,7 @@ async fn run(h: &EngineHandle, prompt: Vec<u32>) -> (Vec<(u32, u32)>, usize) {
             },
             cache_salt: None,
             retain: None,
+            breakpoints: vec![],
         })
         .unwrap();
     let mut out = vec![];

@@ -126,6 +126,7 @@ impl RequestKind for DecState {
         let reads: Vec<ReadResult> = self.results.iter_mut().filter_map(Option::take).collect();
         let prompt_tokens: usize = self.reads.iter().map(|r| r.prompt.len()).sum();
         let usage = Usage {
+            cache_write_tokens: 0,
             prompt_tokens,
             completion_tokens: 0,
             cached_tokens: prompt_tokens.saturating_sub(progress.computed_tokens),

@@ -107,6 +107,7 @@ impl RequestKind for EmbedState {
         }
         cx.update.finish(c.seq);
         let usage = Usage {
+            cache_write_tokens: 0,
             prompt_tokens: self.prompt_len,
             completion_tokens: 0,
             cached_tokens: self.prompt_len.saturating_sub(progress.computed_tokens),

@@ -4,7 +4,7 @@
 //! the choices it ends go into the step's update.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc as tmpsc;
 use tracing::warn;
@@ -67,6 +67,10 @@ struct GenState {
     prompt_lps: Vec<Option<TokenLogprob>>,
     last_token: Option<Instant>,
     retain: Option<Retain>,
+    /// Prompt-cache breakpoints: prompt prefixes (tokens) to pin, and for how long.
+    breakpoints: Vec<(usize, Duration)>,
+    /// Tokens per block (a pin holds whole blocks).
+    block_size: usize,
 }
 
 /// Queues a completion in the scheduler (its blocks keyed by `salt`; on the fast path it also reads the
@@ -93,6 +97,8 @@ pub(crate) fn admit(
     }
     let mut state = GenState::new(seq, req.prompt, req.params, tx);
     state.retain = req.retain;
+    state.breakpoints = req.breakpoints;
+    state.block_size = sched.config().block_size.max(1);
     (g, Box::new(state))
 }
 
@@ -121,6 +127,8 @@ impl GenState {
             params,
             prompt,
             retain: None,
+            breakpoints: vec![],
+            block_size: 1,
         }
     }
 
@@ -244,16 +252,32 @@ impl GenState {
                 cx.update
                     .pin(t, usize::MAX, (cx.pin_until)(r.window), r.tenant, PinKind::Session);
             }
+            if gs.remaining == 0 {
+                // and each breakpoint's prompt prefix is kept for its own lifetime
+                let tenant = gs.retain.and_then(|r| r.tenant);
+                for &(tokens, ttl) in &gs.breakpoints {
+                    cx.update.pin(
+                        t,
+                        tokens.min(gs.prompt.len()),
+                        (cx.pin_until)(ttl),
+                        tenant,
+                        PinKind::KeepAlive,
+                    );
+                }
+            }
             cx.update.finish(t);
             last_reason = Some(reason);
         }
         if gs.remaining > 0 {
             return Ok(Outcome::Continue);
         }
+        let longest = gs.breakpoints.iter().map(|b| b.0.min(gs.prompt.len())).max();
+        let whole = |t: usize| t / gs.block_size * gs.block_size;
         let usage = Usage {
             prompt_tokens: gs.prompt.len(),
             completion_tokens: gs.completion_tokens,
             cached_tokens,
+            cache_write_tokens: longest.map_or(0, |b| whole(b).saturating_sub(cached_tokens)),
         };
         let _ = gs.tx.send(Event::Done(usage));
         cx.rec.request_done(arrival, gs.prompt.len());

@@ -137,6 +137,7 @@ pub async fn run_all(h: &EngineHandle, ps: &[Vec<u32>], max_tokens: usize, concu
                         params: greedy(max_tokens),
                         cache_salt: None,
                         retain: None,
+                        breakpoints: vec![],
                     },
                 )
             })
@@ -153,6 +154,7 @@ pub async fn run_all(h: &EngineHandle, ps: &[Vec<u32>], max_tokens: usize, concu
                     params: greedy(max_tokens),
                     cache_salt: None,
                     retain: None,
+                    breakpoints: vec![],
                 },
             )
             .await;

@@ -26,6 +26,11 @@ pub(crate) struct Generation {
     pub(crate) guide: Option<(&'static str, GrammarSpec)>,
     /// The session hint (`prompt_cache_key`, or a stored response's id) that asks for retention.
     pub(crate) session: Option<String>,
+    /// Prompt-cache breakpoints ([`crate::pipeline::cache`]): prompt prefixes (tokens) to keep, and
+    /// for how long.
+    pub(crate) breakpoints: Vec<(usize, std::time::Duration)>,
+    /// Explicit caching mode: only the breakpoints are kept (no session retention).
+    pub(crate) breakpoints_only: bool,
 }
 
 /// A generation handed to the engine.
@@ -50,7 +55,8 @@ impl Submitted {
 }
 
 /// Compiles `g`'s guide, salts it for `tenant`, asks for retention when a session hint (or an
-/// `X-Session-ID` header) is there, and submits one engine request per prompt.
+/// `X-Session-ID` header) is there (not in explicit caching mode) and for its breakpoints' pins, and
+/// submits one engine request per prompt.
 pub(crate) async fn submit(
     st: &AppState,
     headers: &HeaderMap,
@@ -62,12 +68,18 @@ pub(crate) async fn submit(
         mut sampling,
         guide,
         session,
+        breakpoints,
+        breakpoints_only,
     } = g;
     if let Some((field, spec)) = guide {
         sampling.params.guide = Some(structured::compile(st.grammars().cloned(), field, spec).await?);
     }
     sampling.cache_salt = st.salted(tenant, sampling.cache_salt.take());
-    let retain = st.retain_for(headers, session.as_deref(), tenant);
+    let retain = if breakpoints_only {
+        None
+    } else {
+        st.retain_for(headers, session.as_deref(), tenant)
+    };
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let reqs = prompts
         .into_iter()
@@ -76,6 +88,7 @@ pub(crate) async fn submit(
             params: sampling.params.clone(),
             cache_salt: sampling.cache_salt.clone(),
             retain,
+            breakpoints: breakpoints.clone(),
         })
         .collect();
     let tagged = submit_all(st, reqs)?;

@@ -3,6 +3,7 @@
 //! submitted once (`generation::submit`); the engine's events turned into a protocol's answers by its
 //! `Shape` (`openai::respond`, `events`).
 
+pub(crate) mod cache;
 pub(crate) mod conversation;
 pub(crate) mod events;
 pub(crate) mod generation;

@@ -251,6 +251,8 @@ pub async fn completions(
         sampling: c,
         guide: constraint,
         session: sf.prompt_cache_key,
+        breakpoints: vec![],
+        breakpoints_only: crate::pipeline::cache::select(&[], sf.prompt_cache_options.as_ref()).only,
     };
     let sub = submit(&st, &headers, tenant, generation).await?;
     let (n, stream, prompt_lp) = (sub.sampling.params.n, sub.stream_usage(), sub.sampling.prompt_logprobs);

@@ -22,6 +22,11 @@ pub(crate) fn normalize_messages(v: Option<&Value>, field: &str) -> Result<Vec<M
     wire::read(v, field)
 }
 
+/// [`normalize_messages`], and the messages a prompt-cache breakpoint closes (index, own ttl).
+pub(crate) fn messages_marked(v: Option<&Value>, field: &str) -> Result<crate::pipeline::cache::Marked, ApiError> {
+    wire::read_marked(v, field)
+}
+
 /// The text bytes of normalised messages (their contents and tool calls): what decides, before any
 /// rendering or tokenizing, whether they can fit the context.
 pub(crate) fn message_bytes(messages: &[Message]) -> usize {

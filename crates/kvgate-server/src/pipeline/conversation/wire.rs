@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
+use crate::pipeline::cache::{Breakpoint, Marked, Ttl};
 use crate::pipeline::params::kind;
 use crate::pipeline::tools;
 
@@ -65,11 +66,19 @@ pub(crate) enum Part {
     Text {
         /// The text.
         text: String,
+        /// Closes a reusable prefix at this message's end ([`crate::pipeline::cache`]).
+        #[serde(default)]
+        prompt_cache_breakpoint: Option<Breakpoint>,
     },
 }
 
 /// Reads `v` (the field `field`) as a non-empty list of messages.
 pub(crate) fn read(v: Option<&Value>, field: &str) -> Result<Vec<Message>, ApiError> {
+    read_marked(v, field).map(|(m, _)| m)
+}
+
+/// [`read`], and the messages whose parts carry a prompt-cache breakpoint (index, its own ttl).
+pub(crate) fn read_marked(v: Option<&Value>, field: &str) -> Result<Marked, ApiError> {
     let bad = |msg: String| ApiError::param(field, msg);
     let arr = match v {
         Some(Value::Array(a)) if !a.is_empty() => a,
@@ -83,19 +92,26 @@ pub(crate) fn read(v: Option<&Value>, field: &str) -> Result<Vec<Message>, ApiEr
         }
     };
     let mut out = Vec::with_capacity(arr.len());
+    let mut marks = vec![];
     for (i, m) in arr.iter().enumerate() {
         let at = format!("{field}[{i}]");
         if !m.is_object() {
             return Err(bad(format!("{at} must be an object, got {}", kind(m))));
         }
         let w = WireMessage::deserialize(m).map_err(|e| bad(format!("{at}: {e}")))?;
-        out.push(message(w, &at).map_err(bad)?);
+        let (msg, mark) = message(w, &at).map_err(bad)?;
+        if let Some(ttl) = mark {
+            marks.push((i, ttl));
+        }
+        out.push(msg);
     }
-    Ok(out)
+    Ok((out, marks))
 }
 
-/// One message, checked: every error names its path under `at`.
-fn message(w: WireMessage, at: &str) -> Result<Message, String> {
+/// One message, checked: every error names its path under `at`; with the breakpoint a part carries
+/// (its own ttl), if any.
+fn message(w: WireMessage, at: &str) -> Result<(Message, Option<Option<Ttl>>), String> {
+    let mut mark = None;
     let role = match w.role {
         Loose::Is(r) => r,
         Loose::Not(Value::String(s)) => {
@@ -110,7 +126,15 @@ fn message(w: WireMessage, at: &str) -> Result<Message, String> {
             let mut texts = Vec::with_capacity(parts.len());
             for (j, p) in parts.into_iter().enumerate() {
                 match p {
-                    Loose::Is(Part::Text { text }) => texts.push(text),
+                    Loose::Is(Part::Text {
+                        text,
+                        prompt_cache_breakpoint,
+                    }) => {
+                        texts.push(text);
+                        if let Some(b) = prompt_cache_breakpoint {
+                            mark = Some(b.ttl);
+                        }
+                    }
                     Loose::Not(v) => match v.get("type").and_then(Value::as_str) {
                         Some(t) if t != "text" => {
                             return Err(format!(
@@ -173,7 +197,7 @@ fn message(w: WireMessage, at: &str) -> Result<Message, String> {
         m.tool_calls = Some(tools::normalize_tool_calls(&calls, &format!("{at}.tool_calls"))?);
     }
     m.tool_call_id = tool_call_id;
-    Ok(m)
+    Ok((m, mark))
 }
 
 #[cfg(test)]

@@ -112,6 +112,12 @@ pub struct SamplingFields {
     pub cache_salt: Option<String>,
     /// OpenAI's session hint: the request's state is retained for the session's next turn.
     pub prompt_cache_key: Option<String>,
+    /// OpenAI's prompt caching: `implicit` / `explicit` and the breakpoints' lifetime
+    /// ([`crate::pipeline::cache`]).
+    pub prompt_cache_options: Option<crate::pipeline::cache::CacheOptions>,
+    /// Deprecated by OpenAI; accepted (kvgate retains by its session window).
+    #[allow(dead_code)]
+    pub prompt_cache_retention: Option<crate::pipeline::cache::Retention>,
     pub skip_special_tokens: Option<bool>,
     /// vLLM's: only these token ids may be sampled.
     pub allowed_token_ids: Option<Vec<u32>>,

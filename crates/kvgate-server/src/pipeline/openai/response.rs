@@ -25,6 +25,9 @@ pub struct UsageOut {
 pub struct PromptDetails {
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Prompt tokens this request computed and kept at a prompt-cache breakpoint (present when any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<usize>,
 }
 
 impl UsageOut {
@@ -36,6 +39,7 @@ impl UsageOut {
             total_tokens: u.prompt_tokens + u.completion_tokens,
             prompt_tokens_details: Some(PromptDetails {
                 cached_tokens: u.cached_tokens,
+                cache_write_tokens: (u.cache_write_tokens > 0).then_some(u.cache_write_tokens),
             }),
         }
     }

@@ -17,7 +17,8 @@ use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, RequestTenant};
-use crate::pipeline::conversation::{message_bytes, normalize_messages, render_with_tools};
+use crate::pipeline::cache;
+use crate::pipeline::conversation::{message_bytes, messages_marked, render_with_tools};
 use crate::pipeline::events::{now_secs, request_id};
 use crate::pipeline::generation::{submit, Generation};
 use crate::pipeline::openai::request::{endpoint_body, ChatFields, SamplingFields};
@@ -41,6 +42,10 @@ pub(crate) struct Prepared {
     tool_spec: Option<ToolSpec>,
     reasoning: ReasoningWanted,
     want_lp: bool,
+    /// Prompt-cache breakpoints: prompt prefixes (tokens) to keep and for how long.
+    breakpoints: Vec<(usize, std::time::Duration)>,
+    /// Explicit caching mode: no session retention.
+    breakpoints_only: bool,
 }
 
 /// Reads a chat body: its fields, messages, template, tools, structured output and sampling, every
@@ -54,7 +59,8 @@ pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Pr
         ));
     }
     let model = st.check_model(sf.model.as_deref())?;
-    let messages = normalize_messages(cf.messages.as_ref().filter(|v| !v.is_null()), "messages")?;
+    let (messages, marked) = messages_marked(cf.messages.as_ref().filter(|v| !v.is_null()), "messages")?;
+    let writes = cache::select(&marked, sf.prompt_cache_options.as_ref());
     let add_gen = cf.add_generation_prompt.unwrap_or(true);
     let cont = cf.continue_final_message.unwrap_or(false);
     if add_gen && cont && cf.add_generation_prompt.is_some() {
@@ -97,6 +103,7 @@ pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Pr
         prompt_tail: ReasoningSplit::tail_of(&text),
     };
     let ids = st.encode("messages", text, false).await?;
+    let breakpoints = cache::boundaries(st, &messages, &writes, &kwargs, tool_spec.as_ref(), &ids).await?;
     let mt = match (
         int_in("max_completion_tokens", cf.max_completion_tokens, 1, i64::MAX)?,
         int_in("max_tokens", sf.max_tokens, 1, i64::MAX)?,
@@ -131,6 +138,8 @@ pub(crate) async fn prepare(st: &AppState, map: Map<String, Value>) -> Result<Pr
         tool_spec,
         reasoning,
         want_lp,
+        breakpoints,
+        breakpoints_only: writes.only,
     })
 }
 
@@ -153,6 +162,8 @@ pub async fn chat_completions(
         tool_spec,
         reasoning,
         want_lp,
+        breakpoints,
+        breakpoints_only,
     } = prepare(&st, map).await?;
     if st.settings().log_requests {
         tracing::info!(body = %value, "chat request");
@@ -162,6 +173,8 @@ pub async fn chat_completions(
         sampling: c,
         guide: constraint,
         session: sf.prompt_cache_key,
+        breakpoints,
+        breakpoints_only,
     };
     let sub = submit(&st, &headers, tenant, generation).await?;
     let n = sub.sampling.params.n;

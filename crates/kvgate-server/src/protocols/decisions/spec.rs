@@ -26,10 +26,10 @@ use kvgate_model::prompt::{Message, Role as MsgRole};
 use serde_json::Value;
 
 use super::wire::{
-    at, CacheMode, ChoiceValue, Content, DecisionBody, Input, InstructionPart, MessageItem, Part, QuestionIn, Role,
-    ToolItem,
+    at, ChoiceValue, Content, DecisionBody, Input, InstructionPart, MessageItem, Part, QuestionIn, Role, ToolItem,
 };
 use crate::http::error::ApiError;
+use crate::pipeline::cache::{self, CacheMode, CacheOptions, Ttl};
 use crate::pipeline::conversation::items::{custom_call, function_call, push_call, tool_output, turn};
 
 /// The most questions OpenAI accepts in one request.
@@ -44,10 +44,6 @@ const JSON_VALUES: usize = 10_000;
 const JSON_BYTES: usize = 256 * 1024;
 /// `safety_identifier` length.
 const SAFETY_ID_CHARS: usize = 128;
-/// Breakpoints one request writes.
-const WRITES: usize = 4;
-/// The lifetime of a Decisions breakpoint (`ttl: "30m"`).
-const TTL: std::time::Duration = std::time::Duration::from_secs(30 * 60);
 
 /// What an answer needs back from its question: its name and, per type, the typed values or labels.
 #[derive(Debug, Clone, PartialEq)]
@@ -139,15 +135,16 @@ pub(crate) fn parse(body: Value, max_questions: usize) -> Result<Parsed, ApiErro
         keys.push(key);
     }
     let mut spec = DecisionSpec::new(state, questions);
-    // the latest explicit breakpoints: four in explicit mode, three beside the implicit one
-    let keep = match cache_mode {
-        CacheMode::Explicit => WRITES,
-        CacheMode::Implicit => WRITES - 1,
+    // OpenAI's choice of the breakpoints written; every one lives 30 minutes on Decisions
+    let marked: Vec<(usize, Option<Ttl>)> = breakpoints.iter().map(|&i| (i, None)).collect();
+    let options = CacheOptions {
+        mode: Some(cache_mode),
+        ttl: Some(Ttl::Minutes30),
     };
-    breakpoints.dedup();
-    spec.breakpoints = breakpoints[breakpoints.len().saturating_sub(keep)..].to_vec();
-    spec.breakpoint_ttl = TTL;
-    spec.breakpoints_only = cache_mode == CacheMode::Explicit;
+    let writes = cache::select(&marked, Some(&options));
+    spec.breakpoints = writes.marks.iter().map(|m| m.0).collect();
+    spec.breakpoint_ttl = Ttl::Minutes30.duration();
+    spec.breakpoints_only = writes.only;
     Ok(Parsed {
         model: b.model,
         spec,

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::http::error::ApiError;
+use crate::pipeline::cache::CacheMode;
 
 /// Reads `v` as `T`; a problem is a 400 naming `prefix` and the path inside `v`.
 pub(crate) fn at<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiError> {
@@ -81,16 +82,6 @@ pub(crate) struct CacheOptions {
     /// The least lifetime of what the request writes.
     #[serde(default)]
     pub ttl: Option<String>,
-}
-
-/// How a request writes the prompt cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum CacheMode {
-    /// One breakpoint chosen by the server, plus the latest three explicit ones.
-    Implicit,
-    /// Only the latest four explicit breakpoints.
-    Explicit,
 }
 
 /// `prompt_cache_breakpoint` on a content part.

@@ -9,17 +9,29 @@ use serde_json::Value;
 
 use super::wire::{Content, Item, Part};
 use crate::http::error::ApiError;
+use crate::pipeline::cache::{Marked, Ttl};
 use crate::pipeline::conversation::items::{custom_call, function_call, push_call, tool_output, turn as message};
 use crate::pipeline::openai::request::typed;
 
-fn text_of(c: &Content, at: &str) -> Result<String, ApiError> {
+/// The text of a content, and the breakpoint one of its parts carries (its own ttl), if any.
+fn text_of(c: &Content, at: &str) -> Result<(String, Option<Option<Ttl>>), ApiError> {
     match c {
-        Content::Text(s) => Ok(s.clone()),
+        Content::Text(s) => Ok((s.clone(), None)),
         Content::Parts(parts) => {
             let mut out = String::new();
+            let mut mark = None;
             for (i, p) in parts.iter().enumerate() {
                 match p {
-                    Part::InputText { text } | Part::OutputText { text } => out.push_str(text),
+                    Part::InputText {
+                        text,
+                        prompt_cache_breakpoint,
+                    } => {
+                        out.push_str(text);
+                        if let Some(b) = prompt_cache_breakpoint {
+                            mark = Some(b.ttl);
+                        }
+                    }
+                    Part::OutputText { text } => out.push_str(text),
                     Part::Refusal { refusal } => out.push_str(refusal),
                     Part::InputImage {} | Part::InputFile {} | Part::InputAudio {} => {
                         return Err(ApiError::param(
@@ -29,7 +41,7 @@ fn text_of(c: &Content, at: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(out)
+            Ok((out, mark))
         }
     }
 }
@@ -58,13 +70,17 @@ pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
     }
 }
 
-/// The conversation `items` make after `history` (a previous response's), with `instructions` first.
-pub fn conversation(
-    instructions: Option<&str>,
-    history: Vec<Message>,
-    items: &[Item],
-) -> Result<Vec<Message>, ApiError> {
+/// The conversation `items` make after `history` (a previous response's), with `instructions` first;
+/// and the messages a prompt-cache breakpoint closes.
+pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[Item]) -> Result<Marked, ApiError> {
     let mut msgs = vec![];
+    let mut marks = vec![];
+    let mut push = |msgs: &mut Vec<Message>, (m, mark): (Message, Option<Option<Ttl>>)| {
+        msgs.push(m);
+        if let Some(ttl) = mark {
+            marks.push((msgs.len() - 1, ttl));
+        }
+    };
     if let Some(ins) = instructions.filter(|s| !s.is_empty()) {
         msgs.push(message(Role::System, ins.to_string()));
     }
@@ -84,7 +100,8 @@ pub fn conversation(
                         ))
                     }
                 };
-                msgs.push(message(role, text_of(content, &at)?));
+                let (text, mark) = text_of(content, &at)?;
+                push(&mut msgs, (message(role, text), mark));
             }
             Item::FunctionCall {
                 call_id,
@@ -93,7 +110,8 @@ pub fn conversation(
             } => push_call(&mut msgs, function_call(call_id, name, arguments)),
             Item::CustomToolCall { call_id, name, input } => push_call(&mut msgs, custom_call(call_id, name, input)),
             Item::FunctionCallOutput { call_id, output } | Item::CustomToolCallOutput { call_id, output } => {
-                msgs.push(tool_output(call_id, text_of(output, &at)?));
+                let (text, mark) = text_of(output, &at)?;
+                push(&mut msgs, (tool_output(call_id, text), mark));
             }
             Item::Reasoning {} => {}
             Item::ItemReference { .. } => {
@@ -107,7 +125,7 @@ pub fn conversation(
     if msgs.iter().all(|m| m.role == Role::System) {
         return Err(ApiError::param("input", "'input' holds no message to answer"));
     }
-    Ok(msgs)
+    Ok((msgs, marks))
 }
 
 #[cfg(test)]
@@ -126,7 +144,8 @@ mod tests {
             {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny.", "annotations": []}]}
         ]);
-        let msgs = conversation(Some("You are kvgate."), vec![], &items(&input).unwrap()).unwrap();
+        let (msgs, marks) = conversation(Some("You are kvgate."), vec![], &items(&input).unwrap()).unwrap();
+        assert!(marks.is_empty());
         let roles: Vec<Role> = msgs.iter().map(|m| m.role).collect();
         assert_eq!(
             roles,

@@ -218,7 +218,8 @@ pub async fn create(
         .as_ref()
         .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
     let items = input::items(input)?;
-    let conversation = input::conversation(b.instructions.as_deref(), history, &items)?;
+    let (conversation, marked) = input::conversation(b.instructions.as_deref(), history, &items)?;
+    let writes = crate::pipeline::cache::select(&marked, b.prompt_cache_options.as_ref());
     let (tool_list, custom) = read_tools(b.tools.as_deref().unwrap_or_default())?;
     let choice = tool_choice(b.tool_choice.as_ref())?;
     let tool_spec = tools::spec(tool_list, choice, b.parallel_tool_calls)?;
@@ -245,6 +246,8 @@ pub async fn create(
     let text = render_with_tools(&st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
     let prompt_tail = ReasoningSplit::tail_of(&text);
     let ids = st.encode("input", text, false).await?;
+    let breakpoints =
+        crate::pipeline::cache::boundaries(&st, &conversation, &writes, &Map::new(), tool_spec.as_ref(), &ids).await?;
     let sf = sampling_fields(&b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
     let mut c = sampling::read(&sf, st.defaults(), st.engine().limits().vocab_size, mt)?;
@@ -261,6 +264,8 @@ pub async fn create(
         sampling: c,
         guide: constraint,
         session: b.prompt_cache_key.clone().or_else(|| store.then(|| id.clone())),
+        breakpoints,
+        breakpoints_only: writes.only,
     };
     let response = ResponseObject {
         id: id.clone(),

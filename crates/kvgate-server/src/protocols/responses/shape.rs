@@ -124,6 +124,7 @@ pub fn usage_of(u: &Usage) -> ResponseUsage {
         input_tokens: u.prompt_tokens,
         input_tokens_details: InputDetails {
             cached_tokens: u.cached_tokens,
+            cache_write_tokens: (u.cache_write_tokens > 0).then_some(u.cache_write_tokens),
         },
         output_tokens: u.completion_tokens,
         output_tokens_details: OutputDetails { reasoning_tokens: 0 },

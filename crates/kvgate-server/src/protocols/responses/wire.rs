@@ -26,6 +26,11 @@ pub struct ResponsesBody {
     pub store: Option<bool>,
     pub metadata: Option<Map<String, Value>>,
     pub prompt_cache_key: Option<String>,
+    /// Prompt caching: `implicit` / `explicit` and the breakpoints' lifetime.
+    pub prompt_cache_options: Option<crate::pipeline::cache::CacheOptions>,
+    /// Deprecated by OpenAI; accepted.
+    #[allow(dead_code)]
+    pub prompt_cache_retention: Option<crate::pipeline::cache::Retention>,
     /// Extra outputs asked for (`reasoning.encrypted_content`, `message.output_text.logprobs`, …):
     /// accepted; kvgate has no encrypted reasoning to give.
     #[allow(dead_code)]
@@ -208,6 +213,9 @@ pub enum Part {
     InputText {
         /// The text.
         text: String,
+        /// Closes a reusable prefix at this message's end.
+        #[serde(default)]
+        prompt_cache_breakpoint: Option<crate::pipeline::cache::Breakpoint>,
     },
     /// Text the model wrote earlier.
     OutputText {
@@ -241,6 +249,9 @@ pub struct ResponseUsage {
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct InputDetails {
     pub cached_tokens: usize,
+    /// Prompt tokens this request computed and kept at a prompt-cache breakpoint (present when any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_write_tokens: Option<usize>,
 }
 
 /// `usage.output_tokens_details`.
