@@ -12,7 +12,8 @@
 //!    and without it (the same flood, an unmarked prompt).
 //!
 //! `cargo bench --bench decisions_api` prints the tables (`DECISIONS_API_LOOPS`, `_STEPS`,
-//! `_TASK_CHARS` shrink part one for a quick look; `DECISIONS_API_PARTS=two` runs only part two).
+//! `_TASK_CHARS` shrink part one for a quick look, `DECISIONS_API_ARMS=defaults` and
+//! `DECISIONS_API_APIS=decisions` narrow it; `DECISIONS_API_PARTS=two` runs only part two).
 
 use std::time::Instant;
 
@@ -90,6 +91,19 @@ fn prefix_tokens(port: u16, messages: Value) -> u64 {
         .unwrap_or(0)
 }
 
+/// A counter's value in the server's Prometheus exposition (summed over its label sets).
+fn counter(port: u16, name: &str) -> u64 {
+    let text = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_to_string().ok())
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -153,12 +167,20 @@ fn part_one(rows: &mut Vec<String>) {
         "part 1: {loops} loops x {steps} steps, ~{chars}-char task, --num-kv-blocks {blocks}"
     ));
     rows.push(
-        "| API | arm | task cached, steps 2+ (mean / lowest) | p50 step s | p99 step s | failed | wall s |".into(),
+        "| API | arm | task cached, steps 2+ (mean / lowest) | p50 step s | p99 step s | failed | wall s | pins released early / preemptions |".into(),
     );
-    rows.push("|---|---|---|---|---|---|---|".into());
+    rows.push("|---|---|---|---|---|---|---|---|".into());
+    let arm_filter = std::env::var("DECISIONS_API_ARMS").unwrap_or_default();
+    let api_filter = std::env::var("DECISIONS_API_APIS").unwrap_or_default();
     let mut id = 1000;
     for (name, extra) in arms {
+        if !name.starts_with(arm_filter.as_str()) {
+            continue;
+        }
         for path in ["/v1/decisions", "/v1/systemone"] {
+            if !path.ends_with(api_filter.as_str()) {
+                continue;
+            }
             let mut a = vec!["--num-kv-blocks", blocks.as_str()];
             a.extend_from_slice(extra);
             let s = common::start(&a);
@@ -182,11 +204,13 @@ fn part_one(rows: &mut Vec<String>) {
             let mean = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
             let lowest = shares.iter().cloned().fold(1.0, f64::min);
             rows.push(format!(
-                "| {path} | {name} | {:.1}% / {:.1}% | {:.2} | {:.2} | {failed} | {wall:.1} |",
+                "| {path} | {name} | {:.1}% / {:.1}% | {:.2} | {:.2} | {failed} | {wall:.1} | {} / {} |",
                 mean * 100.0,
                 lowest * 100.0,
                 percentile(&mut lat.clone(), 0.5),
-                percentile(&mut lat, 0.99)
+                percentile(&mut lat, 0.99),
+                counter(s.1, "kvgate:pins_released_early_total"),
+                counter(s.1, "kvgate:num_preemptions_total"),
             ));
             eprintln!("{}", rows.last().unwrap());
         }

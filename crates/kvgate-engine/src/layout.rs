@@ -91,6 +91,10 @@ fn continues(blocks: &[BlockId], pinned: &[BlockId]) -> bool {
 struct Pin {
     /// When it was taken (the caller's clock).
     since: u64,
+    /// When its session's state has been held since, turn after turn.
+    held_since: u64,
+    /// The scheduler's step count when it was taken.
+    step: u64,
     until: u64,
     tenant: Option<u32>,
     kind: PinKind,
@@ -104,10 +108,21 @@ pub(crate) struct Pins {
 }
 
 impl Pins {
-    /// Records a pin (the caller took the references).
-    pub(crate) fn add(&mut self, since: u64, until: u64, tenant: Option<u32>, kind: PinKind, blocks: Vec<BlockId>) {
+    /// Records a pin (the caller took the references); `held_since`: when its session's state has been
+    /// held since (`since` for a first turn); `step`: the scheduler's step count when it was taken.
+    pub(crate) fn add(
+        &mut self,
+        at: (u64, u64, u64),
+        until: u64,
+        tenant: Option<u32>,
+        kind: PinKind,
+        blocks: Vec<BlockId>,
+    ) {
+        let (since, held_since, step) = at;
         self.pins.push(Pin {
             since,
+            held_since,
+            step,
             until,
             tenant,
             kind,
@@ -125,12 +140,13 @@ impl Pins {
     /// Removes and returns the session pins whose state `blocks` continues ([`continues`]): the
     /// session's next turn took them over. A pin that only shares a prefix with `blocks` (a common
     /// system prompt) stays.
-    pub(crate) fn take_sessions_over(&mut self, blocks: &[BlockId]) -> Vec<Vec<BlockId>> {
+    /// Each comes with when its state has been held since.
+    pub(crate) fn take_sessions_over(&mut self, blocks: &[BlockId]) -> Vec<(Vec<BlockId>, u64)> {
         let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.pins)
             .into_iter()
             .partition(|p| p.kind == PinKind::Session && continues(blocks, &p.blocks));
         self.pins = keep;
-        done.into_iter().map(|p| p.blocks).collect()
+        done.into_iter().map(|p| (p.blocks, p.held_since)).collect()
     }
 
     /// Whether `blocks` continue some session pin's state (they would take it over).
@@ -151,16 +167,42 @@ impl Pins {
         Some(self.pins.remove(i).blocks)
     }
 
-    /// Removes and returns the oldest pin taken at or before `cutoff`.
-    pub(crate) fn take_oldest_since(&mut self, cutoff: u64) -> Option<Vec<BlockId>> {
-        let i = self.pins.iter().position(|p| p.since <= cutoff)?;
+    /// Removes and returns the oldest pin idle since `idle` = (a time, a step count) or before, or
+    /// whose state has been held since `held` or before — sparing the session states that a waiting
+    /// request continues (`awaited`: their next turns' warm blocks).
+    pub(crate) fn take_oldest_since(
+        &mut self,
+        idle: Option<(u64, u64)>,
+        held: Option<u64>,
+        awaited: &[Vec<BlockId>],
+    ) -> Option<Vec<BlockId>> {
+        let i = self.pins.iter().position(|p| {
+            let old = idle.is_some_and(|(t, s)| p.since <= t && p.step <= s) || held.is_some_and(|h| p.held_since <= h);
+            old && !(p.kind == PinKind::Session && awaited.iter().any(|w| continues(w, &p.blocks)))
+        })?;
         Some(self.pins.remove(i).blocks)
     }
 
-    /// Removes and returns the oldest pin of `kind`.
-    pub(crate) fn take_oldest_kind(&mut self, kind: PinKind) -> Option<Vec<BlockId>> {
-        let i = self.pins.iter().position(|p| p.kind == kind)?;
+    /// Removes and returns the oldest pin, one that no waiting request continues (`awaited`) first.
+    pub(crate) fn take_oldest_sparing(&mut self, awaited: &[Vec<BlockId>]) -> Option<Vec<BlockId>> {
+        let spared = |p: &Pin| p.kind == PinKind::Session && awaited.iter().any(|w| continues(w, &p.blocks));
+        let i = self
+            .pins
+            .iter()
+            .position(|p| !spared(p))
+            .or((!self.pins.is_empty()).then_some(0))?;
         Some(self.pins.remove(i).blocks)
+    }
+
+    /// Removes and returns the oldest pin of `kind` taken at or before `cutoff`.
+    pub(crate) fn take_oldest_kind_since(&mut self, kind: PinKind, cutoff: u64) -> Option<Vec<BlockId>> {
+        let i = self.pins.iter().position(|p| p.kind == kind && p.since <= cutoff)?;
+        Some(self.pins.remove(i).blocks)
+    }
+
+    /// Whether nothing is pinned.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pins.is_empty()
     }
 
     /// Blocks pinned as `kind` (with multiplicity).
@@ -219,11 +261,16 @@ mod tests {
     #[test]
     fn pins_expire_in_order() {
         let mut p = Pins::default();
-        p.add(0, 5, None, PinKind::KeepAlive, vec![]);
-        p.add(1, 3, Some(1), PinKind::Session, vec![]);
-        assert!(p.take_oldest_since(0).is_some_and(|b| b.is_empty()));
-        assert!(p.take_oldest_since(0).is_none(), "the other is newer");
-        p.add(0, 5, None, PinKind::KeepAlive, vec![]);
+        p.add((0, 0, 0), 5, None, PinKind::KeepAlive, vec![]);
+        p.add((1, 1, 0), 3, Some(1), PinKind::Session, vec![]);
+        assert!(p
+            .take_oldest_since(Some((0, u64::MAX)), None, &[])
+            .is_some_and(|b| b.is_empty()));
+        assert!(
+            p.take_oldest_since(Some((0, u64::MAX)), None, &[]).is_none(),
+            "the other is newer"
+        );
+        p.add((0, 0, 0), 5, None, PinKind::KeepAlive, vec![]);
         assert_eq!(p.next_expiry(), Some(3));
         assert_eq!(p.take_expired(4).len(), 1);
         assert_eq!(p.next_expiry(), Some(5));
@@ -236,9 +283,9 @@ mod tests {
         let b = |i: usize| BlockId::from_index(i);
         let mut p = Pins::default();
         // two sessions over a common system-prompt block 0; a keep_alive over the same state as 1
-        p.add(0, 9, None, PinKind::Session, vec![b(0), b(1), b(2)]);
-        p.add(0, 9, None, PinKind::Session, vec![b(0), b(3)]);
-        p.add(0, 9, None, PinKind::KeepAlive, vec![b(0), b(1), b(2)]);
+        p.add((0, 0, 0), 9, None, PinKind::Session, vec![b(0), b(1), b(2)]);
+        p.add((0, 0, 0), 9, None, PinKind::Session, vec![b(0), b(3)]);
+        p.add((0, 0, 0), 9, None, PinKind::KeepAlive, vec![b(0), b(1), b(2)]);
         assert_eq!(p.count_kind(PinKind::Session), 5);
         // a request sharing only the system prompt takes nothing over
         assert!(p.take_sessions_over(&[b(0), b(7)]).is_empty());
@@ -247,9 +294,46 @@ mod tests {
         // the first session's next turn (its whole state, then more) takes over its pin only
         assert_eq!(
             p.take_sessions_over(&[b(0), b(1), b(2), b(8)]),
-            vec![vec![b(0), b(1), b(2)]]
+            vec![(vec![b(0), b(1), b(2)], 0)]
         );
         assert_eq!(p.count_kind(PinKind::Session), 2);
         assert_eq!(p.blocks().count(), 5, "the keep_alive pin stays");
+    }
+
+    #[test]
+    fn a_state_whose_next_turn_waits_is_spared() {
+        let b = |i: usize| BlockId::from_index(i);
+        let mut p = Pins::default();
+        p.add((0, 0, 0), 9, None, PinKind::Session, vec![b(0), b(1)]);
+        p.add((1, 1, 1), 9, None, PinKind::Session, vec![b(2), b(3)]);
+        let awaited = vec![vec![b(0), b(1), b(4)]];
+        assert_eq!(
+            p.take_oldest_since(Some((5, 5)), None, &awaited),
+            Some(vec![b(2), b(3)])
+        );
+        assert!(p.take_oldest_since(Some((5, 5)), None, &awaited).is_none());
+        assert_eq!(
+            p.take_oldest_sparing(&awaited),
+            Some(vec![b(0), b(1)]),
+            "running work takes it last"
+        );
+    }
+
+    #[test]
+    fn a_state_held_long_enough_gives_way_though_its_pin_is_young() {
+        let mut p = Pins::default();
+        p.add((90, 0, 9), 200, None, PinKind::Session, vec![]); // held since 0, retaken at 90
+        p.add((50, 50, 5), 200, None, PinKind::Session, vec![]);
+        assert!(p.take_oldest_since(Some((40, u64::MAX)), None, &[]).is_none());
+        assert!(
+            p.take_oldest_since(Some((60, 4)), None, &[]).is_none(),
+            "taken at step 5"
+        );
+        assert!(
+            p.take_oldest_since(Some((40, u64::MAX)), Some(10), &[]).is_some(),
+            "held since 0"
+        );
+        assert!(p.take_oldest_since(None, Some(10), &[]).is_none(), "the other since 50");
+        assert!(p.take_oldest_since(Some((60, 5)), None, &[]).is_some());
     }
 }

@@ -106,6 +106,9 @@ pub(crate) struct Group {
     pub(crate) computed_tokens: usize,
     /// The scheduler's clock when it arrived (admission's starvation bound).
     pub(crate) arrived: u64,
+    /// When its session's state has been held since without a break (the first turn's pin), once it
+    /// took a retained state over: the pin it takes at its end keeps that start.
+    pub(crate) held_since: Option<u64>,
 }
 
 /// The live sequences and groups.
@@ -179,6 +182,7 @@ impl Registry {
                 decision_warmed_tokens: 0,
                 computed_tokens: 0,
                 arrived,
+                held_since: None,
             },
         );
         id

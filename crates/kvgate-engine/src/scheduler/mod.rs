@@ -55,6 +55,8 @@ pub struct Scheduler {
     pins_released_early: u64,
     pins_consumed: u64,
     preemptions: u64,
+    /// Steps run (a retained state is idle once steps have run without its session coming back).
+    steps: u64,
     admission: Admission,
     /// Most tokens a step holds when it decodes streams (`None`: the token budget).
     prefill_cap: Option<usize>,
@@ -91,6 +93,7 @@ impl Scheduler {
             running: Vec::new(),
             pins: Pins::default(),
             preemptions: 0,
+            steps: 0,
         }
     }
 
@@ -312,8 +315,9 @@ impl Scheduler {
     /// Pins the full blocks among the first `tokens` tokens of a sequence (those computed) until `until`
     /// (a caller-defined clock value); returns how many blocks. `keep_alive` pins never hold more than
     /// [`Scheduler::max_pinned_blocks`], session retention never more than
-    /// [`Scheduler::max_retained_blocks`]: older pins of the kind are released to make room, and a
-    /// prefix larger than the cap is not pinned at all (0). See [`Scheduler::expire_pins`].
+    /// [`Scheduler::max_retained_blocks`]: older pins of the kind are released to make room (a retained
+    /// state younger than the starvation bound stays, see [`Admission`]), and a prefix larger than the cap is
+    /// not pinned at all (0). See [`Scheduler::expire_pins`].
     pub fn pin_prefix(
         &mut self,
         seq: SeqId,
@@ -346,7 +350,13 @@ impl Scheduler {
         }
         self.trim_pins(kind, cap - n);
         self.kv.pin(&blocks);
-        self.pins.add(self.now, until, tenant, kind, blocks);
+        // a next turn's pin keeps when its session's state has been held since
+        let held_since = match kind {
+            PinKind::Session => self.reg.group(self.reg.seq(seq)?.group)?.held_since.unwrap_or(self.now),
+            PinKind::KeepAlive => self.now,
+        };
+        self.pins
+            .add((self.now, held_since, self.steps), until, tenant, kind, blocks);
         Ok(n)
     }
 
@@ -376,10 +386,17 @@ impl Scheduler {
         true
     }
 
-    /// Releases the oldest pins of `kind` until they hold at most `limit` blocks.
+    /// Releases the oldest pins of `kind` until they hold at most `limit` blocks. Under cache-aware
+    /// admission the retention cap is soft for a state younger than the starvation bound (a session
+    /// between two turns keeps its state over the cap; it is released once it is that old).
     fn trim_pins(&mut self, kind: PinKind, limit: usize) {
+        let cutoff = match kind {
+            PinKind::Session if self.admission.cache_aware => self.now.checked_sub(self.admission.max_wait_ms),
+            _ => Some(u64::MAX),
+        };
         while self.pins.count_kind(kind) > limit {
-            let oldest = self.pins.take_oldest_kind(kind);
+            let Some(cutoff) = cutoff else { break };
+            let oldest = self.pins.take_oldest_kind_since(kind, cutoff);
             if !self.release_early(oldest) {
                 break;
             }

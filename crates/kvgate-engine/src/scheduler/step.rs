@@ -204,10 +204,16 @@ impl Scheduler {
             let decoded = self.cfg.max_num_batched_tokens - st.budget;
             st.budget = st.budget.min(cap.saturating_sub(decoded).max(1));
         }
+        // Cache-aware: sessions' next turns before the running prompts' chunks (a few tokens over a
+        // warm state: they do not wait behind a cold prefill).
+        if self.admission.cache_aware && self.admit_waiting(&mut st, true)? {
+            self.fork_ready_decisions()?;
+            self.schedule_running(&mut st, true)?;
+        }
         self.schedule_running(&mut st, false)?;
         // 3: admit waiting groups (admission's order); decisions whose prefix is fully cached fork at
         // once and their questions join this step.
-        if self.admit_waiting(&mut st)? {
+        if self.admit_waiting(&mut st, false)? {
             self.fork_ready_decisions()?;
             self.schedule_running(&mut st, true)?;
             self.schedule_running(&mut st, false)?;
@@ -258,7 +264,7 @@ impl Scheduler {
                         break;
                     }
                     // Pins give way before any running request is preempted.
-                    if self.release_oldest_pin() {
+                    if self.release_pin_for_running() {
                         continue;
                     }
                     let victim = self.running.iter().rev().copied().find(|&v| v != g);
@@ -295,12 +301,14 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Admits waiting groups (in the order [`Scheduler::pick_waiting`] gives); returns whether any was
-    /// admitted.
-    fn admit_waiting(&mut self, st: &mut StepState) -> Result<bool> {
+    /// Admits waiting groups (in the order [`Scheduler::pick_waiting`] gives; with `next_turns_only`
+    /// only sessions' next turns); returns whether any was admitted.
+    fn admit_waiting(&mut self, st: &mut StepState, next_turns_only: bool) -> Result<bool> {
         let mut admitted = false;
         while st.budget > 0 {
-            let Some(at) = self.pick_waiting() else { break };
+            let Some(at) = self.pick_waiting(next_turns_only) else {
+                break;
+            };
             let Some(&g) = self.waiting.get(at) else { break };
             let seqs = self.group_seqs(g);
             if self.num_running_seqs() + seqs.len() > self.cfg.max_num_seqs && !self.running.is_empty() {
@@ -310,19 +318,23 @@ impl Scheduler {
                 return Err(SchedError::UnknownGroup(g));
             };
             let hit = self.match_seq(first)?;
+            let nothing_else = self.running.is_empty() && st.chunks.is_empty();
+            if self.must_wait_whole(g, first, nothing_else)? {
+                self.unmatch_seq(first)?;
+                break;
+            }
             let s = self.reg.seq(first)?;
             let len = self.chunk_len(s, st.budget);
             let mut fits = len == 0 || self.try_reserve(first, len, &mut st.copies)?;
             // Pins give way before a request is left waiting for blocks (cache-aware: only old ones,
-            // to one that starves, or any when nothing else holds blocks).
-            let nothing_else = self.running.is_empty() && st.chunks.is_empty();
+            // to one that starves, or past the idle grace when nothing else holds blocks).
             while !fits && self.release_pin_for(g, nothing_else) {
                 fits = self.try_reserve(first, len, &mut st.copies)?;
             }
             if !fits {
                 let needed = self.needed_alone(g, first, len)?;
                 self.unmatch_seq(first)?;
-                if nothing_else {
+                if nothing_else && self.pins.is_empty() {
                     // Nothing else holds blocks, and it still does not fit.
                     self.waiting.remove(at);
                     st.failed.push((g, needed));

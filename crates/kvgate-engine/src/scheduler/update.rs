@@ -70,6 +70,9 @@ impl Scheduler {
     /// Records that every chunk of a step ran: their tokens are now in the cache (full blocks join the
     /// prefix cache).
     pub(crate) fn advance_step(&mut self, chunks: &[Chunk]) -> Result<()> {
+        if !chunks.is_empty() {
+            self.steps += 1;
+        }
         chunks.iter().try_for_each(|c| self.advance(c))
     }
 

@@ -127,7 +127,8 @@ pub struct Args {
     pub session_window: f64,
 
     /// Most KV blocks session retention may hold; the oldest retained state is released to make room
-    /// [default: three quarters of the cache]
+    /// (under cache-aware admission, once it is --admission-max-wait old; running work and starving
+    /// requests take retained states before) [default: three quarters of the cache]
     #[arg(long, env = "KVGATE_MAX_RETAINED_BLOCKS")]
     pub max_retained_blocks: Option<usize>,
 
@@ -172,13 +173,14 @@ pub struct Args {
     #[arg(long, env = "KVGATE_RESPONSES_STORE_MEMORY", default_value = "256MiB")]
     pub responses_store_memory: ByteSize,
 
-    /// Waiting-queue policy: cache-aware (warm prefixes first; cold prefills do not evict retained
-    /// states until --admission-max-wait) or fifo
+    /// Waiting-queue policy: cache-aware (sessions' next turns first, then warm prefixes; a prompt
+    /// starts when the whole of it fits beside running work and retained states) or fifo
     #[arg(long, env = "KVGATE_ADMISSION", default_value = "cache-aware", value_parser = values::parse_setting::<AdmissionPolicy>)]
     pub admission: AdmissionPolicy,
 
-    /// Seconds a request may wait before it is admitted in arrival order, whatever retained state it
-    /// evicts (cache-aware admission's starvation bound)
+    /// Cache-aware admission's starvation bound, in seconds: a request that waited this long goes
+    /// first among new prompts and may take retained states idle for a second and two engine steps, or
+    /// held turn after turn four times this long (they give way at a turn's end)
     #[arg(long, env = "KVGATE_ADMISSION_MAX_WAIT", default_value_t = 30.0)]
     pub admission_max_wait: f64,
 
