@@ -91,19 +91,6 @@ fn prefix_tokens(port: u16, messages: Value) -> u64 {
         .unwrap_or(0)
 }
 
-/// A counter's value in the server's Prometheus exposition (summed over its label sets).
-fn counter(port: u16, name: &str) -> u64 {
-    let text = ureq::get(&format!("http://127.0.0.1:{port}/metrics"))
-        .call()
-        .ok()
-        .and_then(|mut r| r.body_mut().read_to_string().ok())
-        .unwrap_or_default();
-    text.lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 fn percentile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
         return 0.0;
@@ -209,8 +196,8 @@ fn part_one(rows: &mut Vec<String>) {
                 lowest * 100.0,
                 percentile(&mut lat.clone(), 0.5),
                 percentile(&mut lat, 0.99),
-                counter(s.1, "kvgate:pins_released_early_total"),
-                counter(s.1, "kvgate:num_preemptions_total"),
+                common::metric(s.1, "kvgate:pins_released_early_total") as u64,
+                common::metric(s.1, "kvgate:num_preemptions_total") as u64,
             ));
             eprintln!("{}", rows.last().unwrap());
         }

@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{run_python_check, Server};
+use common::{run_node_check, run_python_check, Server};
 
 #[test]
 fn decisions_python_clients() {
@@ -39,25 +37,5 @@ fn decisions_node_clients() {
             "{dir:?}: {pkg} is not installed (scripts/setup-test-deps.sh installs it)"
         );
     }
-    // ES modules resolve packages next to the script: run a copy of it from that directory
-    let script = dir.join("decisions_node_check.mjs");
-    std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/decisions_node_check.mjs"),
-        &script,
-    )
-    .unwrap();
-    let s = Server::start(&[]);
-    let out = Command::new("node")
-        .arg(&script)
-        .args([s.url("").as_str(), "smollm2-135m-instruct"])
-        .current_dir(&dir)
-        .output()
-        .expect("node runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "the Node decisions check failed:\n{text}");
+    run_node_check(&dir, "decisions_node_check.mjs", &[], "the Node decisions check");
 }

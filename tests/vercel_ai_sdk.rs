@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::Server;
+use common::run_node_check;
 
 #[test]
 fn the_vercel_ai_sdk_works_over_responses() {
@@ -21,25 +19,5 @@ fn the_vercel_ai_sdk_works_over_responses() {
         dir.join("node_modules/@ai-sdk/openai").is_dir(),
         "{dir:?}: the AI SDK is not installed (scripts/setup-test-deps.sh installs it)"
     );
-    // ES modules resolve packages next to the script: run a copy of it from that directory
-    let script = dir.join("vercel_ai_sdk_check.mjs");
-    std::fs::copy(
-        concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vercel_ai_sdk_check.mjs"),
-        &script,
-    )
-    .unwrap();
-    let s = Server::start(&[]);
-    let out = Command::new("node")
-        .arg(&script)
-        .args([s.url("").as_str(), "smollm2-135m-instruct"])
-        .current_dir(&dir)
-        .output()
-        .expect("node runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(out.status.success(), "the AI SDK check failed:\n{text}");
+    run_node_check(&dir, "vercel_ai_sdk_check.mjs", &[], "the AI SDK check");
 }

@@ -353,6 +353,29 @@ pub fn run_python_check(python: &std::ffi::OsStr, script: &str, args: &[&str]) {
     );
 }
 
+/// Runs `tests/<script>` (an ES module) with Node against a `serve` started on the default model with
+/// `args`, from a copy in `dir` (ES modules resolve packages next to the script); prints its output and
+/// fails the test, naming `what`, when the script fails.
+#[allow(dead_code)]
+pub fn run_node_check(dir: &std::path::Path, script: &str, args: &[&str], what: &str) {
+    let copy = dir.join(script);
+    std::fs::copy(format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR")), &copy).unwrap();
+    let s = Server::start(args);
+    let out = std::process::Command::new("node")
+        .arg(&copy)
+        .args([s.url("").as_str(), "smollm2-135m-instruct"])
+        .current_dir(dir)
+        .output()
+        .expect("node runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "{what} failed:\n{text}");
+}
+
 /// Checks a Jev-shaped error (`/v1/systemone`): status and `{"detail": {"error_type", "message"}}`.
 #[allow(dead_code)]
 pub fn assert_jev_error(status: u16, body: &Value, want: u16, error_type: &str) {

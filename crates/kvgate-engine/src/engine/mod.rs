@@ -143,14 +143,10 @@ impl Engine {
             // Requests wait and nothing runs (cache-aware admission holds them for a retained state's
             // grace or the starvation bound): wait for a command a few milliseconds instead of spinning.
             if self.sched.num_running_groups() == 0 && !self.sched.is_idle() {
-                match rx.recv_timeout(Duration::from_millis(5)) {
-                    Ok(c) => {
-                        if !self.command(c) {
-                            return;
-                        }
+                if let Ok(c) = rx.recv_timeout(Duration::from_millis(5)) {
+                    if !self.command(c) {
+                        return;
                     }
-                    Err(mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(mpsc::RecvTimeoutError::Disconnected) => {}
                 }
             }
         }

@@ -236,6 +236,15 @@ mod tests {
     use crate::layout::PinKind;
     use crate::scheduler::SchedulerConfig;
 
+    /// Cache-aware with a 1 s bound, or arrival order.
+    fn policy(cache_aware: bool) -> Admission {
+        if cache_aware {
+            Admission::cache_aware(1_000)
+        } else {
+            Admission::default()
+        }
+    }
+
     fn sched(blocks: usize, budget: usize, admission: Admission) -> Scheduler {
         let cfg = SchedulerConfig {
             max_num_seqs: 8,
@@ -287,11 +296,7 @@ mod tests {
     #[test]
     fn a_cold_prefill_waits_for_retained_states_until_it_starves() {
         for cache_aware in [true, false] {
-            let admission = if cache_aware {
-                Admission::cache_aware(1_000)
-            } else {
-                Admission::default()
-            };
+            let admission = policy(cache_aware);
             let mut s = sched(8, 64, admission);
             turn(&mut s, (0..16).collect()); // 4 blocks retained
             let (other, _) = s.add_generate((50..58).collect(), "", false);
@@ -422,11 +427,7 @@ mod tests {
     #[test]
     fn a_cold_prompt_starts_only_when_all_of_it_fits_beside_retained_states() {
         for cache_aware in [true, false] {
-            let admission = if cache_aware {
-                Admission::cache_aware(1_000)
-            } else {
-                Admission::default()
-            };
+            let admission = policy(cache_aware);
             // chunks of 8 tokens (2 blocks); a session retains 4 blocks; another request holds 2
             let mut s = sched(16, 8, admission);
             turn(&mut s, (0..16).collect());
@@ -456,11 +457,7 @@ mod tests {
     #[test]
     fn the_retention_cap_spares_states_younger_than_the_bound() {
         for cache_aware in [true, false] {
-            let admission = if cache_aware {
-                Admission::cache_aware(1_000)
-            } else {
-                Admission::default()
-            };
+            let admission = policy(cache_aware);
             let mut s = sched(16, 64, admission);
             s.set_max_retained_blocks(6);
             turn(&mut s, (0..16).collect()); // 4 blocks at 0
@@ -476,11 +473,7 @@ mod tests {
     #[test]
     fn a_next_turn_does_not_wait_behind_a_running_prefill() {
         for cache_aware in [true, false] {
-            let admission = if cache_aware {
-                Admission::cache_aware(1_000)
-            } else {
-                Admission::default()
-            };
+            let admission = policy(cache_aware);
             let mut s = sched(64, 8, admission); // 8 tokens a step
             turn(&mut s, (0..16).collect());
             let (cold, _) = s.add_generate((100..140).collect(), "", false);
