@@ -65,6 +65,13 @@ if ! .ci/venv/bin/python -c "import openai, langchain_openai.decisions, sys; sys
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check openai==3.60.0 langchain-openai==1.8.1 langchain-core==1.8.3
 fi
+# The Open Responses spec's published OpenAPI document (the openresponses-py wheel carries it) and
+# jsonschema, which tests/open_responses.rs validates every response and stream event with.
+if ! .ci/venv/bin/python -c "import jsonschema, importlib.resources as r; assert (r.files('openresponses') / 'openapi' / '2026-04-24.json').is_file()" 2>/dev/null; then
+  echo "setup: installing openresponses-py==0.1.2 and jsonschema==4.26.0 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check openresponses-py==0.1.2 jsonschema==4.26.0
+fi
 # vllm-router (tests/replicas.rs puts it in front of two replicas) and pyzmq + msgpack (its independent
 # KV event consumer).
 if [ ! -x .ci/venv/bin/vllm-router ] || ! .ci/venv/bin/python -c "import zmq, msgpack" 2>/dev/null; then

@@ -1,9 +1,18 @@
 """The OpenAI Agents SDK (openai-agents 0.24.0) on its default model API (Responses) against a running
-`serve`: a function tool round trip, not streamed and streamed. Run by tests/agents_sdk.rs: `python tests/agents_sdk_check.py URL`; exits non-zero on any failure."""
+`serve`: a function tool round trip, not streamed and streamed; then its conversation session
+(`OpenAIConversationsSession`, over /v1/conversations) and a server-side `conversation_id` run. Run by tests/agents_sdk.rs: `python tests/agents_sdk_check.py URL`; exits non-zero on any failure."""
 import asyncio
 import sys
 
-from agents import Agent, ModelSettings, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIConversationsSession,
+    Runner,
+    function_tool,
+    set_default_openai_client,
+    set_tracing_disabled,
+)
 from openai import AsyncOpenAI
 
 client = AsyncOpenAI(base_url=sys.argv[1] + "/v1", api_key="unused")
@@ -40,6 +49,30 @@ async def main():
     assert len(calls) > n, "the streamed run did not call the tool"
     assert "raw_response_event" in kinds and "run_item_stream_event" in kinds, kinds
     print("agents streamed:", calls[n:], repr(str(s.final_output)[:60]))
+
+    # the SDK's conversation session: history kept in /v1/conversations, read back before each turn
+    plain = Agent(name="chat", instructions="Answer in one short sentence.", model=name,
+                  model_settings=ModelSettings(max_tokens=256, temperature=0))
+    session = OpenAIConversationsSession(openai_client=client)
+    await Runner.run(plain, "My name is Alice.", session=session)
+    await Runner.run(plain, "What is my name?", session=session)
+    items = await session.get_items()
+    roles = [i.get("role") for i in items]
+    assert roles == ["user", "assistant", "user", "assistant"], items
+    popped = await session.pop_item()
+    assert popped["role"] == "assistant" and len(await session.get_items()) == 3
+    await session.clear_session()
+    print("agents conversation session:", roles)
+
+    # a server-side conversation: the runner passes `conversation`, the server keeps the turns
+    conv = await client.conversations.create()
+    await Runner.run(plain, "My name is Bob.", conversation_id=conv.id)
+    await Runner.run(plain, "What is my name?", conversation_id=conv.id)
+    listed = await client.conversations.items.list(conv.id, order="asc")
+    kinds = [getattr(i, "role", i.type) for i in listed.data]
+    assert kinds == ["user", "assistant", "user", "assistant"], kinds
+    await client.conversations.delete(conv.id)
+    print("agents conversation_id:", kinds)
 
 
 asyncio.run(main())

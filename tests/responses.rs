@@ -187,7 +187,27 @@ fn what_is_refused_is_named() {
             "input[0].content[0]",
         ),
         (json!({"input": "hi", "frobnicate": 1}), 400, "frobnicate"),
-        (json!({"input": "hi", "background": true}), 400, "background"),
+        (
+            json!({"input": "hi", "background": true, "stream": true}),
+            400,
+            "'background' with 'stream'",
+        ),
+        (
+            json!({"input": "hi", "background": true, "store": false}),
+            400,
+            "must be stored",
+        ),
+        (json!({"input": "hi", "conversation": "conv_nope"}), 404, "conv_nope"),
+        (
+            json!({"input": "hi", "conversation": "conv_x", "previous_response_id": "resp_x"}),
+            400,
+            "cannot be used together",
+        ),
+        (
+            json!({"input": [{"type": "compaction", "encrypted_content": "cmp_nope"}]}),
+            404,
+            "cmp_nope",
+        ),
         (
             json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
             400,
@@ -212,6 +232,8 @@ fn what_is_refused_is_named() {
         let (st, r) = s.post("/v1/responses", &body);
         assert_eq!(st, status, "{body}: {r}");
         assert!(r["error"]["message"].as_str().unwrap().contains(says), "{body}: {r}");
+        // the Open Responses schema's error: `code` a string
+        assert!(r["error"]["code"].is_string(), "{body}: {r}");
     }
     let (st, _, _) = s.raw("GET", "/v1/responses/resp_nope", &[], b"").unwrap();
     assert_eq!(st, 404);

@@ -18,8 +18,8 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use crate::http::middleware::{auth, body_encoding, cors, log, panic_response, CorsPolicy, Keys};
 use crate::http::state::AppState;
 use crate::{
-    http::routes, protocols::chat, protocols::completions, protocols::decisions, protocols::embeddings,
-    protocols::render, protocols::responses, protocols::systemone,
+    http::routes, protocols::chat, protocols::completions, protocols::conversations, protocols::decisions,
+    protocols::embeddings, protocols::render, protocols::responses, protocols::systemone,
 };
 
 /// Builds the application; `test_hooks` adds the routes that break things on purpose.
@@ -46,7 +46,23 @@ pub fn router(st: Arc<AppState>, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
+        .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/conversations", post(conversations::create))
+        .route(
+            "/v1/conversations/{id}",
+            get(conversations::get)
+                .post(conversations::update)
+                .delete(conversations::delete),
+        )
+        .route(
+            "/v1/conversations/{id}/items",
+            get(conversations::list_items).post(conversations::add_items),
+        )
+        .route(
+            "/v1/conversations/{id}/items/{item_id}",
+            get(conversations::get_item).delete(conversations::delete_item),
+        )
         .route("/v1/systemone", post(systemone::route::systemone))
         .route("/v1/decisions", post(decisions::decisions))
         .route("/tokenize", post(routes::tokenize))

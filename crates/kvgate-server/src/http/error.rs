@@ -29,7 +29,16 @@ struct OpenAiError<'a> {
     #[serde(rename = "type")]
     kind: &'static str,
     param: Option<&'a str>,
-    code: u16,
+    code: Code,
+}
+
+/// `error.code`: the status (vLLM's integer), or a string (the Responses API's, as the Open Responses
+/// schema requires).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Code {
+    Status(u16),
+    Named(&'static str),
 }
 
 /// `{"detail": {"error_type", "message"}}`: Jev's error body.
@@ -173,9 +182,18 @@ impl ApiError {
                 message: self.to_string(),
                 kind: self.type_name(),
                 param,
-                code: self.status().as_u16(),
+                code: Code::Status(self.status().as_u16()),
             },
         })
+    }
+
+    /// The Responses API's body: OpenAI's, with a string `code` (Jev's error types name them).
+    fn responses_body(&self) -> Value {
+        let mut v = self.body();
+        if let (Some(e), false) = (v.get_mut("error"), matches!(self, ApiError::Unprocessable(_))) {
+            e["code"] = to_value(&Code::Named(self.jev_type()));
+        }
+        v
     }
 }
 
@@ -186,6 +204,8 @@ pub enum ErrorBody {
     OpenAi,
     /// `{"detail": {"error_type", "message"}}` (Jev, on `/v1/systemone`).
     Jev,
+    /// OpenAI's with `code` a string (`/v1/responses…`, `/v1/conversations…`).
+    Responses,
 }
 
 impl ErrorBody {
@@ -193,6 +213,8 @@ impl ErrorBody {
     pub fn of_path(path: &str) -> ErrorBody {
         if path == "/v1/systemone" {
             ErrorBody::Jev
+        } else if path.starts_with("/v1/responses") || path.starts_with("/v1/conversations") {
+            ErrorBody::Responses
         } else {
             ErrorBody::OpenAi
         }
@@ -225,6 +247,7 @@ impl ApiError {
                     message: self.to_string(),
                 },
             }),
+            (ErrorBody::Responses, e) => e.responses_body(),
             _ => self.body(),
         }
     }
@@ -281,5 +304,21 @@ impl From<kvgate_decide::DecideError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         self.response_in(ErrorBody::OpenAi)
+    }
+}
+
+/// An error of the Responses and Conversations routes: answered in [`ErrorBody::Responses`].
+#[derive(Debug)]
+pub struct SpecError(pub ApiError);
+
+impl From<ApiError> for SpecError {
+    fn from(e: ApiError) -> SpecError {
+        SpecError(e)
+    }
+}
+
+impl IntoResponse for SpecError {
+    fn into_response(self) -> Response {
+        self.0.response_in(ErrorBody::Responses)
     }
 }

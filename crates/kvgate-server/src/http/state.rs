@@ -44,7 +44,9 @@ pub struct AppState {
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
     grammars: Option<Arc<Grammars>>,
     /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
-    responses: crate::protocols::responses::store::ResponseStore,
+    responses: Arc<crate::protocols::responses::store::ResponseStore>,
+    conversations: crate::protocols::conversations::store::ConversationStore,
+    compactions: crate::pipeline::bounded::Bounded<crate::protocols::responses::Compaction>,
 }
 
 /// What handlers read of the shared state: each part read-only, behind its accessor.
@@ -94,8 +96,16 @@ impl AppState {
         self.grammars.as_ref()
     }
     /// Stored `/v1/responses` responses.
-    pub(crate) fn responses(&self) -> &crate::protocols::responses::store::ResponseStore {
+    pub(crate) fn responses(&self) -> &Arc<crate::protocols::responses::store::ResponseStore> {
         &self.responses
+    }
+    /// Stored `/v1/conversations` conversations.
+    pub(crate) fn conversations(&self) -> &crate::protocols::conversations::store::ConversationStore {
+        &self.conversations
+    }
+    /// Stored compactions (`POST /v1/responses/compact`), by reference.
+    pub(crate) fn compactions(&self) -> &crate::pipeline::bounded::Bounded<crate::protocols::responses::Compaction> {
+        &self.compactions
     }
 }
 
@@ -202,9 +212,18 @@ impl AppState {
             served_names,
             defaults,
             metrics,
-            responses: crate::protocols::responses::store::ResponseStore::new(
+            responses: Arc::new(crate::protocols::responses::store::ResponseStore::new(
                 args.responses_store_entries,
                 args.responses_store_memory.bytes() as usize,
+            )),
+            conversations: crate::protocols::conversations::store::ConversationStore::new(
+                args.responses_store_entries,
+                args.responses_store_memory.bytes() as usize,
+            ),
+            compactions: crate::pipeline::bounded::Bounded::new(
+                args.responses_store_entries,
+                args.responses_store_memory.bytes() as usize,
+                crate::protocols::responses::Compaction::size,
             ),
             settings: Settings::from_args(&args),
             created: crate::pipeline::events::now_secs(),

@@ -1,8 +1,10 @@
 //! The one request path every protocol shares: conversations read and rendered (`conversation`),
 //! sampling, structured outputs, tools and reasoning read into one typed `generation::Generation` and
 //! submitted once (`generation::submit`); the engine's events turned into a protocol's answers by its
-//! `Shape` (`openai::respond`, `events`).
+//! `Shape` (`openai::respond`, `events`). Stored objects (conversations, compactions) live in a
+//! `bounded` map per API key.
 
+pub(crate) mod bounded;
 pub(crate) mod cache;
 pub(crate) mod conversation;
 pub(crate) mod events;

@@ -113,7 +113,14 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
                 let (text, mark) = text_of(output, &at)?;
                 push(&mut msgs, (tool_output(call_id, text), mark));
             }
-            Item::Reasoning {} => {}
+            Item::Reasoning {} | Item::CompactionTrigger {} => {}
+            // read into the summary's message by `resolve_compactions` before this
+            Item::Compaction { .. } => {
+                return Err(ApiError::param(
+                    "input",
+                    format!("{at}: a compaction item must be one /v1/responses/compact returned"),
+                ))
+            }
             Item::ItemReference { .. } => {
                 return Err(ApiError::param(
                     "input",
@@ -126,6 +133,27 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
         return Err(ApiError::param("input", "'input' holds no message to answer"));
     }
     Ok((msgs, marks))
+}
+
+/// `items` with each `compaction` item replaced by its stored summary (an assistant message, the
+/// turn that closes the compacted window); one `lookup` does not know is a 404 naming the item.
+pub fn resolve_compactions(items: Vec<Item>, lookup: impl Fn(&str) -> Option<String>) -> Result<Vec<Item>, ApiError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| match it {
+            Item::Compaction { encrypted_content, .. } => match lookup(&encrypted_content) {
+                Some(summary) => Ok(Item::Message {
+                    role: "assistant".into(),
+                    content: Content::Text(summary),
+                }),
+                None => Err(ApiError::NotFound(format!(
+                    "input[{i}]: no stored compaction {encrypted_content:?} for this key (compactions are bounded by --responses-store-entries)"
+                ))),
+            },
+            other => Ok(other),
+        })
+        .collect()
 }
 
 #[cfg(test)]

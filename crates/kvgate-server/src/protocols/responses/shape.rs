@@ -18,7 +18,6 @@ use super::wire::{
     ArgumentsDone, CallDelta, Incomplete, InputDone, OutputItem, OutputText, ReasoningText, ResponseError,
     ResponseObject, ResponseUsage, StreamEvent, TextDelta, TextDone, WithItem, WithPart, WithResponse,
 };
-use super::wire::{InputDetails, OutputDetails};
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::pipeline::conversation::items::{custom_call, function_call};
@@ -43,6 +42,10 @@ pub struct Turn {
     pub store: bool,
     /// The rendered prompt's end (a template may open the thinking there).
     pub prompt_tail: String,
+    /// The stored conversation (`/v1/conversations`) the input and output are added to.
+    pub conversation_id: Option<String>,
+    /// The input's items as the conversation keeps them.
+    pub appended: Vec<Value>,
 }
 
 /// The text item being streamed.
@@ -66,6 +69,9 @@ pub struct ResponsesShape {
     pub tenant: Option<u32>,
     /// Whether to store the response.
     pub store: bool,
+    /// The stored conversation the input and output are added to, and the input's items.
+    conversation_id: Option<String>,
+    appended: Vec<Value>,
     seq: usize,
     calls: CallStream,
     open: Option<OpenText>,
@@ -118,20 +124,6 @@ fn done(o: &OpenText, logprobs: Option<Vec<Value>>) -> TextDone {
     }
 }
 
-/// `usage` from the engine's accounting.
-pub fn usage_of(u: &Usage) -> ResponseUsage {
-    ResponseUsage {
-        input_tokens: u.prompt_tokens,
-        input_tokens_details: InputDetails {
-            cached_tokens: u.cached_tokens,
-            cache_write_tokens: (u.cache_write_tokens > 0).then_some(u.cache_write_tokens),
-        },
-        output_tokens: u.completion_tokens,
-        output_tokens_details: OutputDetails { reasoning_tokens: 0 },
-        total_tokens: u.prompt_tokens + u.completion_tokens,
-    }
-}
-
 impl ResponsesShape {
     /// A shape for `response` (status `in_progress`, no output yet) answering `turn`.
     pub fn new(st: Arc<AppState>, response: ResponseObject, turn: Turn) -> ResponsesShape {
@@ -142,6 +134,8 @@ impl ResponsesShape {
             tenant,
             store,
             prompt_tail,
+            conversation_id,
+            appended,
         } = turn;
         ResponsesShape {
             split: ReasoningSplit::new(&prompt_tail),
@@ -155,6 +149,8 @@ impl ResponsesShape {
             conversation,
             tenant,
             store,
+            conversation_id,
+            appended,
             seq: 0,
             calls: CallStream::default(),
             open: None,
@@ -319,7 +315,7 @@ impl ResponsesShape {
                 *status = "in_progress";
                 (id.clone(), std::mem::take(arguments))
             }
-            OutputItem::Message { .. } | OutputItem::Reasoning { .. } => return,
+            OutputItem::Message { .. } | OutputItem::Reasoning { .. } | OutputItem::Compaction { .. } => return,
         };
         let custom = matches!(whole, OutputItem::CustomToolCall { .. });
         self.push(out, StreamEvent::ItemAdded(item(output_index, added)));
@@ -368,7 +364,7 @@ impl ResponsesShape {
 
     /// Status and incomplete details from how generation ended.
     fn conclude(&mut self, usage: &Usage) {
-        let mut u = usage_of(usage);
+        let mut u = ResponseUsage::of(usage);
         u.output_tokens_details.reasoning_tokens = self.reasoning_tokens;
         self.response.usage = Some(u);
         if self.finish == Some(FinishReason::Length) {
@@ -378,11 +374,19 @@ impl ResponsesShape {
             });
         } else {
             self.response.status = "completed";
+            self.response.completed_at = Some(crate::pipeline::events::now_secs());
         }
     }
 
-    /// Stores the finished response with its conversation (the output as the assistant's turn).
-    fn store(&self) {
+    /// Stores the finished response with its conversation (the output as the assistant's turn), and
+    /// adds the input and output items to the stored conversation it belongs to, if any.
+    fn store(&mut self) {
+        if let Some(id) = self.conversation_id.take() {
+            let mut items = std::mem::take(&mut self.appended);
+            items.extend(self.response.output.iter().filter_map(|i| serde_json::to_value(i).ok()));
+            // (a conversation deleted meanwhile keeps nothing)
+            let _ = self.st.conversations().append(self.tenant, &id, items);
+        }
         if !self.store || !self.st.responses().enabled() {
             return;
         }
@@ -416,6 +420,11 @@ impl ResponsesShape {
                     .push(custom_call(call_id, name, input)),
                 // the next turn re-reads the conversation, not the thinking
                 OutputItem::Reasoning { .. } => {}
+                OutputItem::Compaction { encrypted_content, .. } => {
+                    if let Some(c) = self.st.compactions().get(self.tenant, encrypted_content) {
+                        turn.content.push_str(&c.summary);
+                    }
+                }
             }
         }
         conv.push(turn);

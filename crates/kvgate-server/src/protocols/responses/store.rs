@@ -3,9 +3,11 @@
 //! least recently used out first when either bound (entries, bytes) is reached; 0 entries turns storing
 //! off. Each entry belongs to the API key that made it: another key sees a 404. Responses still being
 //! generated are registered too, so `POST /v1/responses/{id}/cancel` can stop them and wait for the
-//! signal that they ended (stored or forgotten), never polling.
+//! signal that they ended (stored or forgotten), never polling. Background runs (`background: true`)
+//! keep their snapshot here while they run, at most `max_entries` of them at once.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use kvgate_model::prompt::Message;
@@ -43,6 +45,16 @@ pub struct ResponseStore {
     max_entries: usize,
     max_bytes: usize,
     inner: Mutex<Inner>,
+    background: AtomicUsize,
+}
+
+/// One background run's place in the bound, given back when dropped.
+pub struct BackgroundSlot(Arc<ResponseStore>);
+
+impl Drop for BackgroundSlot {
+    fn drop(&mut self) {
+        self.0.background.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// What a cancel found.
@@ -68,6 +80,7 @@ impl ResponseStore {
             max_entries,
             max_bytes,
             inner: Mutex::new(Inner::default()),
+            background: AtomicUsize::new(0),
         }
     }
 
@@ -80,8 +93,35 @@ impl ResponseStore {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keeps a finished response and its conversation (the output included).
+    /// Keeps a finished response and its conversation (the output included); a cancel of it now
+    /// finds it ended.
     pub fn put(&self, tenant: Option<u32>, response: ResponseObject, conversation: Vec<Message>) {
+        self.insert(tenant, response, conversation, true);
+    }
+
+    /// Keeps the snapshot of a response still running in the background (`GET` polls it; a cancel
+    /// still stops it).
+    pub fn put_running(&self, tenant: Option<u32>, response: ResponseObject) {
+        self.insert(tenant, response, vec![], false);
+    }
+
+    /// Background runs in flight, and a guard that counts one more until dropped; `None` when
+    /// `max_entries` are already running (the store's bound).
+    pub fn background(self: &Arc<Self>) -> Option<BackgroundSlot> {
+        let n = self.background.fetch_add(1, Ordering::SeqCst);
+        if n >= self.max_entries {
+            self.background.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(BackgroundSlot(self.clone()))
+    }
+
+    /// The most background runs in flight at once.
+    pub fn max_background(&self) -> usize {
+        self.max_entries
+    }
+
+    fn insert(&self, tenant: Option<u32>, response: ResponseObject, conversation: Vec<Message>, ended: bool) {
         if !self.enabled() {
             return;
         }
@@ -91,7 +131,9 @@ impl ResponseStore {
         }
         let mut g = self.lock();
         let id = response.id.clone();
-        g.running.remove(&id);
+        if ended {
+            g.running.remove(&id);
+        }
         if let Some(old) = g.map.remove(&id) {
             g.lru.remove(&old.tick);
             g.bytes -= old.bytes;

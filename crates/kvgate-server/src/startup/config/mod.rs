@@ -165,11 +165,13 @@ pub struct Args {
     pub pooling: PoolingSetting,
 
     /// Most responses /v1/responses keeps for GET, DELETE and previous_response_id (store: true, the
-    /// default), least recently used out first; 0 turns storing off
+    /// default), least recently used out first; 0 turns storing off. The same bound holds
+    /// /v1/conversations, compactions, and background responses running at once
     #[arg(long, env = "KVGATE_RESPONSES_STORE_ENTRIES", default_value_t = 4096)]
     pub responses_store_entries: usize,
 
-    /// Most bytes the stored responses and their conversations may take
+    /// Most bytes the stored responses and their conversations may take (and, apart, the stored
+    /// conversations and compactions)
     #[arg(long, env = "KVGATE_RESPONSES_STORE_MEMORY", default_value = "256MiB")]
     pub responses_store_memory: ByteSize,
 

@@ -1,5 +1,6 @@
-//! Tests of `wire.rs`: the stream events' byte order.
+//! Tests of `wire/`: the stream events' byte order.
 use super::*;
+use serde_json::Value;
 
 /// Every event serializes as `{"type", "sequence_number", ...its fields in the spec's order}`, and
 /// `kind` names the type it serializes with.
