@@ -1,5 +1,9 @@
 //! Micro-benchmarks of the CPU kernels: the packed Q4_1 / Q8_0 matmul at several batch sizes (GFLOP/s)
 //! and paged attention over each cache dtype (GB/s of K/V read). `cargo bench --bench kernels`.
+//!
+//! On a host with AVX-512 the tables are printed twice: once on the AVX-512 path (the host's default),
+//! then on the AVX2 path (the bench runs itself again with `KVGATE_NO_AVX512=1`), so a kernel change is
+//! never judged on one ISA only. `KVGATE_NO_AVX512=1` runs the AVX2 tables alone.
 
 use std::time::Instant;
 
@@ -64,8 +68,22 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(2);
+    let avx512 = std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512vl");
+    let forced = std::env::var_os("KVGATE_NO_AVX512").is_some();
+    let isa = if avx512 && !forced { "AVX-512" } else { "AVX2" };
+    println!("\n## {isa} path ({threads} threads)\n");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     pool.install(run);
+    if avx512 && !forced {
+        // the same tables on the AVX2 path: the bench again, in a child that turns AVX-512 off
+        let me = std::env::current_exe().expect("the bench's own path");
+        let status = std::process::Command::new(me)
+            .args(std::env::args_os().skip(1))
+            .env("KVGATE_NO_AVX512", "1")
+            .status()
+            .expect("the bench runs again");
+        assert!(status.success(), "the AVX2 run failed");
+    }
 }
 
 /// One table row per batch size: time and GFLOP/s of `w.matmul` over that many activation rows (with

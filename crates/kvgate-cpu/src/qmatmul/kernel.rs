@@ -68,6 +68,43 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&
     }
 }
 
+/// [`run`] on every SIMD kernel this machine has (AVX2, AVX-512), each by name: the tests hold each
+/// to the scalar kernel's bits whichever path this machine's calls take, so a change to one ISA's
+/// kernel is caught on a host that has both.
+#[cfg(test)]
+pub(super) fn run_each(
+    w: &QMatrix,
+    p0: usize,
+    x: &[f32],
+    xs: &[f32],
+    heads: Option<&[f32]>,
+    rr: usize,
+) -> Vec<(&'static str, Acc)> {
+    let mut out = vec![];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        assert!(x.len() >= rr * w.k && xs.len() >= rr * w.nb() && p0 + TILE_PANELS <= w.np);
+        let hd = w.heads_ptr(heads);
+        let zero = || -> Acc { [[0.0; P]; MAX_ROWS * TILE_PANELS] };
+        if has!("avx2") && has!("fma") && has!("f16c") && rr <= 4 {
+            let mut y = zero();
+            // SAFETY: features detected just above; bounds as `run` asserts (checked above).
+            unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, &mut y) };
+            out.push(("avx2", y));
+        }
+        if has!("avx2") && has!("fma") && has!("f16c") && has!("avx512f") && has!("avx512vl") {
+            let mut y = zero();
+            // SAFETY: as above.
+            unsafe { super::kernel_wide::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, &mut y) };
+            out.push(("avx512", y));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (w, p0, x, xs, heads, rr);
+    out
+}
+
 /// The portable kernel: the same operations in the same order as the SIMD ones (what a CPU without
 /// AVX2/FMA/F16C runs, and the tests' reference).
 pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y: &mut Acc) {

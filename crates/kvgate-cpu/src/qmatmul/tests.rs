@@ -246,14 +246,20 @@ fn the_simd_path_gives_the_scalar_bits() {
                 for heads in [None, expanded.as_deref()] {
                     let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
                     kernel::run(&w, p0, &x, &xs[..rr * nb], heads, rr, &mut fast);
-                    for i in 0..rr * TILE_PANELS {
-                        for j in 0..P {
-                            assert_eq!(
-                                fast[i][j].to_bits(),
-                                slow[i][j].to_bits(),
-                                "{kind} rows {rr} panel {p0} expanded {}: {i} {j}",
-                                heads.is_some()
-                            );
+                    // this machine's path, and every SIMD path it has (AVX2 and AVX-512 on an
+                    // AVX-512 host): the ISAs stay bit-identical
+                    let mut each = kernel::run_each(&w, p0, &x, &xs[..rr * nb], heads, rr);
+                    each.push(("this machine's", fast));
+                    for (path, fast) in each {
+                        for i in 0..rr * TILE_PANELS {
+                            for j in 0..P {
+                                assert_eq!(
+                                    fast[i][j].to_bits(),
+                                    slow[i][j].to_bits(),
+                                    "{path} {kind} rows {rr} panel {p0} expanded {}: {i} {j}",
+                                    heads.is_some()
+                                );
+                            }
                         }
                     }
                 }
