@@ -189,13 +189,36 @@ pub(super) async fn summarise(
     tools: Option<&ToolSpec>,
     session: Option<String>,
 ) -> Result<(String, Vec<String>, kvgate_engine::Usage), ApiError> {
-    // the summary: the conversation, then the ask
+    // the summary: the conversation, then the ask — cut from the oldest turn on until the summary has
+    // room (a window is compacted because it is nearly full): a turn shorter than the excess is dropped,
+    // a longer one keeps its end
     let mut asked = conversation.to_vec();
     asked.push(turn(Role::User, ASK.into()));
-    let text = render_with_tools(st, &asked, true, false, &Map::new(), tools)?;
-    let tail = ReasoningSplit::tail_of(&text);
-    let ids = st.encode("input", text, false).await?;
-    let room = st.engine().limits().room_after(ids.len())?;
+    let max = st.engine().limits().max_model_len;
+    let (ids, tail, room) = loop {
+        let text = render_with_tools(st, &asked, true, false, &Map::new(), tools)?;
+        let tail = ReasoningSplit::tail_of(&text);
+        let chars = text.len();
+        let ids = st.encode("input", text, false).await?;
+        let over = (ids.len() + SUMMARY_TOKENS).saturating_sub(max);
+        // (the ask is last; the system messages stay)
+        let (first, ask) = (
+            asked.iter().position(|m| m.role != Role::System).unwrap_or(0),
+            asked.len() - 1,
+        );
+        if over == 0 || first >= ask {
+            let room = st.engine().limits().room_after(ids.len())?;
+            break (ids, tail, room);
+        }
+        // the prompt's own characters per token, with slack for the estimate
+        let cut = (over + 16) * chars / ids.len().max(1) * 5 / 4;
+        let c = &asked[first].content;
+        if c.len() > cut + 64 {
+            asked[first].content = c[c.floor_char_boundary(cut)..].to_string();
+        } else {
+            asked.remove(first);
+        }
+    };
     let (out, usage) = generate(st, headers, tenant, ids, SUMMARY_TOKENS.min(room), None).await?;
     let (_, answer) = ReasoningSplit::whole(&tail, &out);
     let answer = match tools {
