@@ -33,6 +33,12 @@ pub(super) trait Code: Copy + Default + Send {
     /// AVX-512F is available; `out` has room for sixteen codes.
     #[cfg(target_arch = "x86_64")]
     unsafe fn store16(out: *mut Self, v: std::arch::x86_64::__m512i);
+    /// Stores thirty-two 32-bit codes (each within ±MAX), eight per register, in order, at `out`.
+    ///
+    /// # Safety
+    /// AVX2 is available; `out` has room for thirty-two codes.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn store32(out: *mut Self, v: [std::arch::x86_64::__m256i; 4]);
 }
 
 impl Code for i8 {
@@ -46,6 +52,20 @@ impl Code for i8 {
         use std::arch::x86_64::*;
         // SAFETY: as the caller guarantees.
         unsafe { _mm_storeu_si128(out as *mut __m128i, _mm512_cvtepi32_epi8(v)) }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store32(out: *mut i8, v: [std::arch::x86_64::__m256i; 4]) {
+        use std::arch::x86_64::*;
+        // packs work per 128-bit lane: dwords come out as q0 q1 q2 q3 (first halves), then the
+        // second halves; one permute puts each register's eight bytes back in order (no value
+        // saturates: every code is within ±127)
+        let a = _mm256_packs_epi32(v[0], v[1]);
+        let b = _mm256_packs_epi32(v[2], v[3]);
+        let c = _mm256_packs_epi16(a, b);
+        let c = _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        // SAFETY: as the caller guarantees.
+        unsafe { _mm256_storeu_si256(out as *mut __m256i, c) }
     }
 }
 
@@ -61,6 +81,18 @@ impl Code for i16 {
         // SAFETY: as the caller guarantees.
         unsafe { _mm256_storeu_si256(out as *mut __m256i, _mm512_cvtepi32_epi16(v)) }
     }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn store32(out: *mut i16, v: [std::arch::x86_64::__m256i; 4]) {
+        use std::arch::x86_64::*;
+        for h in 0..2 {
+            // per lane: four of the first register, four of the second; the permute restores order
+            let p = _mm256_packs_epi32(v[2 * h], v[2 * h + 1]);
+            let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(p);
+            // SAFETY: as the caller guarantees (sixteen codes per half).
+            unsafe { _mm256_storeu_si256(out.add(16 * h) as *mut __m256i, p) }
+        }
+    }
 }
 
 /// The codes of one group of 32 inputs; returns its scale and `scale · Σ q` (ties round to even, as the
@@ -71,6 +103,11 @@ fn group<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
     if *super::kernel::PATH == super::kernel::Path::Avx512 && x.len() == QK && out.len() == QK {
         // SAFETY: the AVX-512 path implies AVX-512F; 32 inputs and 32 codes (checked).
         return unsafe { group512(x, out) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if *super::kernel::PATH == super::kernel::Path::Avx2 && x.len() == QK && out.len() == QK {
+        // SAFETY: the AVX2 path implies AVX2; 32 inputs and 32 codes (checked).
+        return unsafe { group256(x, out) };
     }
     group_scalar(x, out)
 }
@@ -127,6 +164,50 @@ unsafe fn group512<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
             T::store16(out.as_mut_ptr().add(16 * h), q);
         }
         (d, _mm512_reduce_add_epi32(sum) as f32 * d)
+    }
+}
+
+/// [`group512`] in four 8-lane registers (machines with AVX2 only): the same bits by the same steps —
+/// the amax of the non-NaN magnitudes, the scalar scale, one product per input, `vroundps` to the
+/// nearest with ties to even, the clamp, NaN to 0 (masked after the conversion), an integer sum.
+///
+/// # Safety
+/// AVX2 is available; `x` and `out` hold 32 elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn group256<T: Code>(x: &[f32], out: &mut [T]) -> (f32, f32) {
+    use std::arch::x86_64::*;
+    // SAFETY: 32 inputs and 32 codes, as the caller guarantees.
+    unsafe {
+        let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+        let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+        let ord = v.map(|v| _mm256_cmp_ps::<_CMP_ORD_Q>(v, v));
+        let mag: [__m256; 4] = std::array::from_fn(|i| _mm256_and_ps(_mm256_and_ps(v[i], abs), ord[i]));
+        let m = _mm256_max_ps(_mm256_max_ps(mag[0], mag[1]), _mm256_max_ps(mag[2], mag[3]));
+        let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<0b01>(m, m)));
+        let (d, id) = if amax > 0.0 {
+            (amax / T::MAX, T::MAX / amax)
+        } else {
+            (0.0, 0.0)
+        };
+        let (lo, hi, scale) = (_mm256_set1_ps(-T::MAX), _mm256_set1_ps(T::MAX), _mm256_set1_ps(id));
+        let mut sum = _mm256_setzero_si256();
+        let q: [__m256i; 4] = std::array::from_fn(|i| {
+            let y = _mm256_mul_ps(v[i], scale);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(y);
+            let c = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+            let keep = _mm256_castps_si256(_mm256_cmp_ps::<_CMP_ORD_Q>(y, y));
+            let q = _mm256_and_si256(_mm256_cvtps_epi32(c), keep);
+            sum = _mm256_add_epi32(sum, q);
+            q
+        });
+        T::store32(out.as_mut_ptr(), q);
+        let s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256::<1>(sum));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        (d, _mm_cvtsi128_si32(s) as f32 * d)
     }
 }
 
@@ -221,6 +302,19 @@ mod tests {
             (gb.0.to_bits(), gb.1.to_bits()),
             "{x:?}"
         );
+        // every vector form this machine has (the AVX2 one on an AVX-512 host too)
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let mut c = vec![T::default(); 32];
+            // SAFETY: AVX2 detected just above; 32 inputs and codes.
+            let gc = unsafe { group256(x, &mut c) };
+            assert_eq!(c, b, "avx2 {x:?}");
+            assert_eq!(
+                (gc.0.to_bits(), gc.1.to_bits()),
+                (gb.0.to_bits(), gb.1.to_bits()),
+                "avx2 {x:?}"
+            );
+        }
     }
 
     #[test]
