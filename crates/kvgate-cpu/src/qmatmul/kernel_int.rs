@@ -196,6 +196,13 @@ macro_rules! simd_int {
                     }};
                 }
                 match rr.min($max_rows) {
+                    // 5-bit on 16 registers: four panels' unpacked quants, high planes and two sums
+                    // would spill (Qwen2.5-0.5B's Q5_0 layers: single-stream decode 1.22× faster in two
+                    // passes of two panels); the bits are the same either way
+                    1 if K == 1 && $max_rows == 4 => {
+                        panels::<1, 2, K>(w, p0, q8, q16, sx, xs, hd, y);
+                        panels::<1, 2, K>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
+                    }
                     1 => panels::<1, 4, K>(w, p0, q8, q16, sx, xs, hd, y),
                     2 => group!(2),
                     3 => group!(3),
@@ -233,7 +240,9 @@ macro_rules! simd_int {
                     14, 7, 15,
                 );
                 for b in 0..nb {
-                    super::super::kernel::prefetch_ahead(w, p0, V, b);
+                    // every call that starts a tile fetches ahead, as the 512-bit kernel does (with all four
+                    // panels in registers too: single-stream decode streams each matrix once)
+                    super::super::kernel::prefetch_ahead(w, p0, 0, b);
                     let mut acc = [[_mm256_setzero_si256(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
