@@ -136,8 +136,9 @@ const AHEAD: usize = 16;
 
 /// When registers hold only `v < TILE_PANELS` panels per call, a tile is walked in several calls and
 /// the first (panel `p0` the tile's first) streams it from memory while the later ones find it in
-/// cache; the integer kernels pass `v = 0`, so a call holding all four panels fetches ahead too (the
-/// 256-bit one at single-stream decode: Qwen2.5-0.5B on the AVX2 path 41.7 → 49.2 tok/s). That call fetches the whole record group `AHEAD` groups past block `b` (all the tile's panels), so
+/// cache; every kernel passes `v = 0`, so a call holding all four panels fetches ahead too (at
+/// single-stream decode on the AVX2 path, Qwen2.5-0.5B: integer kernel 41.7 → 49.2 tok/s, f32 kernel
+/// 25.6 → 36 tok/s). That call fetches the whole record group `AHEAD` groups past block `b` (all the tile's panels), so
 /// its strided reads of some panels' records do not wait on memory one line at a time. The records are
 /// stored tile after tile, so near a tile's end the groups fetched are the next tile's first ones: a
 /// task that goes on to the next tile (rayon hands a thread consecutive tiles) finds them on its way
@@ -232,7 +233,9 @@ macro_rules! simd {
                 let b4 = _mm256_set1_epi32(0x10);
                 let (base, head, offsets) = (w.base(), w.head, w.offsets);
                 for b in 0..nb {
-                    super::prefetch_ahead(w, p0, V, b);
+                    // every call that starts a tile fetches ahead (all four panels in registers too), as the
+                    // integer and 512-bit kernels do
+                    super::prefetch_ahead(w, p0, 0, b);
                     let mut s = [[_mm256_setzero_ps(); V]; R];
                     let mut qp = [std::ptr::null::<u8>(); V];
                     for (v, p) in qp.iter_mut().enumerate() {
