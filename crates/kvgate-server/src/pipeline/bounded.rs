@@ -78,18 +78,36 @@ impl<V: Clone> Bounded<V> {
                 tick,
             },
         );
+        self.evict(&mut g);
+        g.map.contains_key(id)
+    }
+
+    /// Drops the least recently used objects until both bounds hold.
+    fn evict(&self, g: &mut Inner<V>) {
         while g.map.len() > self.max_entries || g.bytes > self.max_bytes {
             let Some((_, old)) = g.lru.pop_first() else { break };
             if let Some(e) = g.map.remove(&old) {
                 g.bytes -= e.bytes;
             }
         }
-        g.map.contains_key(id)
     }
 
     /// Object `id` of `tenant` (now the most recently used).
     pub fn get(&self, tenant: Option<u32>, id: &str) -> Option<V> {
-        self.update(tenant, id, |v| v.clone())
+        self.read(tenant, id, V::clone)
+    }
+
+    /// Reads object `id` of `tenant` with `f` (now the most recently used; not re-measured).
+    pub fn read<R>(&self, tenant: Option<u32>, id: &str, f: impl FnOnce(&V) -> R) -> Option<R> {
+        let mut g = self.lock();
+        let g = &mut *g;
+        let e = g.map.get_mut(id).filter(|e| e.tenant == tenant)?;
+        let r = f(&e.value);
+        g.lru.remove(&e.tick);
+        g.tick += 1;
+        e.tick = g.tick;
+        g.lru.insert(g.tick, id.to_string());
+        Some(r)
     }
 
     /// Runs `f` on object `id` of `tenant` (now the most recently used) and re-measures it; `None`
@@ -107,12 +125,7 @@ impl<V: Clone> Bounded<V> {
         e.bytes = bytes;
         g.lru.remove(&old);
         g.lru.insert(g.tick, id.to_string());
-        while g.bytes > self.max_bytes {
-            let Some((_, old)) = g.lru.pop_first() else { break };
-            if let Some(e) = g.map.remove(&old) {
-                g.bytes -= e.bytes;
-            }
-        }
+        self.evict(g);
         Some(r)
     }
 

@@ -37,10 +37,15 @@ fn part(role: &str, text: Value) -> Value {
     Value::Object(p)
 }
 
-/// `input` (a string or a list of items, as `/v1/responses` takes it) as stored items.
+/// `input` (a string or a list of items, as `/v1/responses` takes it) checked, as stored items.
 pub(crate) fn normalized(input: &Value) -> Result<Vec<Value>, ApiError> {
     // the same reading as /v1/responses: a bad item is refused here, not on a later turn
     crate::protocols::responses::parse_items(input)?;
+    Ok(stored(input))
+}
+
+/// `input`, already read as `/v1/responses` reads it, as stored items.
+pub(crate) fn stored(input: &Value) -> Vec<Value> {
     let list = match input {
         Value::String(s) => {
             let mut o = Map::new();
@@ -52,7 +57,7 @@ pub(crate) fn normalized(input: &Value) -> Result<Vec<Value>, ApiError> {
         Value::Array(a) => a.clone(),
         _ => vec![],
     };
-    Ok(list.into_iter().map(normalize).collect())
+    list.into_iter().map(normalize).collect()
 }
 
 fn normalize(v: Value) -> Value {

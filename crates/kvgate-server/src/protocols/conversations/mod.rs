@@ -21,7 +21,7 @@ use serde_json::{Map, Value};
 
 use crate::http::error::{ApiError, SpecError};
 use crate::http::state::{AppState, RequestTenant};
-use crate::pipeline::openai::request::typed;
+use crate::pipeline::openai::request::strict_body;
 
 use store::Conversation;
 use wire::{AddItemsBody, ConversationObject, CreateBody, Deleted, ItemList, ListQuery, UpdateBody};
@@ -85,13 +85,13 @@ fn read_items(items: &Value) -> Result<Vec<Value>, ApiError> {
     })
 }
 
+/// The body as `T`, strictly (an unknown field is a 400 naming it, as on every route).
 fn body<T: serde::de::DeserializeOwned>(
     st: &AppState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
-    let map = st.json_body(headers, body)?;
-    typed(&Value::Object(map)).map_err(|e| ApiError::param("body", e.to_string()))
+    strict_body(st.json_body(headers, body)?)
 }
 
 /// `POST /v1/conversations`.

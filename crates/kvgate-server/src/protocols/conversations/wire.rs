@@ -6,7 +6,6 @@ use serde_json::{Map, Value};
 
 /// `POST /v1/conversations`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CreateBody {
     /// Up to 20 items to start with.
     #[serde(default)]
@@ -17,14 +16,12 @@ pub struct CreateBody {
 
 /// `POST /v1/conversations/{id}`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct UpdateBody {
     pub metadata: Map<String, Value>,
 }
 
 /// `POST /v1/conversations/{id}/items`.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AddItemsBody {
     /// Up to 20 items.
     pub items: Value,

@@ -250,7 +250,8 @@ pub(super) async fn prepare(
         .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
     let own = input::items(input)?;
     let appended = match &b.conversation {
-        Some(_) => crate::protocols::conversations::items::normalized(input)?,
+        // (`own` above is the same input, read and checked)
+        Some(_) => crate::protocols::conversations::items::stored(input),
         None => vec![],
     };
     let trigger = matches!(own.last(), Some(Item::CompactionTrigger {}));
