@@ -286,18 +286,26 @@ pub(super) async fn prepare(
         }
         constraint = Some(("tool_choice", g));
     }
-    let rendered = render_with_tools(st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
-    let prompt_tail = ReasoningSplit::tail_of(&rendered);
-    let ids = st.encode("input", rendered, false).await?;
-    let breakpoints =
-        crate::pipeline::cache::boundaries(st, &conversation, &writes, &Map::new(), tool_spec.as_ref(), &ids).await?;
     let sf = sampling_fields(b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
     let mut c = sampling::read(&sf, st.defaults(), st.engine().limits().vocab_size, mt)?;
-    let room = st.engine().limits().room_after(ids.len())?;
-    if !c.max_tokens_given {
-        c.params.max_tokens = room;
-    }
+    // a compaction renders its own prompt (`compact::summarise`, cut to fit): the conversation it is
+    // asked about is usually too long for the window, so it is neither rendered nor checked here
+    let (ids, prompt_tail, breakpoints) = if trigger {
+        (vec![], String::new(), vec![])
+    } else {
+        let rendered = render_with_tools(st, &conversation, true, false, &Map::new(), tool_spec.as_ref())?;
+        let tail = ReasoningSplit::tail_of(&rendered);
+        let ids = st.encode("input", rendered, false).await?;
+        let breakpoints =
+            crate::pipeline::cache::boundaries(st, &conversation, &writes, &Map::new(), tool_spec.as_ref(), &ids)
+                .await?;
+        let room = st.engine().limits().room_after(ids.len())?;
+        if !c.max_tokens_given {
+            c.params.max_tokens = room;
+        }
+        (ids, tail, breakpoints)
+    };
     let id = item_id("resp");
     let conversation_id = b.conversation.as_ref().map(|c| c.id().to_string());
     let response = ResponseObject {
