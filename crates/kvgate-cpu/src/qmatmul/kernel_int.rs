@@ -160,17 +160,21 @@ macro_rules! simd_int {
             ) {
                 let y = y.as_mut_ptr();
                 // One instantiation per weight kind, so each gets its own register allocation.
-                match w.kind {
-                    QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    _ => rows::<2>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                // and per block length, so that the chunk loops unroll (constant shift counts, no
+                // per-chunk branch: the 5-bit kernel was compute-bound with them)
+                match (w.kind, w.bl) {
+                    (QKind::Q4, QK) => rows::<0, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (kind, bl) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
                 }
             }
 
-            /// `rr` rows of the tile for weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit).
+            /// `rr` rows of the tile for weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit) in blocks of `BL`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn rows<const K: u8>(
+            unsafe fn rows<const K: u8, const BL: usize>(
                 w: &QMatrix,
                 p0: usize,
                 q8: *const i8,
@@ -187,23 +191,16 @@ macro_rules! simd_int {
                             // 5-bit on 16 registers: one panel at a time (its 16-bit and widened sums
                             // would not fit for two)
                             for v in 0..TILE_PANELS {
-                                panels::<$r, 1, K>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
+                                panels::<$r, 1, K, BL>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
                             }
                         } else {
-                            panels::<$r, 2, K>(w, p0, q8, q16, sx, xs, hd, y);
-                            panels::<$r, 2, K>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
+                            panels::<$r, 2, K, BL>(w, p0, q8, q16, sx, xs, hd, y);
+                            panels::<$r, 2, K, BL>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
                         }
                     }};
                 }
                 match rr.min($max_rows) {
-                    // 5-bit on 16 registers: four panels' unpacked quants, high planes and two sums
-                    // would spill (Qwen2.5-0.5B's Q5_0 layers: single-stream decode 1.22× faster in two
-                    // passes of two panels); the bits are the same either way
-                    1 if K == 1 && $max_rows == 4 => {
-                        panels::<1, 2, K>(w, p0, q8, q16, sx, xs, hd, y);
-                        panels::<1, 2, K>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
-                    }
-                    1 => panels::<1, 4, K>(w, p0, q8, q16, sx, xs, hd, y),
+                    1 => panels::<1, 4, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
                     2 => group!(2),
                     3 => group!(3),
                     4 => group!(4),
@@ -218,7 +215,7 @@ macro_rules! simd_int {
             /// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn panels<const R: usize, const V: usize, const K: u8>(
+            unsafe fn panels<const R: usize, const V: usize, const K: u8, const BL: usize>(
                 w: &QMatrix,
                 p0: usize,
                 q8: *const i8,
@@ -228,7 +225,8 @@ macro_rules! simd_int {
                 hd: *const f32,
                 y: *mut [f32; P],
             ) {
-                let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
+                let (k, nb, bl, groups) = (w.k, w.nb(), BL, w.k / QK);
+                debug_assert_eq!(w.bl, BL);
                 let (base, head, offsets) = (w.base(), w.head, w.offsets);
                 let (q4, q5) = (K == 0, K == 1);
                 let m4 = _mm256_set1_epi8(0x0F);
@@ -282,10 +280,19 @@ macro_rules! simd_int {
                                         _mm256_maddubs_epi16(lo[v], xl),
                                         _mm256_maddubs_epi16(hi[v], xh),
                                     );
-                                    acc[r][v] = _mm256_add_epi16(acc[r][v], t);
+                                    if q5 && R == 1 && $max_rows == 4 {
+                                        // one row on 16 registers: widen every chunk, so that four
+                                        // panels fit in one pass (no 16-bit sums kept; two passes of
+                                        // two panels re-read each record group and were compute-bound:
+                                        // Qwen2.5-0.5B's Q5_0 layers, single-stream decode 49 → 54
+                                        // tok/s); the bits are the same either way
+                                        wide[r][v] = _mm256_add_epi32(wide[r][v], _mm256_madd_epi16(t, ones));
+                                    } else {
+                                        acc[r][v] = _mm256_add_epi16(acc[r][v], t);
+                                    }
                                 }
                             }
-                            if q5 && c % 2 == 1 {
+                            if q5 && !(R == 1 && $max_rows == 4) && c % 2 == 1 {
                                 for r in 0..R {
                                     for v in 0..V {
                                         let t = _mm256_madd_epi16(acc[r][v], ones);
