@@ -10,6 +10,7 @@ use kvgate_kv::KvQuant;
 
 use crate::kv_events::KvEventSink;
 use crate::scheduler::Admission;
+use crate::speculation::SpecConfig;
 use crate::tier::TierConfig;
 
 /// Engine configuration.
@@ -49,6 +50,8 @@ pub struct EngineConfig {
     pub tier: TierConfig,
     /// Where the engine publishes its KV events (`--kv-events-config`); `None`: not recorded.
     pub kv_events: Option<KvEventSink>,
+    /// Speculative decoding by prompt lookup (`--speculative-config`); `None`: off.
+    pub speculation: Option<SpecConfig>,
 }
 
 impl Default for EngineConfig {
@@ -74,6 +77,7 @@ impl Default for EngineConfig {
             decode_share: 0.7,
             tier: TierConfig::default(),
             kv_events: None,
+            speculation: None,
         }
     }
 }

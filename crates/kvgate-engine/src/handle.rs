@@ -37,6 +37,8 @@ pub struct EngineStats {
     pub pins_released_early: u64,
     /// The second tier's counters (`None`: no tier). Asking waits for the spill file's writer.
     pub tier: Option<crate::tier::TierStats>,
+    /// Speculation's counters (zero without it).
+    pub spec: crate::speculation::SpecStats,
 }
 
 /// What the handle sends the engine thread. Every request kind comes as an [`Admit`] built by its

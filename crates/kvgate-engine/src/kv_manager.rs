@@ -423,6 +423,15 @@ impl KvManager {
         n
     }
 
+    /// Gives back the table's blocks past its first `keep` (speculation's rejected slots): only blocks
+    /// never registered in the prefix cache, last first.
+    pub fn truncate(&mut self, sb: &mut SeqBlocks, keep: usize) {
+        while sb.len() > keep.max(sb.registered).max(sb.released) {
+            let Some(b) = sb.live.pop() else { break };
+            self.pool.decref(b);
+        }
+    }
+
     /// A second table sharing every block of `sb` (one more reference each).
     pub fn fork(&mut self, sb: &SeqBlocks) -> SeqBlocks {
         for &b in &sb.live {

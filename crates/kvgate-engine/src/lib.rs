@@ -34,6 +34,7 @@ mod request;
 mod salts;
 mod sampling;
 mod scheduler;
+pub mod speculation;
 mod text;
 pub mod tier;
 
@@ -57,4 +58,5 @@ pub use request::{
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;
+pub use speculation::{SpecConfig, SpecConfigError, SpecStats};
 pub use tier::{TierConfig, TierStats};

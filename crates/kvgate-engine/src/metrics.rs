@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use crate::speculation::SpecStats;
 use crate::tier::TierStats;
 
 /// Gauge: running requests.
@@ -44,6 +45,14 @@ pub const DECISION_LATENCY: &str = "kvgate:decision_latency_seconds";
 pub const EMBEDDINGS: &str = "kvgate:embeddings_total";
 /// Counter: prompt tokens of completions served from blocks a decision warmed.
 pub const DECISION_PREFIX_REUSE: &str = "kvgate:decision_prefix_reuse_tokens_total";
+/// Counter: decode chunks that carried proposed tokens (speculation).
+pub const SPEC_DRAFTS: &str = "kvgate:spec_decode_num_drafts_total";
+/// Counter: tokens proposed.
+pub const SPEC_DRAFT_TOKENS: &str = "kvgate:spec_decode_num_draft_tokens_total";
+/// Counter: proposed tokens kept.
+pub const SPEC_ACCEPTED: &str = "kvgate:spec_decode_num_accepted_tokens_total";
+/// Counter: proposed tokens kept, by `position` in their proposal.
+pub const SPEC_ACCEPTED_PER_POS: &str = "kvgate:spec_decode_num_accepted_tokens_per_pos_total";
 /// Gauge (value 1): the cache configuration as labels.
 pub const CACHE_CONFIG: &str = "kvgate:cache_config_info";
 
@@ -128,6 +137,8 @@ pub(crate) struct SchedulerStats {
     pub(crate) evictions: u64,
     /// The second tier's counters (zero without one).
     pub(crate) tier: TierStats,
+    /// Speculation's counters (zero without it).
+    pub(crate) spec: SpecStats,
 }
 
 /// Records the engine's series under one `model_name` label.
@@ -139,6 +150,7 @@ pub(crate) struct Recorder {
     last_pins: (u64, u64),
     last_evictions: u64,
     last_tier: TierStats,
+    last_spec: SpecStats,
     block_size: u64,
     /// Seconds spent restoring and spilling (reported as totals).
     restore_seconds: f64,
@@ -154,6 +166,7 @@ impl Recorder {
             last_pins: (0, 0),
             last_evictions: 0,
             last_tier: TierStats::default(),
+            last_spec: SpecStats::default(),
             block_size: block_size as u64,
             restore_seconds: 0.0,
             spill_seconds: 0.0,
@@ -207,6 +220,18 @@ impl Recorder {
         metrics::gauge!(TIER_BLOCKS, &tier("disk")).set(t.disk_blocks as f64);
         metrics::gauge!(TIER_BYTES, &tier("memory")).set(t.memory_bytes as f64);
         metrics::gauge!(TIER_BYTES, &tier("disk")).set(t.disk_bytes as f64);
+        let (sp, was) = (&s.spec, std::mem::replace(&mut self.last_spec, s.spec));
+        if sp.drafts > was.drafts {
+            metrics::counter!(SPEC_DRAFTS, l).increment(d(sp.drafts, was.drafts));
+            metrics::counter!(SPEC_DRAFT_TOKENS, l).increment(d(sp.draft_tokens, was.draft_tokens));
+            metrics::counter!(SPEC_ACCEPTED, l).increment(d(sp.accepted, was.accepted));
+            for (i, (now, then)) in sp.accepted_per_pos.iter().zip(&was.accepted_per_pos).enumerate() {
+                if now > then {
+                    let pos = [l[0].clone(), ("position", i.to_string())];
+                    metrics::counter!(SPEC_ACCEPTED_PER_POS, &pos).increment(d(*now, *then));
+                }
+            }
+        }
         metrics::gauge!(TIER_RESTORE_SECONDS, l).set(self.restore_seconds);
         metrics::gauge!(TIER_SPILL_SECONDS, l).set(self.spill_seconds);
     }

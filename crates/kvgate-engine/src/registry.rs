@@ -54,6 +54,16 @@ pub enum SchedError {
     /// A decision operation on a completion group.
     #[error("scheduler: {0} is not a decision")]
     NotADecision(GroupId),
+    /// A verification kept more proposed tokens than the sequence's step ran or than it now holds.
+    #[error("scheduler: {seq} kept {accepted} of {proposed} proposed tokens")]
+    BadAccept {
+        /// The sequence.
+        seq: SeqId,
+        /// Tokens said kept.
+        accepted: usize,
+        /// Tokens its last step proposed.
+        proposed: usize,
+    },
 }
 
 /// A sequence.
@@ -75,6 +85,13 @@ pub(crate) struct Seq {
     pub(crate) read: Option<usize>,
     /// Whether its table was prefix-matched since it last had no blocks.
     pub(crate) matched: bool,
+    /// Tokens proposed for its current decode chunk (speculation), verified by its request kind.
+    pub(crate) draft: Vec<u32>,
+    /// Most tokens its request kind lets it propose (0: it never speculates; see
+    /// [`crate::scheduler::StepUpdate::spec_limit`]).
+    pub(crate) spec_limit: usize,
+    /// Its current proposal length (adapted to its own acceptance, [`crate::speculation::next_len`]).
+    pub(crate) spec_len: usize,
 }
 
 /// What a group is.
@@ -202,6 +219,9 @@ impl Registry {
                 wants_logits,
                 read: None,
                 matched: false,
+                draft: Vec::new(),
+                spec_limit: 0,
+                spec_len: 1,
             },
         );
         id

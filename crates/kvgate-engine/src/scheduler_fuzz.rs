@@ -7,6 +7,11 @@
 //! reference counts must equal the number of tables holding each block; when everything ends, every
 //! block is free or cached.
 //!
+//! Half the runs speculate: decode chunks carry proposed tokens (the simulation writes their K/V as
+//! the chunk's own tokens, keeps a random-length agreeing prefix as a verifier would, and gives the
+//! rest back), so the same checks prove that a rejected proposal's K/V is never read as a sequence's
+//! own and that speculation leaks no block.
+//!
 //! Half the runs put a second tier (host memory, sometimes a spill file) behind the pool: the
 //! simulation carries out each plan's spills (reading the simulated block) and restores (writing it)
 //! before its copies, as the engine does, so the same read-back check proves that a restored block
@@ -20,7 +25,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::block_pool::{BlockPool, BlockRef};
 use crate::layout::PinKind;
 use crate::registry::{GroupId, SeqId};
-use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig};
+use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig, StepUpdate};
+use crate::speculation::SpecConfig;
 use crate::tier::{SecondTier, TierConfig};
 
 fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
@@ -80,6 +86,16 @@ impl Sim {
         if rng.random_bool(0.5) {
             // cache-aware admission, sometimes with a bound the simulation's clock reaches
             s.set_admission(Admission::cache_aware(rng.random_range(1..200)));
+        }
+        if rng.random_bool(0.5) {
+            let min = rng.random_range(1..3);
+            let spec = SpecConfig {
+                num_speculative_tokens: rng.random_range(1..7),
+                prompt_lookup_min: min,
+                prompt_lookup_max: min + rng.random_range(0..3),
+                max_batch: rng.random_range(1..24),
+            };
+            s.set_speculation(Some(spec), usize::MAX);
         }
         if rng.random_bool(0.5) {
             let disk = rng.random_bool(0.3);
@@ -196,12 +212,17 @@ impl Sim {
             let seq = self.s.seq(c.seq).expect("scheduled seq exists");
             assert_eq!(c.group, seq.group);
             assert_eq!(c.table, seq.blocks.table(), "the plan carries the table");
+            let known = c.start + c.len - c.draft;
             assert_eq!(
-                c.tokens,
-                seq.tokens[c.start..c.start + c.len],
+                c.tokens[..c.len - c.draft],
+                seq.tokens[c.start..known],
                 "the plan carries the tokens"
             );
-            assert_eq!(c.at_end, c.start + c.len == seq.tokens.len());
+            assert_eq!(c.at_end, known == seq.tokens.len());
+            if c.draft > 0 {
+                assert!(c.at_end && known == c.start + 1, "a proposal follows a decode token");
+                assert_eq!(c.logits, Logits::All);
+            }
             let salt = &self.kind[&seq.group].3;
             // With a release window, only what the chunk's queries can read must still be there.
             let first_read = self
@@ -225,11 +246,17 @@ impl Sim {
         for c in &plan.chunks {
             let seq = self.s.seq(c.seq).expect("exists");
             let salt = self.kind[&seq.group].3.clone();
+            // proposed tokens are written as what the chunk runs
+            let mut run = seq.tokens[..c.start].to_vec();
+            run.extend(&c.tokens);
             for (i, p) in (c.start..c.start + c.len).enumerate() {
                 let slot =
                     c.table[p / self.bs].expect("a written block was given back").index() * self.bs + p % self.bs;
                 assert_eq!(c.slots[i], slot, "the plan's slot of position {p}");
-                self.cache[slot] = prefix_id(&seq.tokens[..=p], &salt);
+                self.cache[slot] = prefix_id(&run[..=p], &salt);
+            }
+            if c.draft > 0 {
+                continue;
             }
             let end = c.start + c.len;
             let at_end = end == seq.tokens.len();
@@ -244,11 +271,43 @@ impl Sim {
         }
         for c in plan.chunks {
             let Ok(seq) = self.s.seq(c.seq) else { continue };
-            if c.logits == Logits::None || c.start + c.len != seq.tokens.len() {
+            if c.logits == Logits::None || !c.at_end {
                 continue;
             }
             let g = seq.group;
             let (is_dec, n, max_new, _) = self.kind[&g].clone();
+            if c.draft > 0 {
+                // a verifier: row i samples a token; the proposal is kept while they agree
+                let (t, mut kept, mut u) = (c.seq, 0, StepUpdate::default());
+                let mut done = false;
+                for i in 0..=c.draft {
+                    let tok = self.rng.random_range(0..3);
+                    u.append(t, tok);
+                    let gen = self.generated.entry(t).or_insert(0);
+                    *gen += 1;
+                    if *gen >= max_new {
+                        done = true;
+                        break;
+                    }
+                    if i < c.draft && tok == c.tokens[1 + i] {
+                        kept += 1;
+                    } else {
+                        break;
+                    }
+                }
+                u.accept(t, kept);
+                if done {
+                    u.finish(t);
+                } else {
+                    u.spec_limit(t, max_new - self.generated[&t] - 1);
+                }
+                self.s.update_from_output(u).unwrap();
+                if !self.s.has_group(g) {
+                    self.kind.remove(&g);
+                    self.finished_groups += 1;
+                }
+                continue;
+            }
             if is_dec {
                 self.s.finish_seq(c.seq).unwrap();
             } else {
@@ -264,6 +323,10 @@ impl Sim {
                     *gen += 1;
                     if *gen >= max_new {
                         self.s.finish_seq(t).unwrap();
+                    } else {
+                        let mut u = StepUpdate::default();
+                        u.spec_limit(t, max_new - *gen - 1);
+                        self.s.update_from_output(u).unwrap();
                     }
                 }
             }
@@ -334,9 +397,12 @@ impl Sim {
 #[test]
 fn randomized_invariants() {
     let (mut total, mut preemptions, mut hits, mut evictions, mut restored) = (0, 0, 0, 0, 0);
+    let (mut drafts, mut kept) = (0, 0);
     for seed in 0..60 {
         let mut sim = Sim::new(seed, false);
         sim.run(5_000);
+        let spec = sim.s.stats().spec;
+        (drafts, kept) = (drafts + spec.drafts, kept + spec.accepted);
         total += sim.finished_groups;
         preemptions += sim.s.preemptions();
         hits += sim.s.prefix_stats().hits;
@@ -353,6 +419,10 @@ fn randomized_invariants() {
     assert!(preemptions > 100, "preemptions: {preemptions}");
     assert!(hits > 1000, "prefix-cache hit tokens: {hits}");
     assert!(evictions > 100, "evictions: {evictions}");
+    assert!(
+        drafts > 1000 && kept > 500,
+        "proposals verified: {drafts}, tokens kept: {kept}"
+    );
 }
 
 #[test]

@@ -192,6 +192,7 @@ impl Engine {
                         t.flush();
                         t.stats()
                     }),
+                    spec: self.sched.stats().spec,
                 });
             }
             Command::InjectPanic => self.panic_next = true,
@@ -242,6 +243,7 @@ impl Engine {
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
         let (prefill, all_rows) = (self.sched.prefill_cap(), self.sched.all_rows_cap());
+        let spec = self.sched.speculation();
         let tier = self.sched.set_tier(None);
         // the old pool's last events (what it stored before the failure) go out before it is cleared
         self.publish_kv_events();
@@ -256,6 +258,7 @@ impl Engine {
         self.sched.set_max_retained_blocks(retained);
         self.sched.set_prefill_cap(prefill);
         self.sched.set_all_rows_cap(all_rows);
+        self.sched.set_speculation(spec.0, spec.1);
     }
 
     fn drop_abandoned(&mut self) {
@@ -380,7 +383,13 @@ impl Engine {
         for (g, reason) in done {
             self.end_request(g, Some(reason));
         }
-        let decode_rows = plan.chunks.iter().filter(|c| c.len == 1 && c.at_end).count();
+        // a decode chunk is one row, or one plus its proposed tokens
+        let decode_rows: usize = plan
+            .chunks
+            .iter()
+            .filter(|c| c.len == 1 + c.draft && c.at_end)
+            .map(|c| c.len)
+            .sum();
         let rows: usize = plan.chunks.iter().map(|c| c.len).sum();
         self.floor.record(rows - decode_rows, decode_rows, t0.elapsed());
         Ok(())

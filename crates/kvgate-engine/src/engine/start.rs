@@ -86,6 +86,7 @@ pub fn start(
     sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
     sched.set_admission(cfg.admission);
     sched.set_prefill_cap(prefill_cap(&cfg));
+    sched.set_speculation(cfg.speculation, cfg.max_model_len.min(backend.max_positions()));
     if cfg.kv_events.is_some() {
         sched.record_kv_events();
     }

@@ -1,7 +1,9 @@
 //! A completion as a request kind: prompt logprobs, the fork into `n` choices, sampling (under a
 //! grammar mask for structured outputs and tools), stop tokens and strings, detokenization, logprobs,
 //! the finish reason, all streamed as [`Event`]s on the request's channel. The tokens it appends and
-//! the choices it ends go into the step's update.
+//! the choices it ends go into the step's update. A decode chunk with proposed tokens (speculation) is
+//! verified row by row through the same sampling, so a choice emits exactly what one token per step
+//! would; how many proposals it kept goes into the update too.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -53,6 +55,16 @@ impl Choice {
         c.guide = parent.guide.as_ref().map(GuideState::fork);
         c
     }
+}
+
+/// What sampling one row did to a choice.
+enum Row {
+    /// It goes on, with this token appended.
+    Continue(u32),
+    /// It ended (its `Finished` event is sent).
+    Ended(FinishReason),
+    /// It is not (or no longer) a choice of this completion.
+    Gone,
 }
 
 /// A completion's output state.
@@ -144,7 +156,7 @@ impl GenState {
     ) -> Result<Outcome, SchedError> {
         let (arrival, cached_tokens) = (progress.arrival, progress.cached_tokens);
         let gs = self;
-        if c.logits == Logits::All {
+        if c.logits == Logits::All && c.draft == 0 {
             // Prompt logprobs: row i predicts the token at position start + i + 1.
             let k = gs.params.prompt_logprobs.unwrap_or(0);
             for i in 0..c.len {
@@ -193,54 +205,41 @@ impl GenState {
             stop_ids.extend(&cx.env.eos);
         }
         let mut ended = vec![];
-        for t in targets {
-            let Some(ch) = gs.choices.get_mut(&t) else { continue };
-            let mask = match ch.guide.as_mut() {
-                Some(g) => {
-                    cx.rec.grammar_mask(g.prepare());
-                    match g.mask.take() {
-                        Some(Ok(m)) => Some(m),
-                        Some(Err(e)) => {
-                            // The grammar cannot go on (an internal llguidance error): the choice
-                            // ends here rather than produce text the grammar does not allow.
-                            warn!(error = %e, "grammar mask failed; ending the choice");
-                            let tail = ch.text.finish(&cx.env.tok);
-                            let _ = gs.tx.send(Event::Finished {
-                                choice: ch.index,
-                                reason: FinishReason::Stop,
-                                text: tail,
-                                stop: None,
-                            });
-                            ended.push((t, FinishReason::Stop));
-                            continue;
-                        }
-                        None => None,
-                    }
-                }
-                None => None,
-            };
-            let (tok, lp) = ch.sampler.sample(last, &gs.params, &stop_ids, mask.as_ref());
-            cx.update.append(t, tok);
-            gs.completion_tokens += 1;
-            cx.rec.generated_token();
-            let mut finish = gs.emit(cx.env, t, tok, lp);
-            if finish.is_none() {
-                finish = gs.follow_grammar(cx, t, tok);
-            }
-            if let Some((reason, stop)) = finish {
-                let Some(ch) = gs.choices.get_mut(&t) else { continue };
-                let tail = if matches!(stop, Some(StopMatch::Text(_))) {
-                    String::new()
-                } else {
-                    ch.text.finish(&cx.env.tok)
+        let mut going = vec![];
+        if c.draft > 0 {
+            // Speculation: row i verifies proposed token i (`c.tokens[1 + i]`); each row is sampled as
+            // a one-token step would sample it, and a proposal is kept while it is what was sampled.
+            let mut accepted = 0;
+            for i in 0..=c.draft {
+                let Some(row) = rows.get(i * vocab..(i + 1) * vocab) else {
+                    break;
                 };
-                let _ = gs.tx.send(Event::Finished {
-                    choice: ch.index,
-                    reason,
-                    text: tail,
-                    stop,
-                });
-                ended.push((t, reason));
+                match gs.sample_choice(cx, c.seq, row, &stop_ids) {
+                    Row::Continue(tok) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => accepted += 1,
+                    Row::Continue(_) => {
+                        going.push(c.seq);
+                        break;
+                    }
+                    Row::Ended(reason) => {
+                        ended.push((c.seq, reason));
+                        break;
+                    }
+                    Row::Gone => break,
+                }
+            }
+            cx.update.accept(c.seq, accepted);
+        } else {
+            for t in targets {
+                match gs.sample_choice(cx, t, last, &stop_ids) {
+                    Row::Continue(_) => going.push(t),
+                    Row::Ended(reason) => ended.push((t, reason)),
+                    Row::Gone => {}
+                }
+            }
+        }
+        for t in going {
+            if let Some(ch) = gs.choices.get(&t) {
+                cx.update.spec_limit(t, gs.spec_limit(ch));
             }
         }
         let mut last_reason = None;
@@ -282,6 +281,73 @@ impl GenState {
         let _ = gs.tx.send(Event::Done(usage));
         cx.rec.request_done(arrival, gs.prompt.len());
         Ok(Outcome::Done(last_reason.map_or("stop", FinishReason::as_str)))
+    }
+
+    /// Samples choice `t`'s next token from `row` (under its grammar's mask), appends and emits it
+    /// (and what its grammar forces after it), and says whether the choice goes on.
+    fn sample_choice(&mut self, cx: &mut StepContext, t: SeqId, row: &[f32], stop_ids: &[u32]) -> Row {
+        let gs = self;
+        let Some(ch) = gs.choices.get_mut(&t) else {
+            return Row::Gone;
+        };
+        let mask = match ch.guide.as_mut() {
+            Some(g) => {
+                cx.rec.grammar_mask(g.prepare());
+                match g.mask.take() {
+                    Some(Ok(m)) => Some(m),
+                    Some(Err(e)) => {
+                        // The grammar cannot go on (an internal llguidance error): the choice
+                        // ends here rather than produce text the grammar does not allow.
+                        warn!(error = %e, "grammar mask failed; ending the choice");
+                        let tail = ch.text.finish(&cx.env.tok);
+                        let _ = gs.tx.send(Event::Finished {
+                            choice: ch.index,
+                            reason: FinishReason::Stop,
+                            text: tail,
+                            stop: None,
+                        });
+                        return Row::Ended(FinishReason::Stop);
+                    }
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        let (tok, lp) = ch.sampler.sample(row, &gs.params, stop_ids, mask.as_ref());
+        cx.update.append(t, tok);
+        gs.completion_tokens += 1;
+        cx.rec.generated_token();
+        let mut finish = gs.emit(cx.env, t, tok, lp);
+        if finish.is_none() {
+            finish = gs.follow_grammar(cx, t, tok);
+        }
+        let Some((reason, stop)) = finish else {
+            return Row::Continue(tok);
+        };
+        let Some(ch) = gs.choices.get_mut(&t) else {
+            return Row::Gone;
+        };
+        let tail = if matches!(stop, Some(StopMatch::Text(_))) {
+            String::new()
+        } else {
+            ch.text.finish(&cx.env.tok)
+        };
+        let _ = gs.tx.send(Event::Finished {
+            choice: ch.index,
+            reason,
+            text: tail,
+            stop,
+        });
+        Row::Ended(reason)
+    }
+
+    /// Most tokens choice `ch` may propose for its next step: none under a grammar (its mask is
+    /// prepared one token ahead), and never more than it may still emit after the step's first.
+    fn spec_limit(&self, ch: &Choice) -> usize {
+        if ch.guide.is_some() {
+            return 0;
+        }
+        self.params.max_tokens.saturating_sub(ch.sampler.generated() + 1)
     }
 
     /// Detokenizes one output token of choice `t`, sends its event, and says whether it ends the

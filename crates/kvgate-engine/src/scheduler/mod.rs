@@ -18,6 +18,7 @@
 mod admission;
 mod forks;
 mod plan;
+mod speculate;
 mod step;
 mod update;
 
@@ -65,6 +66,12 @@ pub struct Scheduler {
     all_rows_cap: usize,
     /// The caller's clock (milliseconds), as of the last [`Scheduler::expire_pins`].
     now: u64,
+    /// Speculation (prompt lookup), when on.
+    spec: Option<crate::speculation::SpecConfig>,
+    /// Most positions a sequence may reach (proposals stop there).
+    spec_max_len: usize,
+    /// Proposals verified so far.
+    spec_stats: crate::speculation::SpecStats,
 }
 
 impl Scheduler {
@@ -86,6 +93,9 @@ impl Scheduler {
             prefill_cap: None,
             all_rows_cap: usize::MAX,
             now: 0,
+            spec: None,
+            spec_max_len: usize::MAX,
+            spec_stats: Default::default(),
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
             reg: Registry::default(),
@@ -125,6 +135,7 @@ impl Scheduler {
             pins_released_early: self.pins_released_early(),
             evictions: self.pool().evictions(),
             tier: self.tier().map(|t| t.stats()).unwrap_or_default(),
+            spec: self.spec_stats,
         }
     }
 
@@ -269,7 +280,8 @@ impl Scheduler {
     pub fn advance(&mut self, c: &Chunk) -> Result<()> {
         let s = self.reg.seq_mut(c.seq)?;
         debug_assert_eq!(s.computed, c.start);
-        s.computed = c.start + c.len;
+        // proposed tokens are not the sequence's until its request kind keeps them (`accept_draft`)
+        s.computed = c.start + c.len - c.draft;
         let g = s.group;
         let grp = self.reg.group_mut(g)?;
         grp.computed_tokens += c.len;
@@ -506,6 +518,10 @@ impl Scheduler {
             }
             assert!(s.computed <= s.tokens.len());
             assert!(s.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
+            if s.draft.is_empty() {
+                // rejected proposals' blocks went back
+                assert!(s.blocks.len() <= s.tokens.len().div_ceil(self.cfg.block_size));
+            }
             if let Some(w) = self.cfg.release_window {
                 // nothing a future query can read was given back
                 assert!(s.blocks.released() * self.cfg.block_size <= (s.computed + 1).saturating_sub(w));

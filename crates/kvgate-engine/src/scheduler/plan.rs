@@ -54,6 +54,9 @@ pub struct Chunk {
     /// The sequence's block table (covers `start + len` tokens); `None` for a block given back because
     /// every layer's window has slid past it (the chunk's queries never read it).
     pub table: Vec<Option<BlockId>>,
+    /// Of the chunk's rows, the last `draft` run proposed tokens (speculation; logits for every row):
+    /// row `i` predicts the token after `tokens[i]`, and the request kind says how many it kept.
+    pub draft: usize,
 }
 
 /// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).
@@ -63,6 +66,7 @@ pub(super) struct Planned {
     pub(super) start: usize,
     pub(super) len: usize,
     pub(super) logits: Logits,
+    pub(super) draft: usize,
 }
 
 /// The outcome of one scheduling pass.
@@ -112,6 +116,8 @@ pub(super) struct StepState {
     pub(super) failed: Vec<(GroupId, usize)>,
     pub(super) budget: usize,
     pub(super) planned: HashSet<SeqId>,
+    /// Whether decode chunks may carry proposed tokens this step.
+    pub(super) speculate: bool,
 }
 
 /// Per-group accounting, for usage and metrics.

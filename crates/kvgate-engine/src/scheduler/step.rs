@@ -97,7 +97,7 @@ impl Scheduler {
 
     /// Grows a sequence's table for its next `len` tokens; `Ok(false)` (nothing changed) when the pool
     /// has too few free blocks.
-    fn try_reserve(&mut self, sid: SeqId, len: usize, copies: &mut Vec<(SeqId, BlockCopy)>) -> Result<bool> {
+    pub(super) fn try_reserve(&mut self, sid: SeqId, len: usize, copies: &mut Vec<(SeqId, BlockCopy)>) -> Result<bool> {
         let s = self.reg.seq_mut(sid)?;
         let mut c = vec![];
         let ok = self.kv.reserve(&mut s.blocks, s.computed, s.computed + len, &mut c);
@@ -132,10 +132,10 @@ impl Scheduler {
         }
     }
 
-    fn plan_chunk(&self, sid: SeqId, len: usize) -> Result<Planned> {
+    fn plan_chunk(&self, sid: SeqId, len: usize, draft: usize) -> Result<Planned> {
         let s = self.reg.seq(sid)?;
         let end = s.computed + len;
-        let logits = if s.all_logits {
+        let logits = if s.all_logits || draft > 0 {
             Logits::All
         } else if !s.wants_logits || end < s.tokens.len() {
             Logits::None
@@ -147,6 +147,7 @@ impl Scheduler {
             start: s.computed,
             len,
             logits,
+            draft,
         })
     }
 
@@ -163,6 +164,10 @@ impl Scheduler {
                     .ok_or(SchedError::NoBlock { seq: p.seq, pos })
             })
             .collect::<Result<Vec<usize>>>()?;
+        // a decode chunk's proposed tokens follow the sequence's own
+        let known = end - p.draft;
+        let mut tokens = s.tokens[p.start..known].to_vec();
+        tokens.extend(s.draft.iter().take(p.draft));
         Ok(Chunk {
             seq: p.seq,
             group: s.group,
@@ -170,10 +175,11 @@ impl Scheduler {
             len: p.len,
             logits: p.logits,
             read: s.read,
-            at_end: end == s.tokens.len(),
-            tokens: s.tokens[p.start..end].to_vec(),
+            at_end: known == s.tokens.len(),
+            tokens,
             slots,
             table: s.blocks.table(),
+            draft: p.draft,
         })
     }
 
@@ -192,6 +198,7 @@ impl Scheduler {
             failed: vec![],
             budget: self.cfg.max_num_batched_tokens,
             planned: HashSet::new(),
+            speculate: self.speculates_now(),
         };
         self.fork_ready_decisions()?;
         // 1 and 2: running groups, decode tokens first, then prefill chunks.
@@ -256,9 +263,22 @@ impl Scheduler {
                 if len == 0 {
                     continue;
                 }
+                // Proposed tokens ride along when their blocks are free (never at anyone's expense).
+                let draft = if is_decode {
+                    let room = if st.speculate { st.budget - len } else { 0 };
+                    self.plan_draft(sid, room, &mut st.copies)?
+                } else {
+                    0
+                };
+                if draft > 0 {
+                    st.chunks.push(self.plan_chunk(sid, len + draft, draft)?);
+                    st.planned.insert(sid);
+                    st.budget -= len + draft;
+                    continue;
+                }
                 loop {
                     if self.try_reserve(sid, len, &mut st.copies)? {
-                        st.chunks.push(self.plan_chunk(sid, len)?);
+                        st.chunks.push(self.plan_chunk(sid, len, 0)?);
                         st.planned.insert(sid);
                         st.budget -= len;
                         break;
@@ -344,7 +364,7 @@ impl Scheduler {
                 break;
             }
             if len > 0 {
-                st.chunks.push(self.plan_chunk(first, len)?);
+                st.chunks.push(self.plan_chunk(first, len, 0)?);
                 st.planned.insert(first);
                 st.budget -= len;
             }

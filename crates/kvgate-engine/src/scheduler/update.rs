@@ -27,6 +27,11 @@ pub(crate) enum SeqOp {
     },
     /// The sequence ends; its blocks are released.
     Finish,
+    /// Of the tokens its last decode chunk proposed, the first `n` were kept (they were appended
+    /// just before): their K/V stay, the rejected ones' slots are given back.
+    Accept(usize),
+    /// Most tokens it may propose from now on (0: none).
+    SpecLimit(usize),
 }
 
 /// What one step's outputs did to the sequences, in the order it happened.
@@ -57,6 +62,18 @@ impl StepUpdate {
     /// Records that `seq` ended.
     pub(crate) fn finish(&mut self, seq: SeqId) {
         self.ops.push((seq, SeqOp::Finish));
+    }
+
+    /// Records that `seq` kept the first `n` tokens its decode chunk proposed (recorded after their
+    /// appends, before a finish).
+    pub(crate) fn accept(&mut self, seq: SeqId, n: usize) {
+        self.ops.push((seq, SeqOp::Accept(n)));
+    }
+
+    /// Records how many tokens `seq` may propose from now on: the request kind knows what it can
+    /// verify (0 for a sequence under a grammar) and how many tokens it still may emit.
+    pub(crate) fn spec_limit(&mut self, seq: SeqId, n: usize) {
+        self.ops.push((seq, SeqOp::SpecLimit(n)));
     }
 
     /// Whether nothing was recorded.
@@ -90,6 +107,8 @@ impl Scheduler {
                     self.pin_prefix(seq, tokens, until, tenant, kind)?;
                 }
                 SeqOp::Finish => self.finish_seq(seq)?,
+                SeqOp::Accept(n) => self.accept_draft(seq, n)?,
+                SeqOp::SpecLimit(n) => self.reg.seq_mut(seq)?.spec_limit = n,
             }
         }
         Ok(())

@@ -17,6 +17,7 @@ pub struct Opts {
     pub quantized: bool,
     pub int8: bool,
     pub window: Option<usize>,
+    pub spec: Option<kvgate_engine::SpecConfig>,
 }
 
 impl Default for Opts {
@@ -29,6 +30,7 @@ impl Default for Opts {
             quantized: false,
             int8: false,
             window: None,
+            spec: None,
         }
     }
 }
@@ -48,6 +50,7 @@ pub fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         prefix_caching: o.prefix,
         max_model_len: m.max_model_len,
         model_name: "tiny".into(),
+        speculation: o.spec,
         ..Default::default()
     };
     let settings = CpuSettings {

@@ -11,7 +11,7 @@
 use std::fmt::Write;
 
 /// The `kvgate:` families with a `vllm:` twin: the suffix is the same, and so are type and meaning.
-const SHARED: [&str; 14] = [
+const SHARED: [&str; 18] = [
     "num_requests_running",
     "num_requests_waiting",
     "kv_cache_usage_perc",
@@ -26,6 +26,10 @@ const SHARED: [&str; 14] = [
     "inter_token_latency_seconds",
     "e2e_request_latency_seconds",
     "request_queue_time_seconds",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+    "spec_decode_num_accepted_tokens_per_pos_total",
 ];
 
 /// Families vLLM also publishes under an older name (the inter-token histogram was

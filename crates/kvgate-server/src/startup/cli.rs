@@ -37,6 +37,9 @@ pub enum StartError {
     /// The KV event publisher could not start (a socket that does not bind).
     #[error("--kv-events-config: {0}")]
     KvEvents(String),
+    /// `--speculative-config` cannot be used.
+    #[error("--speculative-config: {0}")]
+    Speculative(String),
     /// `--model` names nothing.
     #[error("--model {0}: no such file or directory")]
     ModelMissing(String),
@@ -313,6 +316,16 @@ where
     };
     let tokenizer = Arc::new(loaded.tokenizer);
     let scaled = dtype.is_scaled();
+    // checked when the flags were read; a config file's value is checked here
+    let speculation = match args
+        .speculative_config
+        .as_deref()
+        .map(crate::startup::speculative::parse)
+    {
+        Some(Err(e)) => return Err(StartError::Speculative(e)),
+        Some(Ok(c)) => Some(c),
+        None => None,
+    };
     let ecfg = EngineConfig {
         kv_events: opts.kv_events.clone(),
         max_num_seqs: args.max_num_seqs,
@@ -329,6 +342,7 @@ where
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
         max_retained_blocks: args.max_retained_blocks,
+        speculation,
         decode_share: args.decode_floor,
         session_window: args.session_window(),
         admission: match args.admission {

@@ -154,6 +154,14 @@ pub struct Args {
     #[arg(long, env = "KVGATE_KV_EVENTS_CONFIG", value_parser = values::kv_events_config)]
     pub kv_events_config: Option<String>,
 
+    /// Speculative decoding, with vLLM's JSON ('{"method": "ngram", "num_speculative_tokens": 4,
+    /// "prompt_lookup_max": 4}'; also "prompt_lookup_min" and "disable_by_batch_size"): each decoding
+    /// sequence proposes up to that many tokens by finding its last tokens earlier in its prompt and
+    /// output, and one forward pass verifies them; outputs are exactly those of decoding one token at a
+    /// time (greedy: the same tokens; sampled: the same distribution) [default: none]
+    #[arg(long, env = "KVGATE_SPECULATIVE_CONFIG", value_parser = values::speculative_config)]
+    pub speculative_config: Option<String>,
+
     /// Most bytes the spill file in --kv-offload-dir may take
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
     pub kv_offload_disk: ByteSize,

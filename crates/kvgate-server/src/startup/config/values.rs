@@ -297,6 +297,12 @@ impl From<PoolingSetting> for kvgate_engine::Pooling {
     }
 }
 
+/// `--speculative-config`: kept as given once it reads as a speculative config (parsed into the
+/// engine's `SpecConfig` where the engine starts).
+pub fn speculative_config(s: &str) -> Result<String, String> {
+    crate::startup::speculative::parse(s).map(|_| s.to_string())
+}
+
 /// `--kv-events-config`: kept as given once it reads as a KV events config (parsed into
 /// [`crate::startup::kv_events::KvEventsConfig`] where the publisher starts).
 pub fn kv_events_config(s: &str) -> Result<String, String> {
