@@ -206,6 +206,8 @@ struct Row {
     theirs: Option<f64>,
     /// kvgate ÷ llama.cpp in each round.
     ratios: Vec<f64>,
+    /// (kvgate, llama.cpp) in each round.
+    rounds: Vec<(f64, f64)>,
 }
 
 fn measure(port: u16, streams: usize, salt: &mut usize) -> Vec<(String, f64)> {
@@ -456,6 +458,7 @@ fn main() {
                 ours: median(ours.iter().map(|r| r[i].1).collect()),
                 theirs: (!theirs.is_empty()).then(|| median(theirs.iter().map(|r| r[i].1).collect())),
                 ratios: ours.iter().zip(&theirs).map(|(o, t)| o[i].1 / t[i].1).collect(),
+                rounds: ours.iter().zip(&theirs).map(|(o, t)| (o[i].1, t[i].1)).collect(),
             })
             .collect();
         println!("\n{name} ({})\n", path.display());
@@ -468,7 +471,13 @@ fn main() {
         for r in rows {
             match r.theirs {
                 Some(t) => {
-                    let per: Vec<String> = r.ratios.iter().map(|x| format!("{x:.2}")).collect();
+                    // each round's ratio, with both sides' figures (a round one side lost shows which)
+                    let per: Vec<String> = r
+                        .ratios
+                        .iter()
+                        .zip(&r.rounds)
+                        .map(|(x, (o, t))| format!("{x:.2} ({o:.0}/{t:.0})"))
+                        .collect();
                     println!(
                         "| {} | {:.1} | {:.1} | {:.2}× | {} |",
                         r.name,
