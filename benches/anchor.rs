@@ -25,27 +25,17 @@
 //! threads can read, which is what a decode step does).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 #[path = "anchor_parts/bound.rs"]
 mod bound;
+#[path = "anchor_parts/procs.rs"]
+mod procs;
 use bound::{bytes_per_step, copy_bandwidth, cpu_flags, read_bandwidth};
-
-/// A server process on a loopback port, killed on drop.
-struct Proc {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use procs::{free_port, healthy, Proc};
 
 /// The context both servers serve per sequence (`ANCHOR_CTX`, default 4096; long prompts need more).
 fn ctx() -> usize {
@@ -53,26 +43,6 @@ fn ctx() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_healthy(p: Proc) -> Proc {
-    for _ in 0..1200 {
-        if let Ok(r) = ureq::get(&format!("http://127.0.0.1:{}/health", p.port)).call() {
-            if r.status() == 200 {
-                return p;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("server on port {} did not become healthy", p.port);
 }
 
 fn kvgate(model: &Path) -> Proc {
@@ -95,7 +65,7 @@ fn kvgate(model: &Path) -> Proc {
         .stderr(Stdio::null())
         .spawn()
         .expect("serve starts");
-    wait_healthy(Proc { child, port })
+    healthy(child, port)
 }
 
 fn llama(server: &Path, model: &Path, slots: usize) -> Proc {
@@ -115,7 +85,7 @@ fn llama(server: &Path, model: &Path, slots: usize) -> Proc {
         .stderr(Stdio::null())
         .spawn()
         .expect("llama-server starts");
-    wait_healthy(Proc { child, port })
+    healthy(child, port)
 }
 
 /// One completion; returns (seconds, prompt tokens, completion tokens).

@@ -24,46 +24,14 @@
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// A server process on a loopback port, killed on drop.
-struct Proc {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn healthy(mut child: Child, port: u16) -> Proc {
-    for _ in 0..1200 {
-        if let Ok(r) = ureq::get(&format!("http://127.0.0.1:{port}/health")).call() {
-            if r.status() == 200 {
-                return Proc { child, port };
-            }
-        }
-        if let Ok(Some(s)) = child.try_wait() {
-            panic!("server on port {port} exited: {s}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("server on port {port} did not become healthy");
-}
+#[path = "anchor_parts/procs.rs"]
+mod procs;
+use procs::{free_port, healthy, Proc};
 
 fn kvgate(model: &Path, spec: Option<&str>) -> Proc {
     let port = free_port();

@@ -105,7 +105,12 @@ pub fn start(
     }
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
-        env: OutputEnv { tok, eos, limits },
+        env: OutputEnv {
+            tok,
+            eos,
+            limits,
+            speculates: cfg.speculation.is_some(),
+        },
         rec: Recorder::new(&cfg.model_name, block_size),
         calibration,
         tier_pending,

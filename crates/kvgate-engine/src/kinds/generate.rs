@@ -237,9 +237,11 @@ impl GenState {
                 }
             }
         }
-        for t in going {
-            if let Some(ch) = gs.choices.get(&t) {
-                cx.update.spec_limit(t, gs.spec_limit(ch));
+        if cx.env.speculates {
+            for t in going {
+                if let Some(ch) = gs.choices.get(&t) {
+                    cx.update.spec_limit(t, gs.spec_limit(ch));
+                }
             }
         }
         let mut last_reason = None;

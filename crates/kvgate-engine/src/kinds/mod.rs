@@ -165,6 +165,9 @@ pub(crate) struct OutputEnv {
     pub(crate) tok: Arc<Tokenizer>,
     pub(crate) eos: Vec<u32>,
     pub(crate) limits: Limits,
+    /// Whether the engine speculates (`--speculative-config`): only then do completions tell the
+    /// scheduler how many tokens each choice may propose.
+    pub(crate) speculates: bool,
 }
 
 /// The one thing a request kind may do to the scheduler itself while it handles outputs: fork a
