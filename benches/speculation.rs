@@ -10,7 +10,8 @@
 //! `--speculative-config` (`SPEC_CONFIG`, default ngram k = 8, lookup 2..5, speculation on at any batch
 //! so the 8-stream rows show what it costs there); llama.cpp without speculation and with each n-gram
 //! `--spec-type` in `LLAMA_SPEC_TYPES` (default `ngram-simple,ngram-map-k,ngram-mod`), its best per
-//! row reported. kvgate's outputs with and without speculation are compared token for token (greedy:
+//! row reported. A draft model: `SPEC_CONFIG='{"method": "draft_model", "model": "<gguf>", …}'` for
+//! kvgate and `LLAMA_SPEC_TYPES=draft-simple:<gguf>:<n-max>` for llama.cpp (`-md`, 2 draft threads). kvgate's outputs with and without speculation are compared token for token (greedy:
 //! they must be equal). Acceptance: kvgate's `spec_decode_*` counters (accepted ÷ proposed, and the
 //! mean tokens per verified step = 1 + accepted ÷ drafts); llama.cpp's `timings.draft_n` /
 //! `draft_n_accepted` where it reports them.
@@ -66,8 +67,17 @@ fn llama(server: &Path, model: &Path, spec_type: Option<&str>) -> Proc {
         &(4096 * 8).to_string(),
         "--no-warmup",
     ]);
-    if let Some(t) = spec_type {
-        c.args(["--spec-type", t]);
+    match spec_type.map(|t| t.split_once(':').unwrap_or((t, ""))) {
+        // a draft model: `draft-simple:<gguf>:<n-max>`, two threads as the target
+        Some((t, draft)) if !draft.is_empty() => {
+            let (path, n) = draft.rsplit_once(':').unwrap_or((draft, "4"));
+            c.args(["--spec-type", t, "-md", path, "--spec-draft-n-max", n])
+                .args(["-td", "2", "-tbd", "2"]);
+        }
+        Some((t, _)) => {
+            c.args(["--spec-type", t]);
+        }
+        None => {}
     }
     healthy(c.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap(), port)
 }

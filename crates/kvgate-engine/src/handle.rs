@@ -39,6 +39,8 @@ pub struct EngineStats {
     pub tier: Option<crate::tier::TierStats>,
     /// Speculation's counters (zero without it).
     pub spec: crate::speculation::SpecStats,
+    /// What the draft model computed (`None` without one).
+    pub draft: Option<crate::draft::DraftStats>,
 }
 
 /// What the handle sends the engine thread. Every request kind comes as an [`Admit`] built by its

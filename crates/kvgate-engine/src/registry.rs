@@ -21,6 +21,14 @@ pub struct SeqId(u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroupId(u64);
 
+#[cfg(test)]
+impl SeqId {
+    /// A sequence id made up by a test.
+    pub(crate) fn test(n: u64) -> SeqId {
+        SeqId(n)
+    }
+}
+
 impl fmt::Display for SeqId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "seq#{}", self.0)
@@ -90,6 +98,8 @@ pub(crate) struct Seq {
     /// Most tokens its request kind lets it propose (0: it never speculates; see
     /// [`crate::scheduler::StepUpdate::spec_limit`]).
     pub(crate) spec_limit: usize,
+    /// What a draft model proposed for its next decode chunk ([`crate::draft`]).
+    pub(crate) drafted: Vec<u32>,
     /// Its current proposal length (adapted to its own acceptance, [`crate::speculation::next_len`]).
     pub(crate) spec_len: usize,
 }
@@ -222,6 +232,7 @@ impl Registry {
                 draft: Vec::new(),
                 spec_limit: 0,
                 spec_len: 1,
+                drafted: vec![],
             },
         );
         id

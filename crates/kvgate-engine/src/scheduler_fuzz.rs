@@ -26,7 +26,7 @@ use crate::block_pool::{BlockPool, BlockRef};
 use crate::layout::PinKind;
 use crate::registry::{GroupId, SeqId};
 use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig, StepUpdate};
-use crate::speculation::SpecConfig;
+use crate::speculation::{SpecConfig, SpecMethod};
 use crate::tier::{SecondTier, TierConfig};
 
 fn prefix_id(tokens: &[u32], salt: &str) -> u64 {
@@ -90,6 +90,13 @@ impl Sim {
         if rng.random_bool(0.5) {
             let min = rng.random_range(1..3);
             let spec = SpecConfig {
+                // a draft model's proposals are random tokens here (the fuzz's verifier keeps them
+                // by chance, as it keeps prompt lookup's)
+                method: if rng.random_bool(0.5) {
+                    SpecMethod::Ngram
+                } else {
+                    SpecMethod::DraftModel
+                },
                 num_speculative_tokens: rng.random_range(1..7),
                 prompt_lookup_min: min,
                 prompt_lookup_max: min + rng.random_range(0..3),
@@ -171,8 +178,31 @@ impl Sim {
     }
 
     fn step(&mut self) {
+        let asks: Vec<(SeqId, usize, usize, usize)> = self
+            .s
+            .draft_asks()
+            .iter()
+            .map(|a| (a.seq, a.k, a.upto, a.tokens.len()))
+            .collect();
+        for (seq, k, upto, len) in asks {
+            // a prompt being computed: the draft follows what the target computed; a decoding
+            // sequence: all its tokens, and at least one to propose
+            assert!(upto >= 1 && upto <= len && (k == 0) == (upto < len), "{k} {upto} {len}");
+            if k == 0 {
+                continue;
+            }
+            let n = self.rng.random_range(0..=k);
+            let drafted = (0..n).map(|_| self.rng.random_range(0..3)).collect();
+            self.s.set_drafted(seq, drafted).unwrap();
+        }
         let budget = self.s.config().max_num_batched_tokens;
         let plan = self.s.schedule().unwrap();
+        for a in self.s.draft_follows(&plan.chunks) {
+            // a draft follows a planned prompt chunk to its end, never past the tokens
+            let c = plan.chunks.iter().find(|c| c.seq == a.seq).unwrap();
+            assert_eq!((a.upto, a.k), (c.start + c.len, 0));
+            assert!(a.upto <= a.tokens.len());
+        }
         assert!(plan.num_tokens() <= budget, "budget exceeded");
         let mut seen = std::collections::HashSet::new();
         for c in &plan.chunks {

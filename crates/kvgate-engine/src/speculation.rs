@@ -7,13 +7,29 @@
 //! token, "sample from the target and keep the proposal if they agree" is the standard accept rule,
 //! and the rejected rows' residual is the target renormalised without the proposed token).
 //!
+//! The other method is a draft model ([`SpecMethod::DraftModel`], [`crate::draft`]): a smaller model
+//! with the same vocabulary proposes its greedy continuation, verified the same way.
+//!
 //! This module is pure: the configuration, the proposer, and the adaptive proposal length.
 
 use thiserror::Error;
 
+/// Where proposals come from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// Prompt lookup (vLLM's `ngram`): the sequence's own tokens.
+    #[default]
+    Ngram,
+    /// A draft model's greedy continuation (vLLM's `draft_model`): the engine is started with the
+    /// draft's backend beside the target's.
+    DraftModel,
+}
+
 /// The speculation settings (`--speculative-config`, vLLM's JSON, parsed at the edge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpecConfig {
+    /// Where proposals come from.
+    pub method: SpecMethod,
     /// Most tokens proposed per sequence and step (`num_speculative_tokens`).
     pub num_speculative_tokens: usize,
     /// Shortest suffix that is looked up (`prompt_lookup_min`).
@@ -170,6 +186,7 @@ mod tests {
     #[test]
     fn settings_out_of_range_are_named() {
         let ok = SpecConfig {
+            method: SpecMethod::Ngram,
             num_speculative_tokens: 4,
             prompt_lookup_min: 2,
             prompt_lookup_max: 5,

@@ -1,9 +1,13 @@
 //! Speculative decoding (prompt lookup) end to end on the tiny model: whatever a request asks —
 //! greedy or seeded sampling, penalties, logprobs, `n` choices, stop strings, `max_tokens`, a grammar
-//! — its event stream is the one decoding a token per step produces, under batching and preemption;
+//! (every verified row masked, forced tokens in between) — its event stream is the one decoding a token per step produces, under batching and preemption;
 //! proposals are made and kept (the counters say so); every way a request ends returns its blocks.
 
-use kvgate_engine::{EngineHandle, Event, GenerateRequest, SamplingParams, SpecConfig};
+use std::sync::Arc;
+
+use kvgate_engine::{
+    ConstraintFactory, GenerateRequest, Guide, SamplingParams, SpecConfig, TokenConstraint, TokenMask,
+};
 
 mod common;
 
@@ -11,63 +15,11 @@ use common::*;
 
 fn spec(k: usize, max_batch: usize) -> SpecConfig {
     SpecConfig {
+        method: kvgate_engine::SpecMethod::Ngram,
         num_speculative_tokens: k,
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
         max_batch,
-    }
-}
-
-/// Prompts whose text repeats, so that lookups find continuations.
-fn repeating(tok: &kvgate_model::Tokenizer, k: usize) -> Vec<Vec<u32>> {
-    (0..k)
-        .map(|i| {
-            let line = format!("item {i}: the sea is calm and the wind is low; ");
-            tok.encode(&format!("{line}{line}{line}copy it again: {line}"), false)
-                .unwrap()
-        })
-        .collect()
-}
-
-/// Every event of one request, as text, choice by choice (tokens, their texts and logprobs,
-/// finishes), then the usage: with `n` choices, how their events interleave depends on how many
-/// tokens each step emitted, what each choice streams does not.
-async fn events(h: &EngineHandle, prompt: &[u32], params: SamplingParams) -> Vec<String> {
-    let mut s = h
-        .generate(GenerateRequest {
-            prompt: prompt.to_vec(),
-            params,
-            cache_salt: None,
-            retain: None,
-            breakpoints: vec![],
-        })
-        .unwrap();
-    let mut by_choice = std::collections::BTreeMap::<usize, Vec<String>>::new();
-    loop {
-        let e = s.next().await.unwrap();
-        let choice = match &e {
-            Event::Token { choice, .. } | Event::Finished { choice, .. } => *choice,
-            // what the prefix cache held before differs between runs; the counts do not
-            Event::Done(u) => {
-                let mut out: Vec<String> = by_choice.into_values().flatten().collect();
-                out.push(format!("done: {} + {}", u.prompt_tokens, u.completion_tokens));
-                return out;
-            }
-            _ => usize::MAX,
-        };
-        by_choice.entry(choice).or_default().push(format!("{e:?}"));
-    }
-}
-
-async fn all_events(h: &EngineHandle, ps: &[Vec<u32>], params: &SamplingParams, concurrent: bool) -> Vec<Vec<String>> {
-    if concurrent {
-        futures::future::join_all(ps.iter().map(|p| events(h, p, params.clone()))).await
-    } else {
-        let mut out = vec![];
-        for p in ps {
-            out.push(events(h, p, params.clone()).await);
-        }
-        out
     }
 }
 
@@ -254,6 +206,104 @@ fn many_streams_pause_speculation() {
         assert!(
             alone.drafts - concurrent.drafts > 10 * concurrent.drafts.max(1),
             "{concurrent:?} then {alone:?}"
+        );
+        assert_pool_clean(&h).await;
+    });
+}
+
+/// A grammar for the test: only the tokens of `allowed`; after every `every` tokens it forces the
+/// next two of `allowed` (when fast-forwarding is allowed); complete after `len` tokens.
+#[derive(Clone)]
+struct Subset {
+    allowed: Vec<u32>,
+    vocab: usize,
+    every: usize,
+    len: usize,
+    done: usize,
+}
+
+impl TokenConstraint for Subset {
+    fn mask(&mut self) -> Result<TokenMask, String> {
+        Ok(TokenMask::from_ids(self.vocab, &self.allowed))
+    }
+    fn commit(&mut self, token: u32, fast_forward: bool) -> Result<Vec<u32>, String> {
+        if !self.allowed.contains(&token) {
+            return Err(format!("token {token} is not allowed"));
+        }
+        self.done += 1;
+        if fast_forward && self.done.is_multiple_of(self.every) && self.done + 2 < self.len {
+            self.done += 2;
+            return Ok(self.allowed[..2].to_vec());
+        }
+        Ok(vec![])
+    }
+    fn is_stopped(&self) -> bool {
+        self.done >= self.len
+    }
+    fn fork(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
+}
+
+impl ConstraintFactory for Subset {
+    fn start(&self) -> Box<dyn TokenConstraint> {
+        Box::new(self.clone())
+    }
+    fn describe(&self) -> String {
+        format!("subset of {} tokens", self.allowed.len())
+    }
+}
+
+#[test]
+fn a_grammar_masks_every_verified_row() {
+    rt().block_on(async {
+        let (base, tok) = engine(Opts::default());
+        let (h, _) = engine(Opts {
+            spec: Some(spec(6, 64)),
+            ..Default::default()
+        });
+        let ps = repeating(&tok, 4);
+        let mut allowed: Vec<u32> = ps[0].clone();
+        allowed.sort_unstable();
+        allowed.dedup();
+        allowed.truncate(12);
+        let vocab = tok.vocab_size();
+        let guide = |every: usize| {
+            Guide(Arc::new(Subset {
+                allowed: allowed.clone(),
+                vocab,
+                every,
+                len: 40,
+                done: 0,
+            }))
+        };
+        let before = h.stats().await.unwrap().spec;
+        for (i, (temperature, n, logprobs, every)) in [
+            (0.0, 1, None, 1000),
+            (0.0, 1, None, 7),
+            (0.9, 2, None, 5),
+            (0.8, 1, Some(2), 4),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let params = SamplingParams {
+                temperature,
+                seed: Some(5),
+                n,
+                logprobs,
+                max_tokens: 60,
+                guide: Some(guide(every)),
+                ..Default::default()
+            };
+            let want = all_events(&base, &ps, &params, false).await;
+            assert_eq!(all_events(&h, &ps, &params, false).await, want, "case {i}, sequential");
+            assert_eq!(all_events(&h, &ps, &params, true).await, want, "case {i}, concurrent");
+        }
+        let after = h.stats().await.unwrap().spec;
+        assert!(
+            after.accepted > before.accepted,
+            "proposals were kept under the grammar: {after:?}"
         );
         assert_pool_clean(&h).await;
     });

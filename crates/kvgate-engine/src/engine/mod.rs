@@ -11,7 +11,7 @@
 mod start;
 mod tier_io;
 
-pub use start::start;
+pub use start::{start, start_with_draft};
 
 use tier_io::open_tier;
 
@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 use crate::batch::{self, ChunkWant};
 use crate::config::EngineConfig;
 use crate::constraint::GuideState;
+use crate::draft::Drafter;
 use crate::error::EngineError;
 use crate::handle::{Command, EngineStats, Shared};
 use crate::kinds::{Active, AdmitEnv, ChunkOut, Outcome, OutputEnv, RequestKind, StepContext};
@@ -41,6 +42,8 @@ use crate::tier::TierConfig;
 pub(crate) struct Engine {
     cfg: EngineConfig,
     backend: Box<dyn Backend>,
+    /// The draft model of speculative decoding, when its method is one.
+    drafter: Option<Drafter>,
     sched: Scheduler,
     env: OutputEnv,
     rec: Recorder,
@@ -193,6 +196,7 @@ impl Engine {
                         t.stats()
                     }),
                     spec: self.sched.stats().spec,
+                    draft: self.drafter.as_ref().map(Drafter::stats),
                 });
             }
             Command::InjectPanic => self.panic_next = true,
@@ -219,6 +223,10 @@ impl Engine {
     /// the finish reason.
     fn end_request(&mut self, g: GroupId, reason: Option<&str>) {
         self.sched.finish_group(g);
+        if let Some(d) = self.drafter.as_mut() {
+            let sched = &self.sched;
+            d.retain(|s| sched.has_seq(s));
+        }
         if let Some(a) = self.reqs.remove(&g) {
             self.by_id.remove(&a.id);
             if a.admitted.is_none() {
@@ -239,6 +247,9 @@ impl Engine {
             self.end_request(g, Some("error"));
         }
         // Whatever bookkeeping a failed step left behind goes with it; cached content is dropped too.
+        if let Some(d) = self.drafter.as_mut() {
+            d.reset();
+        }
         self.sched.clear_pins();
         let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
         let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
@@ -300,7 +311,9 @@ impl Engine {
             panic!("injected panic (test hook)");
         }
         let t0 = Instant::now();
+        self.draft(None);
         let plan = self.plan()?;
+        self.draft(Some(&plan.chunks));
         for &(g, needed) in &plan.failed {
             let available = self.backend.capacity().num_blocks;
             if let Some(a) = self.reqs.get_mut(&g) {
@@ -393,6 +406,25 @@ impl Engine {
         let rows: usize = plan.chunks.iter().map(|c| c.len).sum();
         self.floor.record(rows - decode_rows, decode_rows, t0.elapsed());
         Ok(())
+    }
+
+    /// The draft model's work (none without one): before a step is planned, its proposals for the
+    /// sequences that decode next; once it is planned (`plan`), the prompt chunks the step computes.
+    /// A failing draft proposes nothing and fails no request.
+    fn draft(&mut self, plan: Option<&[Chunk]>) {
+        let Some(d) = self.drafter.as_mut() else { return };
+        let res = match plan {
+            None => d.propose(&self.sched.draft_asks(), true),
+            Some(chunks) => d.propose(&self.sched.draft_follows(chunks), false),
+        };
+        let drafted = res.unwrap_or_else(|e| {
+            warn!(error = %e, "the draft model failed a step; proposing nothing this step");
+            vec![]
+        });
+        for (seq, tokens) in drafted {
+            // the sequence was just asked: it exists
+            let _ = self.sched.set_drafted(seq, tokens);
+        }
     }
 
     /// The next step's plan: decode rows only while the decode floor is owed time (a normal step when

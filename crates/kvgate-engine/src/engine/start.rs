@@ -14,6 +14,7 @@ use tracing::warn;
 use super::tier_io::open_tier;
 use super::Engine;
 use crate::config::{calibration_of, prefill_cap, EngineConfig};
+use crate::draft::Drafter;
 use crate::error::EngineError;
 use crate::handle::{EngineHandle, Shared};
 use crate::inference::Limits;
@@ -21,15 +22,43 @@ use crate::kinds::OutputEnv;
 use crate::metrics::Recorder;
 use crate::pacing::DecodeFloor;
 use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::speculation::SpecMethod;
 
 /// Starts the engine thread on `backend`: the cache — its block size, block count, dtype and method —
 /// is the backend's, read from it here; `cfg` says how to schedule, retain and tier over it.
 pub fn start(
-    mut backend: Box<dyn Backend>,
+    backend: Box<dyn Backend>,
     tok: Arc<Tokenizer>,
     eos: Vec<u32>,
     cfg: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
+    start_with_draft(backend, None, tok, eos, cfg)
+}
+
+/// [`start`] with a draft model for speculative decoding (`cfg.speculation`'s method
+/// [`SpecMethod::DraftModel`]): `draft` runs the draft model over its own cache, on the same
+/// vocabulary as `backend`'s model.
+pub fn start_with_draft(
+    mut backend: Box<dyn Backend>,
+    draft: Option<Box<dyn Backend>>,
+    tok: Arc<Tokenizer>,
+    eos: Vec<u32>,
+    cfg: EngineConfig,
+) -> Result<EngineHandle, EngineError> {
+    let wants_draft = cfg.speculation.is_some_and(|c| c.method == SpecMethod::DraftModel);
+    match (&draft, wants_draft) {
+        (None, true) => {
+            return Err(EngineError::Config(
+                "speculation by a draft model needs the draft model's backend".into(),
+            ))
+        }
+        (Some(_), false) => {
+            return Err(EngineError::Config(
+                "a draft model was given but speculation's method is not draft_model".into(),
+            ))
+        }
+        _ => {}
+    }
     let shape = backend.cache_shape();
     let (block_size, num_blocks) = (shape.block_size(), backend.capacity().num_blocks);
     if num_blocks * block_size < cfg.max_model_len.min(backend.max_positions()) {
@@ -103,8 +132,10 @@ pub fn start(
             sched.set_tier(Some(open_tier(&cfg.tier, backend.as_ref())?));
         }
     }
+    let drafter = draft.map(|d| Drafter::new(d, backend.vocab_size(), cfg.max_num_batched_tokens));
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
+        drafter,
         env: OutputEnv {
             tok,
             eos,

@@ -59,8 +59,8 @@ impl Choice {
 
 /// What sampling one row did to a choice.
 enum Row {
-    /// It goes on, with this token appended.
-    Continue(u32),
+    /// It goes on, with this token appended (and, when `true`, tokens its grammar forced after it).
+    Continue(u32, bool),
     /// It ended (its `Finished` event is sent).
     Ended(FinishReason),
     /// It is not (or no longer) a choice of this completion.
@@ -208,15 +208,24 @@ impl GenState {
         let mut going = vec![];
         if c.draft > 0 {
             // Speculation: row i verifies proposed token i (`c.tokens[1 + i]`); each row is sampled as
-            // a one-token step would sample it, and a proposal is kept while it is what was sampled.
+            // a one-token step would sample it (under the grammar's mask for the tokens emitted so
+            // far: only sampled tokens are ever committed to it), and a proposal is kept while it is
+            // what was sampled. Tokens a grammar forces after a kept one end the verification: the
+            // next rows were computed for the proposal's positions, not theirs.
             let mut accepted = 0;
             for i in 0..=c.draft {
                 let Some(row) = rows.get(i * vocab..(i + 1) * vocab) else {
                     break;
                 };
                 match gs.sample_choice(cx, c.seq, row, &stop_ids) {
-                    Row::Continue(tok) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => accepted += 1,
-                    Row::Continue(_) => {
+                    Row::Continue(tok, forced) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => {
+                        accepted += 1;
+                        if forced {
+                            going.push(c.seq);
+                            break;
+                        }
+                    }
+                    Row::Continue(..) => {
                         going.push(c.seq);
                         break;
                     }
@@ -231,7 +240,7 @@ impl GenState {
         } else {
             for t in targets {
                 match gs.sample_choice(cx, t, last, &stop_ids) {
-                    Row::Continue(_) => going.push(t),
+                    Row::Continue(..) => going.push(t),
                     Row::Ended(reason) => ended.push((t, reason)),
                     Row::Gone => {}
                 }
@@ -320,11 +329,12 @@ impl GenState {
         gs.completion_tokens += 1;
         cx.rec.generated_token();
         let mut finish = gs.emit(cx.env, t, tok, lp);
+        let before = gs.completion_tokens;
         if finish.is_none() {
             finish = gs.follow_grammar(cx, t, tok);
         }
         let Some((reason, stop)) = finish else {
-            return Row::Continue(tok);
+            return Row::Continue(tok, gs.completion_tokens > before);
         };
         let Some(ch) = gs.choices.get_mut(&t) else {
             return Row::Gone;
@@ -343,12 +353,9 @@ impl GenState {
         Row::Ended(reason)
     }
 
-    /// Most tokens choice `ch` may propose for its next step: none under a grammar (its mask is
-    /// prepared one token ahead), and never more than it may still emit after the step's first.
+    /// Most tokens choice `ch` may propose for its next step: never more than it may still emit
+    /// after the step's first.
     fn spec_limit(&self, ch: &Choice) -> usize {
-        if ch.guide.is_some() {
-            return 0;
-        }
         self.params.max_tokens.saturating_sub(ch.sampler.generated() + 1)
     }
 

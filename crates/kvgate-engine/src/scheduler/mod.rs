@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 pub use admission::Admission;
 pub(crate) use plan::Plan;
 pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
+pub(crate) use speculate::DraftAsk;
 pub(crate) use update::StepUpdate;
 
 use crate::block_pool::{BlockId, BlockPool};
@@ -183,6 +184,11 @@ impl Scheduler {
     #[cfg(test)]
     pub(crate) fn seq(&self, id: SeqId) -> Result<&Seq> {
         self.reg.seq(id)
+    }
+
+    /// Whether a sequence still exists (running, waiting or preempted).
+    pub(crate) fn has_seq(&self, id: SeqId) -> bool {
+        self.reg.seq(id).is_ok()
     }
 
     /// Live sequences of a group (empty for an unknown group).

@@ -2,13 +2,33 @@
 //! proposed tokens as extra rows when the step speculates and their blocks are free (a proposal never
 //! preempts or waits for anyone); after the request kind verified them, the kept tokens' K/V stay
 //! (their full blocks join the prefix cache exactly as decoding them one by one would register them),
-//! and the blocks reserved only for rejected tokens go back to the pool.
+//! and the blocks reserved only for rejected tokens go back to the pool. With a draft model the
+//! proposals come from the engine's drafter ([`crate::draft`]): the scheduler says who may be
+//! proposed how many tokens ([`Scheduler::draft_asks`]) and takes what was drafted as the proposal.
 
-use super::{Result, Scheduler};
+use super::{Chunk, Result, Scheduler};
 use crate::kv_manager::KvManager;
 use crate::registry::{GroupKind, SchedError, SeqId};
-use crate::speculation::{self, SpecConfig};
+use crate::speculation::{self, SpecConfig, SpecMethod};
 use kvgate_backend::BlockCopy;
+
+/// A sequence the draft model is asked to propose for this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DraftAsk<'a> {
+    /// The sequence.
+    pub(crate) seq: SeqId,
+    /// Its tokens.
+    pub(crate) tokens: &'a [u32],
+    /// How many of them the draft should hold: all of them for a sequence that decodes next (the
+    /// last one's row gives the first proposal), what the target computed so far for one that is
+    /// still computing its prompt (the draft follows the target's chunks, so its prompt is ready
+    /// when decoding starts and its cost falls on the prompt's time, not between tokens).
+    pub(crate) upto: usize,
+    /// Most tokens to propose (0 for a prompt still being computed).
+    pub(crate) k: usize,
+    /// Its group's prefix-cache key (the draft's cache is keyed the same way).
+    pub(crate) salt: &'a str,
+}
 
 impl Scheduler {
     /// Turns speculation on (or off with `None`); sequences never propose past `max_len` positions.
@@ -29,6 +49,80 @@ impl Scheduler {
             .is_some_and(|c| self.num_running_seqs() <= c.max_batch && c.max_batch > 0)
     }
 
+    /// The sequences a draft model proposes for before this step is planned: each running sequence
+    /// that decodes next and may speculate, with the most tokens it may be proposed (its adaptive
+    /// length, its request's limit, the context), and each completion still computing its prompt,
+    /// with what the target computed of it. Empty unless the method is a draft model and the batch is
+    /// small enough to speculate.
+    pub(crate) fn draft_asks(&self) -> Vec<DraftAsk<'_>> {
+        let mut out = vec![];
+        if !self.drafts_now() {
+            return out;
+        }
+        for &g in &self.running {
+            let Ok(grp) = self.reg.group(g) else { continue };
+            let completion = matches!(grp.kind, GroupKind::Generate);
+            for &sid in &grp.seqs {
+                let Ok(s) = self.reg.seq(sid) else { continue };
+                let (upto, k) = if s.tokens.len() == s.computed + 1 && s.matched {
+                    let past_end = self.spec_max_len.saturating_sub(s.computed + 1);
+                    (s.tokens.len(), s.spec_len.min(s.spec_limit).min(past_end))
+                } else if completion && s.matched {
+                    (s.computed, 0)
+                } else {
+                    continue;
+                };
+                if upto > 0 && (k > 0 || upto < s.tokens.len()) {
+                    out.push(DraftAsk {
+                        seq: sid,
+                        tokens: &s.tokens,
+                        upto,
+                        k,
+                        salt: &grp.salt,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// What the draft computes beside a planned step: every chunk of a completion that carries no
+    /// proposal (a prompt chunk), up to its end — so the draft holds a prompt when its first token
+    /// is sampled, and its cost falls on the prompt's time, not between tokens, as when a GPU
+    /// computes the draft's prefill in the target's step.
+    pub(crate) fn draft_follows(&self, chunks: &[Chunk]) -> Vec<DraftAsk<'_>> {
+        let mut out = vec![];
+        if !self.drafts_now() {
+            return out;
+        }
+        for c in chunks.iter().filter(|c| c.draft == 0 && c.len > 0) {
+            let (Ok(s), Ok(grp)) = (self.reg.seq(c.seq), self.reg.group(c.group)) else {
+                continue;
+            };
+            if matches!(grp.kind, GroupKind::Generate) {
+                out.push(DraftAsk {
+                    seq: c.seq,
+                    tokens: &s.tokens,
+                    upto: (c.start + c.len).min(s.tokens.len()),
+                    k: 0,
+                    salt: &grp.salt,
+                });
+            }
+        }
+        out
+    }
+
+    /// Whether a draft model works this step.
+    fn drafts_now(&self) -> bool {
+        self.speculates_now() && self.spec.map(|c| c.method) == Some(SpecMethod::DraftModel)
+    }
+
+    /// What the draft model proposed for `seq` this step (taken by its next decode chunk).
+    pub(crate) fn set_drafted(&mut self, seq: SeqId, tokens: Vec<u32>) -> Result<()> {
+        self.reg.seq_mut(seq)?.drafted = tokens;
+        Ok(())
+    }
+
     /// Proposes tokens for decode sequence `sid` (at most `room` of them) and reserves their slots;
     /// returns how many (0: none found, none allowed, or no free blocks for them, and then nothing
     /// changed).
@@ -42,13 +136,17 @@ impl Scheduler {
         let max_len = self.spec_max_len;
         let s = self.reg.seq_mut(sid)?;
         s.draft.clear();
+        let drafted = std::mem::take(&mut s.drafted);
         // the chunk's first row is the sequence's last token, at position `computed`
         let past_end = max_len.saturating_sub(s.computed + 1);
         let k = s.spec_len.min(s.spec_limit).min(room).min(past_end);
         if k == 0 {
             return Ok(0);
         }
-        let proposal = speculation::propose(&s.tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k);
+        let proposal = match cfg.method {
+            SpecMethod::Ngram => speculation::propose(&s.tokens, cfg.prompt_lookup_min, cfg.prompt_lookup_max, k),
+            SpecMethod::DraftModel => &drafted[..drafted.len().min(k)],
+        };
         if proposal.is_empty() {
             return Ok(0);
         }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use kvgate_cpu::tiny::{tiny_model, TinySpec};
 use kvgate_cpu::{CpuBackend, CpuCache, CpuSettings};
-use kvgate_engine::{start, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SamplingParams};
+use kvgate_engine::{
+    start_with_draft, EngineConfig, EngineHandle, Event, FinishReason, GenerateRequest, SamplingParams,
+};
 
 pub struct Opts {
     pub blocks: usize,
@@ -18,6 +20,8 @@ pub struct Opts {
     pub int8: bool,
     pub window: Option<usize>,
     pub spec: Option<kvgate_engine::SpecConfig>,
+    /// A draft model (the tiny model of this spec) over a cache of this block size and count.
+    pub draft: Option<(TinySpec, usize, usize)>,
 }
 
 impl Default for Opts {
@@ -31,6 +35,7 @@ impl Default for Opts {
             int8: false,
             window: None,
             spec: None,
+            draft: None,
         }
     }
 }
@@ -68,7 +73,25 @@ pub fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
         )
         .unwrap(),
     );
-    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+    let draft = o.draft.map(|(spec, block_size, num_blocks)| {
+        let d = tiny_model(spec).unwrap();
+        Box::new(
+            CpuBackend::with_cache(
+                d.model,
+                CpuCache {
+                    block_size,
+                    num_blocks,
+                    settings,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        ) as Box<dyn kvgate_engine::Backend>
+    });
+    (
+        start_with_draft(backend, draft, tok.clone(), m.eos_token_ids, cfg).unwrap(),
+        tok,
+    )
 }
 
 pub fn greedy(max_tokens: usize) -> SamplingParams {
@@ -172,9 +195,73 @@ pub async fn assert_pool_clean(h: &EngineHandle) {
         let s = h.stats().await.unwrap();
         if s.active_requests == 0 && s.pool.used == s.pins {
             assert_eq!(s.pool.used, 0, "blocks still held: {s:?}");
+            // a draft model's cache holds nothing for requests that ended either
+            assert_eq!(
+                s.draft.map_or(0, |d| d.held_blocks),
+                0,
+                "draft blocks still held: {s:?}"
+            );
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("engine did not return to idle: {:?}", h.stats().await.unwrap());
+}
+
+/// Prompts whose text repeats, so that lookups find continuations.
+pub fn repeating(tok: &kvgate_model::Tokenizer, k: usize) -> Vec<Vec<u32>> {
+    (0..k)
+        .map(|i| {
+            let line = format!("item {i}: the sea is calm and the wind is low; ");
+            tok.encode(&format!("{line}{line}{line}copy it again: {line}"), false)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every event of one request, as text, choice by choice (tokens, their texts and logprobs,
+/// finishes), then the usage: with `n` choices, how their events interleave depends on how many
+/// tokens each step emitted, what each choice streams does not.
+pub async fn events(h: &EngineHandle, prompt: &[u32], params: SamplingParams) -> Vec<String> {
+    let mut s = h
+        .generate(GenerateRequest {
+            prompt: prompt.to_vec(),
+            params,
+            cache_salt: None,
+            retain: None,
+            breakpoints: vec![],
+        })
+        .unwrap();
+    let mut by_choice = std::collections::BTreeMap::<usize, Vec<String>>::new();
+    loop {
+        let e = s.next().await.unwrap();
+        let choice = match &e {
+            Event::Token { choice, .. } | Event::Finished { choice, .. } => *choice,
+            // what the prefix cache held before differs between runs; the counts do not
+            Event::Done(u) => {
+                let mut out: Vec<String> = by_choice.into_values().flatten().collect();
+                out.push(format!("done: {} + {}", u.prompt_tokens, u.completion_tokens));
+                return out;
+            }
+            _ => usize::MAX,
+        };
+        by_choice.entry(choice).or_default().push(format!("{e:?}"));
+    }
+}
+
+pub async fn all_events(
+    h: &EngineHandle,
+    ps: &[Vec<u32>],
+    params: &SamplingParams,
+    concurrent: bool,
+) -> Vec<Vec<String>> {
+    if concurrent {
+        futures::future::join_all(ps.iter().map(|p| events(h, p, params.clone()))).await
+    } else {
+        let mut out = vec![];
+        for p in ps {
+            out.push(events(h, p, params.clone()).await);
+        }
+        out
+    }
 }

@@ -23,6 +23,7 @@ use crate::startup::config::{
     self, Activations, AdmissionPolicy, Args, ByteSize, ConfigError, DecisionTemperatureSetting, KvCacheDtype,
     KvCacheMethod, LogFormat,
 };
+use crate::startup::speculative;
 use crate::{http::app, startup::default_model};
 
 /// Why `serve` could not start.
@@ -314,18 +315,19 @@ where
     } else {
         vec![loaded.name.clone()]
     };
-    let tokenizer = Arc::new(loaded.tokenizer);
-    let scaled = dtype.is_scaled();
     // checked when the flags were read; a config file's value is checked here
-    let speculation = match args
-        .speculative_config
-        .as_deref()
-        .map(crate::startup::speculative::parse)
-    {
-        Some(Err(e)) => return Err(StartError::Speculative(e)),
-        Some(Ok(c)) => Some(c),
+    let speculation = (args.speculative_config.as_deref())
+        .map(speculative::parse)
+        .transpose()
+        .map_err(StartError::Speculative)?;
+    let draft = match speculation.as_ref().and_then(|s| s.draft_model.as_deref()) {
+        Some(p) => {
+            Some(speculative::open_draft(p, &spec, &loaded.tokenizer, num_blocks).map_err(StartError::Speculative)?)
+        }
         None => None,
     };
+    let tokenizer = Arc::new(loaded.tokenizer);
+    let scaled = dtype.is_scaled();
     let ecfg = EngineConfig {
         kv_events: opts.kv_events.clone(),
         max_num_seqs: args.max_num_seqs,
@@ -342,7 +344,7 @@ where
             (args.api_key.len() > 1).then(|| args.max_pinned_blocks.unwrap_or(num_blocks / 2) / args.api_key.len())
         }),
         max_retained_blocks: args.max_retained_blocks,
-        speculation,
+        speculation: speculation.map(|s| s.config),
         decode_share: args.decode_floor,
         session_window: args.session_window(),
         admission: match args.admission {
@@ -356,7 +358,7 @@ where
         },
     };
     let eos_token_ids = loaded.eos_token_ids.clone();
-    let engine = kvgate_engine::start(backend, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
+    let engine = kvgate_engine::start_with_draft(backend, draft, tokenizer.clone(), loaded.eos_token_ids, ecfg)?;
     metrics::gauge!(m::CACHE_CONFIG,
         "model_name" => served_names[0].clone(),
         "block_size" => args.block_size.to_string(),

@@ -1,12 +1,18 @@
 //! `--speculative-config`: vLLM's JSON for speculative decoding, read into the engine's
-//! [`SpecConfig`]. kvgate speculates by prompt lookup (`"method": "ngram"`, with vLLM's keys and
-//! defaults: `num_speculative_tokens` required, `prompt_lookup_min` / `prompt_lookup_max` default to
-//! each other, or both to 5); `disable_by_batch_size` is vLLM's too: speculation pauses while that
-//! many sequences or more decode at once (a step that is compute-bound gains nothing from extra
-//! rows). A method kvgate does not run (`draft_model`, `eagle`, `mtp`, …) or a key it does not know is
-//! refused at startup with its name, never silently ignored.
+//! [`SpecConfig`] and the draft model's path. Two of vLLM's methods run: prompt lookup (`"method":
+//! "ngram"`, with vLLM's keys and defaults: `num_speculative_tokens` required, `prompt_lookup_min` /
+//! `prompt_lookup_max` default to each other, or both to 5) and a draft model (`"method":
+//! "draft_model"` — or no method with a `"model"` — a GGUF with the target's vocabulary, which
+//! `serve` loads beside the target). `disable_by_batch_size` is vLLM's too: speculation pauses while
+//! that many sequences or more decode at once (a step that is compute-bound gains nothing from extra
+//! rows). A method kvgate does not run (`eagle`, `mtp`, …), a key the method does not take or a key
+//! kvgate does not know is refused at startup with its name, never silently ignored.
 
-use kvgate_engine::SpecConfig;
+use kvgate_engine::{Backend, KvMemory, SpecConfig, SpecMethod};
+use kvgate_model::{load_unprepared, Configured, LoadOptions, Tokenizer};
+use std::path::{Path, PathBuf};
+
+use crate::startup::backends::{open_backend, BackendSpec};
 use serde::Deserialize;
 
 /// Sequences decoding at once from which speculation pauses, unless the config says: on a CPU a
@@ -24,12 +30,21 @@ struct Wire {
     prompt_lookup_min: Option<usize>,
     prompt_lookup_max: Option<usize>,
     disable_by_batch_size: Option<usize>,
-    /// A draft model (`method: "draft_model"`): refused with the method for now.
+    /// The draft model's GGUF (`method: "draft_model"`).
     model: Option<String>,
 }
 
+/// What `--speculative-config` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Speculative {
+    /// The engine's settings.
+    pub config: SpecConfig,
+    /// The draft model's GGUF (the `draft_model` method).
+    pub draft_model: Option<PathBuf>,
+}
+
 /// Parses `--speculative-config` (clap's value parser: the message names what is wrong).
-pub fn parse(s: &str) -> Result<SpecConfig, String> {
+pub fn parse(s: &str) -> Result<Speculative, String> {
     let w: Wire = serde_json::from_str(s).map_err(|e| format!("not a speculative config: {e}"))?;
     let method = w.method.clone().unwrap_or_else(|| {
         if w.model.is_some() {
@@ -38,16 +53,37 @@ pub fn parse(s: &str) -> Result<SpecConfig, String> {
             "ngram".into()
         }
     });
-    if method != "ngram" && method != "[ngram]" {
-        return Err(format!(
-            "method \"{method}\" is not supported; kvgate speculates by prompt lookup: \"method\": \"ngram\""
-        ));
-    }
-    if let Some(m) = &w.model {
-        return Err(format!(
-            "\"model\" ({m}) is for a draft model; the ngram method takes none"
-        ));
-    }
+    let (method, draft_model) = match method.as_str() {
+        "ngram" | "[ngram]" => {
+            if let Some(m) = &w.model {
+                return Err(format!(
+                    "\"model\" ({m}) is for a draft model; the ngram method takes none"
+                ));
+            }
+            (SpecMethod::Ngram, None)
+        }
+        "draft_model" => {
+            let m = w
+                .model
+                .as_deref()
+                .ok_or("the draft_model method needs \"model\": the draft model's GGUF file")?;
+            if let Some(key) = [
+                ("prompt_lookup_min", w.prompt_lookup_min),
+                ("prompt_lookup_max", w.prompt_lookup_max),
+            ]
+            .iter()
+            .find_map(|(k, v)| v.map(|_| k))
+            {
+                return Err(format!("{key} is for the ngram method; the draft_model method takes none"));
+            }
+            (SpecMethod::DraftModel, Some(PathBuf::from(m)))
+        }
+        other => {
+            return Err(format!(
+                "method \"{other}\" is not supported; kvgate speculates by prompt lookup (\"method\": \"ngram\") or by a draft model (\"method\": \"draft_model\", \"model\": a GGUF)"
+            ))
+        }
+    };
     let k = w
         .num_speculative_tokens
         .ok_or("num_speculative_tokens is required (the most tokens proposed per step)")?;
@@ -61,14 +97,72 @@ pub fn parse(s: &str) -> Result<SpecConfig, String> {
     if disable == 0 {
         return Err("disable_by_batch_size must be at least 1, got 0".into());
     }
-    SpecConfig {
+    let config = SpecConfig {
+        method,
         num_speculative_tokens: k,
         prompt_lookup_min: min,
         prompt_lookup_max: max,
         max_batch: disable - 1,
     }
     .validate()
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    Ok(Speculative { config, draft_model })
+}
+
+/// Loads the draft model `path` and opens its backend beside the target's (`target`: the same device,
+/// activations, block size, KV dtype and method, and as many blocks as the target's cache, each
+/// smaller by the draft's size). Its tokenizer must be the target's, token for token: a proposal is
+/// a token id, meaningless under another vocabulary.
+pub(crate) fn open_draft(
+    path: &Path,
+    target: &BackendSpec,
+    target_tok: &Tokenizer,
+    num_blocks: usize,
+) -> Result<Box<dyn Backend>, String> {
+    let opts = LoadOptions {
+        max_model_len: None,
+        int8_activations: target.int8_activations,
+        f32_weights: false,
+    };
+    let name = path.display();
+    let draft = load_unprepared(path, &opts).map_err(|e| format!("the draft model {name}: {e}"))?;
+    same_vocabulary(target_tok, &draft.tokenizer).map_err(|e| format!("the draft model {name}: {e}"))?;
+    let shape = draft
+        .model
+        .config()
+        .cache_shape(target.shape.block_size(), target.shape.dtype())
+        .and_then(|s| s.with_quant(target.shape.quant()))
+        .map_err(|e| format!("the draft model {name}: its KV cache: {e}"))?;
+    let spec = BackendSpec {
+        shape,
+        memory: KvMemory::Blocks(num_blocks),
+        ..target.clone()
+    };
+    let layers = draft.model.config().num_layers;
+    let backend = open_backend(draft.model, &spec).map_err(|e| format!("the draft model {name}: {e}"))?;
+    tracing::info!(
+        "speculative decoding by a draft model: {name} ({layers} layers), its own KV cache of {num_blocks} blocks ({:.1} MiB)",
+        backend.capacity().budget_bytes as f64 / (1u64 << 20) as f64
+    );
+    Ok(backend)
+}
+
+/// Whether two tokenizers are the same vocabulary: the same size and the same token behind every id.
+fn same_vocabulary(target: &Tokenizer, draft: &Tokenizer) -> Result<(), String> {
+    let (t, d) = (target.vocab_size(), draft.vocab_size());
+    if t != d {
+        return Err(format!(
+            "its vocabulary has {d} tokens, the target's {t}: a draft model needs the target's tokenizer"
+        ));
+    }
+    match (0..t as u32).find(|&id| target.id_to_token(id) != draft.id_to_token(id)) {
+        Some(id) => Err(format!(
+            "token {id} is {:?} in its vocabulary and {:?} in the target's: a draft model needs the target's tokenizer",
+            draft.id_to_token(id).unwrap_or_default(),
+            target.id_to_token(id).unwrap_or_default()
+        )),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -77,24 +171,48 @@ mod tests {
 
     #[test]
     fn vllms_ngram_json_reads_with_its_defaults() {
-        let c = parse(r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}"#).unwrap();
+        let c = parse(r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}"#)
+            .unwrap()
+            .config;
         assert_eq!(
             (c.num_speculative_tokens, c.prompt_lookup_min, c.prompt_lookup_max),
             (5, 4, 4)
         );
         assert_eq!(c.max_batch, DEFAULT_DISABLE_BY_BATCH_SIZE - 1);
-        let c = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 9}"#).unwrap();
+        let c = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "disable_by_batch_size": 9}"#)
+            .unwrap()
+            .config;
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max, c.max_batch), (5, 5, 8));
-        let c = parse(r#"{"num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 3}"#).unwrap();
+        let c = parse(r#"{"num_speculative_tokens": 2, "prompt_lookup_min": 2, "prompt_lookup_max": 3}"#)
+            .unwrap()
+            .config;
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (2, 3));
+    }
+
+    #[test]
+    fn a_draft_model_reads_as_vllm_spells_it() {
+        let s = parse(r#"{"method": "draft_model", "model": "/m/draft.gguf", "num_speculative_tokens": 4}"#).unwrap();
+        assert_eq!(s.config.method, SpecMethod::DraftModel);
+        assert_eq!(s.config.num_speculative_tokens, 4);
+        assert_eq!(s.draft_model, Some(PathBuf::from("/m/draft.gguf")));
+        // no method with a model is a draft model, as in vLLM
+        let s = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 2, "disable_by_batch_size": 3}"#).unwrap();
+        assert_eq!((s.config.method, s.config.max_batch), (SpecMethod::DraftModel, 2));
     }
 
     #[test]
     fn what_kvgate_does_not_run_is_refused_by_name() {
         let e = parse(r#"{"method": "eagle", "model": "x", "num_speculative_tokens": 3}"#).unwrap_err();
         assert!(e.contains("\"eagle\" is not supported"), "{e}");
-        let e = parse(r#"{"model": "draft.gguf", "num_speculative_tokens": 3}"#).unwrap_err();
-        assert!(e.contains("\"draft_model\""), "{e}");
+        let e = parse(r#"{"method": "ngram", "model": "draft.gguf", "num_speculative_tokens": 3}"#).unwrap_err();
+        assert!(e.contains("the ngram method takes none"), "{e}");
+        let e = parse(r#"{"method": "draft_model", "num_speculative_tokens": 3}"#).unwrap_err();
+        assert!(e.contains("needs \"model\""), "{e}");
+        let e = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "prompt_lookup_max": 2}"#).unwrap_err();
+        assert!(e.contains("prompt_lookup_max is for the ngram method"), "{e}");
+        let e =
+            parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}"#).unwrap_err();
+        assert!(e.contains("unknown field `draft_tensor_parallel_size`"), "{e}");
         let e = parse(r#"{"method": "ngram"}"#).unwrap_err();
         assert!(e.contains("num_speculative_tokens is required"), "{e}");
         let e = parse(r#"{"method": "ngram", "num_speculative_tokens": 40}"#).unwrap_err();

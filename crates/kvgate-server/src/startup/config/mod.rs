@@ -157,8 +157,10 @@ pub struct Args {
     /// Speculative decoding, with vLLM's JSON ('{"method": "ngram", "num_speculative_tokens": 4,
     /// "prompt_lookup_max": 4}'; also "prompt_lookup_min" and "disable_by_batch_size"): each decoding
     /// sequence proposes up to that many tokens by finding its last tokens earlier in its prompt and
-    /// output, and one forward pass verifies them; outputs are exactly those of decoding one token at a
-    /// time (greedy: the same tokens; sampled: the same distribution) [default: none]
+    /// output, and one forward pass verifies them; or by a draft model with the same tokenizer
+    /// ('{"method": "draft_model", "model": "draft.gguf", "num_speculative_tokens": 4}'); outputs are
+    /// exactly those of decoding one token at a time (greedy: the same tokens; sampled: the same
+    /// distribution) [default: none]
     #[arg(long, env = "KVGATE_SPECULATIVE_CONFIG", value_parser = values::speculative_config)]
     pub speculative_config: Option<String>,
 

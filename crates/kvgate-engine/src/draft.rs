@@ -1,0 +1,470 @@
+//! The draft model of speculative decoding (vLLM's `draft_model` method): a second, smaller model
+//! with the target's vocabulary proposes each speculating sequence's next tokens, one forward pass of
+//! the draft per proposed token, batched over the sequences, before the target's step is planned.
+//!
+//! The drafter keeps its own paged cache with the target's machinery — a [`KvManager`] over a
+//! [`BlockPool`], prefix caching included — so the draft computes a prompt once: the `n` choices of a
+//! completion, a conversation's next turn and a sequence the target preempted find its blocks again.
+//! A sequence's draft state follows the target's: before drafting again, what the draft holds past
+//! the longest common prefix with the sequence's tokens (its rejected proposals) is given back, and
+//! full blocks of the sequence's own tokens are registered under its group's key (tenants never
+//! share draft blocks either). Entries of sequences not asked this step are released.
+//!
+//! Proposals are the draft's argmax tokens: a deterministic proposal, for which "sample from the
+//! target, keep the proposal while they agree" (the verifier, [`crate::kinds`]) is the standard
+//! rejection rule with a one-hot draft distribution, so what a sequence emits is what decoding without
+//! speculation emits (greedy: token for token; sampled: the same distribution). A draft that cannot
+//! propose (its pool full, its backend failing) proposes nothing; it never fails a request.
+
+use std::collections::{HashMap, HashSet};
+
+use kvgate_backend::{Backend, BackendError, Batch, Output, Precision, Want};
+
+use crate::block_pool::BlockPool;
+use crate::kv_manager::{KvManager, SeqBlocks};
+use crate::registry::SeqId;
+use crate::salts::Salts;
+use crate::scheduler::DraftAsk;
+
+/// The draft model and its cache.
+pub(crate) struct Drafter {
+    backend: Box<dyn Backend>,
+    kv: KvManager,
+    block_size: usize,
+    /// Ids a proposal may hold (the target's vocabulary).
+    target_vocab: usize,
+    /// Most rows one draft forward pass computes.
+    max_rows: usize,
+    seqs: HashMap<SeqId, DraftSeq>,
+    stats: DraftStats,
+}
+
+/// What the drafter did so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DraftStats {
+    /// Forward passes of the draft model.
+    pub forwards: u64,
+    /// Token rows the draft computed (prompts caught up and proposals).
+    pub rows: u64,
+    /// Prompt tokens the draft's prefix cache already held.
+    pub cached_tokens: u64,
+    /// Blocks of the draft's cache its sequences hold now (cached blocks no sequence holds are free).
+    pub held_blocks: usize,
+    /// Blocks in the draft's cache.
+    pub total_blocks: usize,
+}
+
+/// One sequence's state in the draft's cache.
+struct DraftSeq {
+    blocks: SeqBlocks,
+    /// Tokens whose K/V the draft holds for it, in position order: its own tokens, then what the
+    /// draft proposed last.
+    held: Vec<u32>,
+    salt: String,
+}
+
+/// A sequence being drafted this step.
+struct Job {
+    seq: SeqId,
+    /// Its tokens (owned: the asks borrow the scheduler).
+    tokens: Vec<u32>,
+    k: usize,
+    proposal: Vec<u32>,
+}
+
+impl Drafter {
+    /// A drafter over `backend` (the draft model and its cache) for a target of `target_vocab` ids,
+    /// computing at most `max_rows` rows a pass.
+    pub(crate) fn new(backend: Box<dyn Backend>, target_vocab: usize, max_rows: usize) -> Drafter {
+        let block_size = backend.cache_shape().block_size();
+        let pool = BlockPool::new(backend.capacity().num_blocks);
+        Drafter {
+            backend,
+            kv: KvManager::new(pool, block_size, true),
+            block_size,
+            target_vocab,
+            max_rows: max_rows.max(1),
+            seqs: HashMap::new(),
+            stats: DraftStats::default(),
+        }
+    }
+
+    /// What it did so far.
+    pub(crate) fn stats(&self) -> DraftStats {
+        let pool = self.kv.pool();
+        DraftStats {
+            held_blocks: pool.total() - pool.num_free(),
+            total_blocks: pool.total(),
+            ..self.stats
+        }
+    }
+
+    /// Forgets the sequences `alive` says are gone (their blocks go back; full ones stay cached).
+    pub(crate) fn retain(&mut self, alive: impl Fn(SeqId) -> bool) {
+        let gone: Vec<SeqId> = self.seqs.keys().filter(|&&s| !alive(s)).copied().collect();
+        for sid in gone {
+            self.release(sid);
+        }
+    }
+
+    /// Gives back every sequence's blocks (the engine reset; cached blocks stay cached).
+    pub(crate) fn reset(&mut self) {
+        for (_, mut s) in self.seqs.drain() {
+            self.kv.release(&mut s.blocks);
+        }
+    }
+
+    /// Computes what each ask's sequence lacks up to `ask.upto` and proposes up to `ask.k` tokens for
+    /// those that decode next (in ask order, where it could); with `forget`, the sequences not
+    /// asked are forgotten.
+    pub(crate) fn propose(
+        &mut self,
+        asks: &[DraftAsk<'_>],
+        forget: bool,
+    ) -> Result<Vec<(SeqId, Vec<u32>)>, BackendError> {
+        if forget {
+            let asked: HashSet<SeqId> = asks.iter().map(|a| a.seq).collect();
+            let gone: Vec<SeqId> = self.seqs.keys().filter(|s| !asked.contains(s)).copied().collect();
+            for sid in gone {
+                self.release(sid);
+            }
+        }
+        let mut jobs = vec![];
+        let mut copies = vec![];
+        for a in asks {
+            if let Some(job) = self.prepare(a, &mut copies) {
+                jobs.push(job);
+            }
+        }
+        let out = self.run(&mut jobs, &copies);
+        if out.is_err() {
+            self.reset();
+        }
+        out?;
+        Ok(jobs
+            .into_iter()
+            .filter(|j| j.k > 0 || !j.proposal.is_empty())
+            .map(|j| (j.seq, j.proposal))
+            .collect())
+    }
+
+    fn release(&mut self, sid: SeqId) {
+        if let Some(mut s) = self.seqs.remove(&sid) {
+            self.kv.release(&mut s.blocks);
+        }
+    }
+
+    /// Brings `a`'s draft state in line with its tokens and reserves the slots its drafting writes
+    /// (`None`: it cannot be drafted this step).
+    fn prepare(&mut self, a: &DraftAsk<'_>, copies: &mut Vec<kvgate_backend::BlockCopy>) -> Option<Job> {
+        let bs = self.block_size;
+        let len = a.upto.min(a.tokens.len());
+        // the draft writes positions up to len + k − 2 (the last proposal is not fed back)
+        let k = a.k.min((self.backend.max_positions() + 1).saturating_sub(len));
+        if (a.k > 0 && k == 0) || len == 0 || len > self.backend.max_positions() {
+            self.release(a.seq);
+            return None;
+        }
+        // a sequence that decodes recomputes its last token: that row gives the first proposal
+        let cap = if k > 0 { len - 1 } else { len };
+        if self.seqs.get(&a.seq).is_some_and(|s| s.salt != a.salt) {
+            self.release(a.seq);
+        }
+        let mut s = match self.seqs.remove(&a.seq) {
+            Some(mut s) => {
+                let p = s.held.iter().zip(a.tokens).take_while(|(x, y)| x == y).count();
+                // (registered blocks hold its own tokens, so they lie inside the common prefix)
+                let p = p.min(cap);
+                self.kv.commit(&mut s.blocks, a.tokens, p, &s.salt, false);
+                self.kv.truncate(&mut s.blocks, p.div_ceil(bs));
+                s.held.truncate(p);
+                s
+            }
+            None => {
+                let salts = Salts {
+                    own: a.salt,
+                    exact: None,
+                };
+                let blocks = self.kv.match_prefix(&a.tokens[..len], cap / bs, salts, false);
+                let found = blocks.len() * bs;
+                self.stats.cached_tokens += found as u64;
+                DraftSeq {
+                    blocks,
+                    held: a.tokens[..found].to_vec(),
+                    salt: a.salt.to_string(),
+                }
+            }
+        };
+        if !self
+            .kv
+            .reserve(&mut s.blocks, s.held.len(), len + k.saturating_sub(1), copies)
+        {
+            self.kv.release(&mut s.blocks);
+            return None;
+        }
+        self.seqs.insert(a.seq, s);
+        Some(Job {
+            seq: a.seq,
+            tokens: a.tokens[..len].to_vec(),
+            k,
+            proposal: Vec::with_capacity(k),
+        })
+    }
+
+    /// Runs the draft: first every sequence's tokens not yet in its cache (the last row of each gives
+    /// its first proposal), then one row per sequence and pass until each has its `k`.
+    fn run(&mut self, jobs: &mut [Job], copies: &[kvgate_backend::BlockCopy]) -> Result<(), BackendError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.backend.copy_blocks(copies)?;
+        // catch up: rows `held..len` of each sequence, in passes of at most `max_rows`
+        loop {
+            let mut b = Batch::default();
+            let mut wants: Vec<usize> = vec![];
+            let mut rows_of: Vec<(usize, usize)> = vec![];
+            for (j, job) in jobs.iter().enumerate() {
+                let Some(s) = self.seqs.get(&job.seq) else { continue };
+                let (from, to) = (s.held.len(), job.tokens.len());
+                let room = self.max_rows - b.len();
+                if from >= to || room == 0 {
+                    continue;
+                }
+                let n = (to - from).min(room);
+                self.add_rows(&mut b, job.seq, &job.tokens[from..from + n], from);
+                if from + n == to && job.k > 0 {
+                    b.outputs.push(Output {
+                        row: b.len() - 1,
+                        want: Want::Logits,
+                    });
+                    wants.push(j);
+                }
+                rows_of.push((j, n));
+            }
+            if b.is_empty() {
+                break;
+            }
+            let out = self.forward(&b)?;
+            for &(j, n) in &rows_of {
+                let job = &jobs[j];
+                if let Some(s) = self.seqs.get_mut(&job.seq) {
+                    let from = s.held.len();
+                    s.held.extend_from_slice(&job.tokens[from..from + n]);
+                    // the sequence's own tokens: their full blocks join the draft's prefix cache at
+                    // once (a request that ends right after its prompt leaves it for the next)
+                    self.kv.commit(&mut s.blocks, &job.tokens, from + n, &s.salt, false);
+                }
+            }
+            for (i, &j) in wants.iter().enumerate() {
+                let row = &out.logits[i * out.vocab..(i + 1) * out.vocab];
+                self.push_proposal(&mut jobs[j], row);
+            }
+        }
+        // one proposed token per sequence and pass
+        loop {
+            let mut b = Batch::default();
+            let mut fed = vec![];
+            for (j, job) in jobs.iter().enumerate() {
+                let Some(&last) = job.proposal.last() else { continue };
+                if job.proposal.len() >= job.k {
+                    continue;
+                }
+                let Some(s) = self.seqs.get(&job.seq) else { continue };
+                let pos = s.held.len();
+                self.add_rows(&mut b, job.seq, &[last], pos);
+                b.outputs.push(Output {
+                    row: b.len() - 1,
+                    want: Want::Logits,
+                });
+                fed.push(j);
+            }
+            if b.is_empty() {
+                return Ok(());
+            }
+            let out = self.forward(&b)?;
+            for (i, &j) in fed.iter().enumerate() {
+                let job = &mut jobs[j];
+                if let (Some(s), Some(&last)) = (self.seqs.get_mut(&job.seq), job.proposal.last()) {
+                    s.held.push(last);
+                }
+                let row = &out.logits[i * out.vocab..(i + 1) * out.vocab];
+                self.push_proposal(job, row);
+            }
+        }
+    }
+
+    /// Appends the argmax of `row` to the job's proposal, unless it is outside the target's
+    /// vocabulary (then the proposal ends there).
+    fn push_proposal(&self, job: &mut Job, row: &[f32]) {
+        let best = argmax(row);
+        if (best as usize) < self.target_vocab {
+            job.proposal.push(best);
+        } else {
+            // shorter than asked: it is not fed again
+            job.k = job.proposal.len();
+        }
+    }
+
+    /// Adds `tokens` of sequence `seq` at positions `from..` to the batch as one table.
+    fn add_rows(&self, b: &mut Batch, seq: SeqId, tokens: &[u32], from: usize) {
+        let Some(s) = self.seqs.get(&seq) else { return };
+        let bs = self.block_size;
+        let table: Vec<u32> = s.blocks.live().iter().map(|&blk| u32::from(blk)).collect();
+        let t = b.tables.len() as u32;
+        for (i, &tok) in tokens.iter().enumerate() {
+            let p = from + i;
+            b.tokens.push(tok);
+            b.positions.push(p as u32);
+            b.slots.push(table[p / bs] as usize * bs + p % bs);
+            b.seq_of_row.push(t);
+        }
+        b.tables.push(table);
+    }
+
+    fn forward(&mut self, b: &Batch) -> Result<kvgate_backend::StepOutput, BackendError> {
+        let mut b = b.clone();
+        if self.backend.fast_path().is_some() {
+            b.precision = vec![Precision::Fast; b.tables.len()];
+        }
+        self.stats.forwards += 1;
+        self.stats.rows += b.len() as u64;
+        self.backend.forward(&b)
+    }
+}
+
+/// The index of the largest value (the first of equal ones).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_cpu::tiny::{tiny_model, TinySpec};
+    use kvgate_cpu::{CpuBackend, CpuCache};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn drafter(blocks: usize) -> Drafter {
+        let m = tiny_model(TinySpec::default()).unwrap();
+        let vocab = m.tokenizer.vocab_size();
+        let cache = CpuCache {
+            block_size: 4,
+            num_blocks: blocks,
+            ..Default::default()
+        };
+        Drafter::new(Box::new(CpuBackend::with_cache(m.model, cache).unwrap()), vocab, 7)
+    }
+
+    fn ask<'a>(seq: u64, tokens: &'a [u32], k: usize, salt: &'a str) -> DraftAsk<'a> {
+        DraftAsk {
+            seq: SeqId::test(seq),
+            tokens,
+            upto: tokens.len(),
+            k,
+            salt,
+        }
+    }
+
+    /// Whatever was kept, rejected, forgotten and asked again, a proposal is the draft's greedy
+    /// continuation of the sequence's tokens as a drafter that never saw them computes it: the
+    /// cache holds exactly the sequence's K/V (a stale row from a rejected proposal would change it).
+    #[test]
+    fn proposals_are_the_greedy_continuation_of_the_tokens_whatever_came_before() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut d = drafter(256);
+        let salts = ["", "tenant"];
+        let mut seqs: Vec<Vec<u32>> = (0..3)
+            .map(|i| (0..5 + 3 * i).map(|_| rng.random_range(0..300)).collect())
+            .collect();
+        let mut kept_some = false;
+        for round in 0..40 {
+            // every few rounds one sequence sits out (forgotten, then found in the prefix cache)
+            let out = round % 5;
+            let ks: Vec<usize> = (0..3).map(|_| rng.random_range(1..6)).collect();
+            let live: Vec<usize> = (0..3).filter(|&i| i != out).collect();
+            let asks: Vec<DraftAsk> = live
+                .iter()
+                .map(|&i| ask(i as u64, &seqs[i], ks[i], salts[i % 2]))
+                .collect();
+            let got = d.propose(&asks, true).unwrap();
+            assert_eq!(
+                got.len(),
+                asks.len(),
+                "every ask fits the cache: round {round}, {:?}",
+                d.stats()
+            );
+            drop(asks);
+            for (sid, proposal) in got {
+                let i = live.iter().copied().find(|&i| SeqId::test(i as u64) == sid).unwrap();
+                let fresh = drafter(256).propose(&[ask(9, &seqs[i], ks[i], "")], true).unwrap();
+                assert_eq!(proposal, fresh[0].1, "round {round}, sequence {i}");
+                // the target keeps a random prefix of it, then samples a token of its own
+                let keep = rng.random_range(0..=proposal.len());
+                kept_some |= keep > 0;
+                seqs[i].extend_from_slice(&proposal[..keep]);
+                let next = loop {
+                    let t = rng.random_range(0..300);
+                    if proposal.get(keep) != Some(&t) {
+                        break t;
+                    }
+                };
+                seqs[i].push(next);
+            }
+        }
+        assert!(kept_some);
+        assert!(
+            d.stats().cached_tokens > 0,
+            "forgotten sequences were found again: {:?}",
+            d.stats()
+        );
+        assert!(d.stats().held_blocks > 0);
+        d.propose(&[], true).unwrap();
+        assert_eq!(d.stats().held_blocks, 0, "nothing asked, nothing held");
+    }
+
+    /// A prompt followed chunk by chunk while the target computes it is ready when decoding starts:
+    /// the first proposal costs one row past it, and it is the fresh drafter's.
+    #[test]
+    fn a_prompt_followed_in_chunks_is_ready_when_decoding_starts() {
+        let mut d = drafter(64);
+        let tokens: Vec<u32> = (0..30).map(|i| (i * 37 % 300) as u32).collect();
+        for upto in [8, 16, 24, 29] {
+            let a = DraftAsk {
+                upto,
+                ..ask(1, &tokens, 0, "")
+            };
+            assert!(
+                d.propose(&[a], false).unwrap().is_empty(),
+                "nothing proposed while computing the prompt"
+            );
+        }
+        assert_eq!(d.stats().rows, 29);
+        let got = d.propose(&[ask(1, &tokens, 3, "")], true).unwrap();
+        assert_eq!(d.stats().rows, 29 + 1 + 2, "one row caught up, two proposals fed back");
+        let fresh = drafter(64).propose(&[ask(2, &tokens, 3, "")], true).unwrap();
+        assert_eq!(got, vec![(SeqId::test(1), fresh[0].1.clone())]);
+        assert_eq!(got[0].1.len(), 3);
+    }
+
+    /// A cache too small for a sequence proposes nothing for it and holds nothing for it.
+    #[test]
+    fn a_sequence_that_does_not_fit_gets_no_proposal() {
+        let mut d = drafter(3);
+        let long: Vec<u32> = (0..20).collect();
+        let short: Vec<u32> = (0..5).collect();
+        let got = d.propose(&[ask(1, &long, 4, ""), ask(2, &short, 2, "")], true).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, SeqId::test(2));
+        assert_eq!(got[0].1.len(), 2);
+        assert_eq!(d.stats().held_blocks, 2);
+        d.reset();
+        assert_eq!(d.stats().held_blocks, 0);
+    }
+}
