@@ -51,6 +51,14 @@ pub trait Backend: Send {
     /// Positions the model can run (the longest sequence).
     fn max_positions(&self) -> usize;
 
+    /// Rows of one sequence a forward pass computes per read of the weights (the CPU's kernels take up
+    /// to 8 rows at once with AVX-512, 4 with AVX2): rows past a multiple of it read every weight
+    /// again, so speculation trims a proposal that would spill a row or two into another read.
+    /// `None` (the default) when extra rows cost no extra read of the weights.
+    fn rows_per_weight_read(&self) -> Option<usize> {
+        None
+    }
+
     /// How far back any layer reads when every layer's attention is windowed (sliding window in all
     /// layers): the scheduler gives back blocks past it. `None` when some layer reads the whole context.
     fn attention_span(&self) -> Option<usize>;

@@ -236,6 +236,10 @@ impl Backend for CpuBackend {
         self.fast
     }
 
+    fn rows_per_weight_read(&self) -> Option<usize> {
+        Some(crate::qmatmul::rows_per_pass())
+    }
+
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {
         let num_blocks = self.cache.num_blocks();
         for c in copies {

@@ -100,6 +100,8 @@ pub(crate) struct Seq {
     pub(crate) spec_limit: usize,
     /// What a draft model proposed for its next decode chunk ([`crate::draft`]).
     pub(crate) drafted: Vec<u32>,
+    /// Where its last prompt-lookup proposal came from (a copy in progress goes on there).
+    pub(crate) spec_cursor: Option<crate::speculation::Cursor>,
     /// Its current proposal length (adapted to its own acceptance, [`crate::speculation::next_len`]).
     pub(crate) spec_len: usize,
 }
@@ -233,6 +235,7 @@ impl Registry {
                 spec_limit: 0,
                 spec_len: 1,
                 drafted: vec![],
+                spec_cursor: None,
             },
         );
         id

@@ -103,6 +103,9 @@ impl Sim {
                 max_batch: rng.random_range(1..24),
             };
             s.set_speculation(Some(spec), usize::MAX);
+            if rng.random_bool(0.5) {
+                s.set_rows_per_weight_read(Some(rng.random_range(1..9)));
+            }
         }
         if rng.random_bool(0.5) {
             let disk = rng.random_bool(0.3);

@@ -107,12 +107,33 @@ impl SpecConfig {
     }
 }
 
-/// Up to `k` tokens that followed the most recent earlier occurrence of the longest suffix of
-/// `tokens` whose length is in `min_n ..= max_n` (longest first); empty when no suffix recurs.
-pub(crate) fn propose(tokens: &[u32], min_n: usize, max_n: usize, k: usize) -> &[u32] {
+/// Where a sequence's last proposal came from: `from`, the index of its first token in the
+/// sequence's own tokens, when the sequence held `len` tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cursor {
+    pub(crate) from: usize,
+    pub(crate) len: usize,
+}
+
+/// Up to `k` tokens to propose after `tokens`, and where in `tokens` they start.
+///
+/// First the copy in progress: when the last proposal came from `cursor` and what the sequence
+/// emitted since is what followed there (its last `min_n` tokens end where the copy has got to), the
+/// copy goes on from there — in text that repeats itself (code: `return x` in every function) the
+/// most recent occurrence of a short suffix is often another place than the one being copied.
+/// Otherwise what followed the most recent earlier occurrence of the longest suffix of `tokens`
+/// whose length is in `min_n ..= max_n` (longest first); empty when no suffix recurs.
+pub(crate) fn propose(tokens: &[u32], cursor: Option<Cursor>, min_n: usize, max_n: usize, k: usize) -> (&[u32], usize) {
     let len = tokens.len();
     if k == 0 || min_n == 0 {
-        return &[];
+        return (&[], len);
+    }
+    if let Some(c) = cursor {
+        // the copy has got to `at` if the sequence emitted what followed `from`
+        let at = c.from + len.saturating_sub(c.len);
+        if c.len <= len && at >= min_n && at + min_n <= len && tokens[at - min_n..at] == tokens[len - min_n..] {
+            return (&tokens[at..(at + k).min(len)], at);
+        }
     }
     for n in (min_n..=max_n).rev() {
         if len <= n {
@@ -123,11 +144,11 @@ pub(crate) fn propose(tokens: &[u32], min_n: usize, max_n: usize, k: usize) -> &
         for start in (0..len - n).rev() {
             if tokens[start..start + n] == *pattern {
                 let from = start + n;
-                return &tokens[from..(from + k).min(len)];
+                return (&tokens[from..(from + k).min(len)], from);
             }
         }
     }
-    &[]
+    (&[], len)
 }
 
 /// The next proposal length of a sequence from its last verification: `accepted` of `proposed`
@@ -151,25 +172,42 @@ mod tests {
 
     #[test]
     fn the_longest_recent_suffix_proposes_what_followed_it() {
+        let p = |t: &[u32], min: usize, max: usize, k: usize| propose(t, None, min, max, k).0.to_vec();
         // "a b c d a b c" → the suffix "a b c" occurred at 0, followed by "d a b c"
         let t = [1, 2, 3, 4, 1, 2, 3];
-        assert_eq!(propose(&t, 1, 3, 2), [4, 1]);
-        assert_eq!(propose(&t, 1, 3, 10), [4, 1, 2, 3]);
+        assert_eq!(p(&t, 1, 3, 2), [4, 1]);
+        assert_eq!(propose(&t, None, 1, 3, 10), (&[4, 1, 2, 3][..], 3));
         // the most recent occurrence wins: "x 5 ... x 6 ... x" → after the last earlier "x" comes 6
         let t = [9, 5, 7, 9, 6, 7, 9];
-        assert_eq!(propose(&t, 1, 1, 1), [6]);
+        assert_eq!(p(&t, 1, 1, 1), [6]);
         // a longer suffix beats a more recent shorter one
         let t = [1, 2, 8, 0, 2, 9, 1, 2];
-        assert_eq!(propose(&t, 1, 2, 1), [8]);
-        assert_eq!(propose(&t, 1, 1, 1), [9]);
+        assert_eq!(p(&t, 1, 2, 1), [8]);
+        assert_eq!(p(&t, 1, 1, 1), [9]);
         // nothing recurs
-        assert!(propose(&[1, 2, 3], 1, 3, 4).is_empty());
-        assert!(propose(&[], 1, 3, 4).is_empty());
-        assert!(propose(&[7], 1, 3, 4).is_empty());
-        assert!(propose(&[7, 7], 1, 3, 0).is_empty());
+        assert!(p(&[1, 2, 3], 1, 3, 4).is_empty());
+        assert!(p(&[], 1, 3, 4).is_empty());
+        assert!(p(&[7], 1, 3, 4).is_empty());
+        assert!(p(&[7, 7], 1, 3, 0).is_empty());
         // a suffix of min length only
-        assert_eq!(propose(&[7, 7], 1, 3, 4), [7]);
-        assert!(propose(&[1, 2, 1, 2], 3, 3, 4).is_empty());
+        assert_eq!(p(&[7, 7], 1, 3, 4), [7]);
+        assert!(p(&[1, 2, 1, 2], 3, 3, 4).is_empty());
+    }
+
+    #[test]
+    fn a_copy_in_progress_goes_on_where_it_is() {
+        // two functions alike: "r x 1 ; r x 2 ;" then the copy of the first has emitted "r x"
+        let mut t = vec![5, 6, 1, 0, 5, 6, 2, 0, 9, 5, 6];
+        // the most recent "5 6" is the second function's: without the cursor, 2 comes next
+        assert_eq!(propose(&t, None, 2, 2, 2), (&[2, 0][..], 6));
+        // the copy started at 0 when the sequence held 9 tokens: it has got to 2, so 1 comes next
+        let c = Cursor { from: 0, len: 9 };
+        assert_eq!(propose(&t, Some(c), 2, 2, 2), (&[1, 0][..], 2));
+        // a sequence that went elsewhere leaves the copy: back to the suffix search
+        t.push(3);
+        assert_eq!(propose(&t, Some(c), 2, 2, 2).0, &[] as &[u32]);
+        t.extend([5, 6]);
+        assert_eq!(propose(&t, Some(c), 2, 2, 2), (&[3, 5][..], 11));
     }
 
     #[test]

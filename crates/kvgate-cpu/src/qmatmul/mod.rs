@@ -123,6 +123,12 @@ pub struct QMatrix {
 #[repr(C, align(64))]
 struct Line([u8; 64]);
 
+/// Rows one kernel call computes per read of a weight tile on this machine (8 with AVX-512, 4 with
+/// AVX2): more rows read the tile again.
+pub(crate) fn rows_per_pass() -> usize {
+    kernel::max_rows()
+}
+
 impl QMatrix {
     fn bytes_per_block(kind: QKind, bl: usize) -> usize {
         match kind {

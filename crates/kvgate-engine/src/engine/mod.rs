@@ -270,6 +270,7 @@ impl Engine {
         self.sched.set_prefill_cap(prefill);
         self.sched.set_all_rows_cap(all_rows);
         self.sched.set_speculation(spec.0, spec.1);
+        self.sched.set_rows_per_weight_read(self.backend.rows_per_weight_read());
     }
 
     fn drop_abandoned(&mut self) {

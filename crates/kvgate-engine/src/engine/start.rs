@@ -116,6 +116,7 @@ pub fn start_with_draft(
     sched.set_admission(cfg.admission);
     sched.set_prefill_cap(prefill_cap(&cfg));
     sched.set_speculation(cfg.speculation, cfg.max_model_len.min(backend.max_positions()));
+    sched.set_rows_per_weight_read(backend.rows_per_weight_read());
     if cfg.kv_events.is_some() {
         sched.record_kv_events();
     }

@@ -73,6 +73,8 @@ pub struct Scheduler {
     spec_max_len: usize,
     /// Proposals verified so far.
     spec_stats: crate::speculation::SpecStats,
+    /// Rows per read of the weights (proposals are trimmed not to spill a row or two past it).
+    spec_rows: Option<usize>,
 }
 
 impl Scheduler {
@@ -97,6 +99,7 @@ impl Scheduler {
             spec: None,
             spec_max_len: usize::MAX,
             spec_stats: Default::default(),
+            spec_rows: None,
             cfg,
             kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
             reg: Registry::default(),
