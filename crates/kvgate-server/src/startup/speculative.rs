@@ -17,8 +17,11 @@ use serde::Deserialize;
 
 /// Sequences decoding at once from which speculation pauses, unless the config says: on a CPU a
 /// step of two streams is already bound by computing rather than by reading the weights. Measured
-/// (`cargo bench --bench speculation`, Qwen2.5-Coder-0.5B, 2 cores, chat, k = 8): with speculation at
-/// any batch, 1 stream 1.47×, 2 streams 0.97×, 4 streams 0.88×, 8 streams 0.89× of decoding without.
+/// (`cargo bench --bench speculation`, Qwen2.5-Coder-0.5B, 2 cores, k = 8, speculating at any batch,
+/// × decoding without): chat 1 stream 1.32×, 2 streams 0.99× (AVX2: 0.94×), 4 streams 0.96×, 8
+/// streams 0.88×; an edit (copying) 2.77×, 1.74× (AVX2: 1.34×), 1.33×. Text that copies gains at 2
+/// and 4 streams, free text loses there: the default keeps the loss off (raise it for edit-heavy
+/// agents).
 pub const DEFAULT_DISABLE_BY_BATCH_SIZE: usize = 2;
 
 /// The JSON as vLLM spells it.
