@@ -35,7 +35,7 @@ mod bound;
 #[path = "anchor_parts/procs.rs"]
 mod procs;
 use bound::{bytes_per_step, copy_bandwidth, cpu_flags, read_bandwidth};
-use procs::{free_port, healthy, Proc};
+use procs::{free_port, healthy, sse_events, Proc};
 
 /// The context both servers serve per sequence (`ANCHOR_CTX`, default 4096; long prompts need more).
 fn ctx() -> usize {
@@ -326,26 +326,12 @@ fn decode_after_k(port: u16, k: usize, words: usize, n: usize, salt: &mut usize)
 
 /// The arrival times (seconds since `t0`) of a streamed completion's `n` tokens, and its prompt tokens.
 fn token_times(port: u16, prompt: &str, n: usize, t0: Instant) -> (Vec<f64>, usize) {
-    use std::io::BufRead;
     let body = json!({
         "prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/completions"))
-        .config()
-        .timeout_global(Some(Duration::from_secs(3600)))
-        .build()
-        .send_json(&body)
-        .unwrap_or_else(|e| panic!("streamed completion on port {port}: {e}"));
     let (mut times, mut prompt_tokens) = (vec![], 0usize);
-    for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
-        let Ok(line) = line else { break };
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            continue;
-        };
+    for v in sse_events(port, "/v1/completions", &body) {
         if v["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()) {
             times.push(t0.elapsed().as_secs_f64());
         }

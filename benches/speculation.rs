@@ -23,16 +23,15 @@
 //! Run: `LLAMA_SERVER=… ANCHOR_MODELS=… cargo bench --bench speculation` (`MAX_TOKENS`, default 384).
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
 #[path = "anchor_parts/procs.rs"]
 mod procs;
-use procs::{free_port, healthy, Proc};
+use procs::{free_port, healthy, sse_events, Proc};
 
 fn kvgate(model: &Path, spec: Option<&str>) -> Proc {
     let port = free_port();
@@ -194,21 +193,8 @@ fn stream(port: u16, msgs: &Value, max_tokens: usize, t0: Instant) -> Streamed {
         "messages": msgs, "max_tokens": max_tokens, "temperature": 0, "stream": true,
         "stream_options": {"include_usage": true},
     });
-    let mut r = ureq::post(&format!("http://127.0.0.1:{port}/v1/chat/completions"))
-        .config()
-        .timeout_global(Some(Duration::from_secs(3600)))
-        .build()
-        .send_json(&body)
-        .unwrap_or_else(|e| panic!("chat on port {port}: {e}"));
     let (mut times, mut text, mut drafts, mut tokens) = (vec![], String::new(), None, None);
-    for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
-        let Ok(line) = line else { break };
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        let Ok(v) = serde_json::from_str::<Value>(data) else {
-            continue;
-        };
+    for v in sse_events(port, "/v1/chat/completions", &body) {
         if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
             if !t.is_empty() {
                 times.push(t0.elapsed().as_secs_f64());

@@ -1,8 +1,12 @@
 //! The server processes the side-by-side benches start (kvgate's `serve`, `llama-server`): a free
-//! loopback port, a process killed on drop, and the wait for its `/health`.
+//! loopback port, a process killed on drop, the wait for its `/health`, and a streamed request's
+//! events.
 
+use std::io::BufRead;
 use std::process::Child;
 use std::time::Duration;
+
+use serde_json::Value;
 
 /// A server process on a loopback port, killed on drop.
 pub(crate) struct Proc {
@@ -42,4 +46,19 @@ pub(crate) fn healthy(child: Child, port: u16) -> Proc {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("server on port {port} did not become healthy");
+}
+
+/// POSTs `body` to `path` on `port` and yields the JSON of each server-sent `data:` event as it
+/// arrives (lines that are not JSON events are skipped; an hour's limit).
+pub(crate) fn sse_events(port: u16, path: &str, body: &Value) -> impl Iterator<Item = Value> {
+    let r = ureq::post(&format!("http://127.0.0.1:{port}{path}"))
+        .config()
+        .timeout_global(Some(Duration::from_secs(3600)))
+        .build()
+        .send_json(body)
+        .unwrap_or_else(|e| panic!("{path} on port {port}: {e}"));
+    std::io::BufReader::new(r.into_body().into_reader())
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| serde_json::from_str::<Value>(line.strip_prefix("data: ")?).ok())
 }

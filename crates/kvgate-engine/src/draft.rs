@@ -24,6 +24,7 @@ use crate::block_pool::BlockPool;
 use crate::kv_manager::{KvManager, SeqBlocks};
 use crate::registry::SeqId;
 use crate::salts::Salts;
+use crate::sampling::argmax;
 use crate::scheduler::DraftAsk;
 
 /// The draft model and its cache.
@@ -64,10 +65,10 @@ struct DraftSeq {
 }
 
 /// A sequence being drafted this step.
-struct Job {
+struct Job<'a> {
     seq: SeqId,
-    /// Its tokens (owned: the asks borrow the scheduler).
-    tokens: Vec<u32>,
+    /// Its tokens the draft is to hold.
+    tokens: &'a [u32],
     k: usize,
     proposal: Vec<u32>,
 }
@@ -124,10 +125,7 @@ impl Drafter {
     ) -> Result<Vec<(SeqId, Vec<u32>)>, BackendError> {
         if forget {
             let asked: HashSet<SeqId> = asks.iter().map(|a| a.seq).collect();
-            let gone: Vec<SeqId> = self.seqs.keys().filter(|s| !asked.contains(s)).copied().collect();
-            for sid in gone {
-                self.release(sid);
-            }
+            self.retain(|s| asked.contains(&s));
         }
         let mut jobs = vec![];
         let mut copies = vec![];
@@ -156,7 +154,7 @@ impl Drafter {
 
     /// Brings `a`'s draft state in line with its tokens and reserves the slots its drafting writes
     /// (`None`: it cannot be drafted this step).
-    fn prepare(&mut self, a: &DraftAsk<'_>, copies: &mut Vec<kvgate_backend::BlockCopy>) -> Option<Job> {
+    fn prepare<'a>(&mut self, a: &DraftAsk<'a>, copies: &mut Vec<kvgate_backend::BlockCopy>) -> Option<Job<'a>> {
         let bs = self.block_size;
         let len = a.upto.min(a.tokens.len());
         // the draft writes positions up to len + k − 2 (the last proposal is not fed back)
@@ -205,7 +203,7 @@ impl Drafter {
         self.seqs.insert(a.seq, s);
         Some(Job {
             seq: a.seq,
-            tokens: a.tokens[..len].to_vec(),
+            tokens: &a.tokens[..len],
             k,
             proposal: Vec::with_capacity(k),
         })
@@ -213,7 +211,7 @@ impl Drafter {
 
     /// Runs the draft: first every sequence's tokens not yet in its cache (the last row of each gives
     /// its first proposal), then one row per sequence and pass until each has its `k`.
-    fn run(&mut self, jobs: &mut [Job], copies: &[kvgate_backend::BlockCopy]) -> Result<(), BackendError> {
+    fn run(&mut self, jobs: &mut [Job<'_>], copies: &[kvgate_backend::BlockCopy]) -> Result<(), BackendError> {
         if jobs.is_empty() {
             return Ok(());
         }
@@ -244,7 +242,7 @@ impl Drafter {
             if b.is_empty() {
                 break;
             }
-            let out = self.forward(&b)?;
+            let out = self.forward(b)?;
             for &(j, n) in &rows_of {
                 let job = &jobs[j];
                 if let Some(s) = self.seqs.get_mut(&job.seq) {
@@ -252,7 +250,7 @@ impl Drafter {
                     s.held.extend_from_slice(&job.tokens[from..from + n]);
                     // the sequence's own tokens: their full blocks join the draft's prefix cache at
                     // once (a request that ends right after its prompt leaves it for the next)
-                    self.kv.commit(&mut s.blocks, &job.tokens, from + n, &s.salt, false);
+                    self.kv.commit(&mut s.blocks, job.tokens, from + n, &s.salt, false);
                 }
             }
             for (i, &j) in wants.iter().enumerate() {
@@ -281,7 +279,7 @@ impl Drafter {
             if b.is_empty() {
                 return Ok(());
             }
-            let out = self.forward(&b)?;
+            let out = self.forward(b)?;
             for (i, &j) in fed.iter().enumerate() {
                 let job = &mut jobs[j];
                 if let (Some(s), Some(&last)) = (self.seqs.get_mut(&job.seq), job.proposal.last()) {
@@ -295,7 +293,7 @@ impl Drafter {
 
     /// Appends the argmax of `row` to the job's proposal, unless it is outside the target's
     /// vocabulary (then the proposal ends there).
-    fn push_proposal(&self, job: &mut Job, row: &[f32]) {
+    fn push_proposal(&self, job: &mut Job<'_>, row: &[f32]) {
         let best = argmax(row);
         if (best as usize) < self.target_vocab {
             job.proposal.push(best);
@@ -321,8 +319,7 @@ impl Drafter {
         b.tables.push(table);
     }
 
-    fn forward(&mut self, b: &Batch) -> Result<kvgate_backend::StepOutput, BackendError> {
-        let mut b = b.clone();
+    fn forward(&mut self, mut b: Batch) -> Result<kvgate_backend::StepOutput, BackendError> {
         if self.backend.fast_path().is_some() {
             b.precision = vec![Precision::Fast; b.tables.len()];
         }
@@ -330,17 +327,6 @@ impl Drafter {
         self.stats.rows += b.len() as u64;
         self.backend.forward(&b)
     }
-}
-
-/// The index of the largest value (the first of equal ones).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in row.iter().enumerate() {
-        if x > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[cfg(test)]

@@ -76,48 +76,7 @@ fn sampling_logprobs_choices_stops_and_penalties_see_the_same_stream() {
     rt().block_on(async {
         let (base, tok) = engine(Opts::default());
         let ps = repeating(&tok, 4);
-        let cases = [
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: Some(7),
-                max_tokens: 30,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 1.0,
-                seed: Some(11),
-                n: 3,
-                logprobs: Some(3),
-                max_tokens: 25,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.0,
-                logprobs: Some(2),
-                frequency_penalty: 0.4,
-                presence_penalty: 0.3,
-                repetition_penalty: 1.1,
-                max_tokens: 30,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.0,
-                stop: vec!["wind".into(), "calm and".into()],
-                max_tokens: 60,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.7,
-                seed: Some(3),
-                min_tokens: 5,
-                max_tokens: 9,
-                ..Default::default()
-            },
-        ];
+        let cases = sampling_cases();
         for (name, draft) in [("same", same()), ("other", other())] {
             let (h, _) = engine(Opts {
                 spec: Some(spec(5)),

@@ -92,48 +92,7 @@ fn sampling_logprobs_choices_stops_and_penalties_see_the_same_stream() {
             ..Default::default()
         });
         let ps = repeating(&tok, 6);
-        let cases = [
-            SamplingParams {
-                temperature: 0.8,
-                top_p: 0.95,
-                seed: Some(7),
-                max_tokens: 30,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 1.0,
-                seed: Some(11),
-                n: 3,
-                logprobs: Some(3),
-                max_tokens: 25,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.0,
-                logprobs: Some(2),
-                frequency_penalty: 0.4,
-                presence_penalty: 0.3,
-                repetition_penalty: 1.1,
-                max_tokens: 30,
-                ignore_eos: true,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.0,
-                stop: vec!["wind".into(), "calm and".into()],
-                max_tokens: 60,
-                ..Default::default()
-            },
-            SamplingParams {
-                temperature: 0.7,
-                seed: Some(3),
-                min_tokens: 5,
-                max_tokens: 9,
-                ..Default::default()
-            },
-        ];
+        let cases = sampling_cases();
         for (i, params) in cases.iter().enumerate() {
             let want = all_events(&base, &ps, params, false).await;
             assert_eq!(all_events(&h, &ps, params, false).await, want, "case {i}, sequential");

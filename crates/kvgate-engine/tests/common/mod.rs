@@ -265,3 +265,50 @@ pub async fn all_events(
         out
     }
 }
+
+/// Requests that exercise everything a speculative step must reproduce: seeded top-p sampling, `n`
+/// choices with logprobs, penalties with logprobs, stop strings, `min_tokens`.
+pub fn sampling_cases() -> Vec<SamplingParams> {
+    vec![
+        SamplingParams {
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: Some(7),
+            max_tokens: 30,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            seed: Some(11),
+            n: 3,
+            logprobs: Some(3),
+            max_tokens: 25,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(2),
+            frequency_penalty: 0.4,
+            presence_penalty: 0.3,
+            repetition_penalty: 1.1,
+            max_tokens: 30,
+            ignore_eos: true,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            stop: vec!["wind".into(), "calm and".into()],
+            max_tokens: 60,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            seed: Some(3),
+            min_tokens: 5,
+            max_tokens: 9,
+            ..Default::default()
+        },
+    ]
+}
