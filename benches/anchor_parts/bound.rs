@@ -81,7 +81,7 @@ pub(crate) fn bytes_per_step(model: &Path) -> Option<StepBytes> {
         .unwrap_or(kvgate_kv::KvDtype::F32);
     let vectors = (2 * c.num_layers * c.num_kv_heads) as f64;
     Some(StepBytes {
-        weights: (w.bytes() - w.embed.rows.len() * 4 + c.hidden_size * 4) as f64,
+        weights: (w.matmul_bytes() + c.hidden_size * 4) as f64,
         kv_per_token: vectors * dtype.bytes_per_vector(c.head_dim) as f64,
         kv_dtype: dtype.name(),
         kv_per_token_f16: vectors * (2 * c.head_dim) as f64,

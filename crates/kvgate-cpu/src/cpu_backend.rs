@@ -70,10 +70,9 @@ fn model_fingerprint(model: &Model) -> u64 {
     let mut h = Xxh3::new();
     h.update(format!("{:?}", model.config()).as_bytes());
     let w = model.weights();
-    for xs in [&w.embed.rows, &w.final_norm] {
-        for x in xs.iter() {
-            h.update(&x.to_le_bytes());
-        }
+    h.update(w.embed.raw());
+    for x in &w.final_norm {
+        h.update(&x.to_le_bytes());
     }
     h.digest()
 }

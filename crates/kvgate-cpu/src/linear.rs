@@ -15,7 +15,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::qmatmul::{QKind, QMatrix};
-use kvgate_model::Result;
+use kvgate_model::{GgufTensor, Result};
 
 /// The weight of a linear layer.
 #[derive(Debug, Clone)]
@@ -33,6 +33,9 @@ fn dense_rows(t: &Tensor) -> Result<Vec<f32>> {
     Ok(t.to_dtype(candle_core::DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
 }
 
+/// One part of [`Linear::stacked_gguf`]: a stored tensor and its bias.
+pub type StackPart<'a> = (&'a GgufTensor, Option<&'a [f32]>);
+
 /// A linear layer.
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -48,18 +51,18 @@ impl Linear {
         matches!(&self.weight, Weight::Packed(p) if p.has_int8())
     }
 
-    /// A layer over a quantized tensor of shape `(out, in)`.
+    /// A layer over a quantized tensor of shape `(out, in)` (an in-memory candle tensor).
     pub fn quantized(q: Arc<QTensor>, bias: Option<Vec<f32>>) -> Result<Linear> {
-        Self::quantized_for(q, bias, false)
+        Self::quantized_for(&GgufTensor::from_qtensor(&q)?, bias, false)
     }
 
-    /// As [`Linear::quantized`]; `five_bit` keeps 5-bit formats (Q5_0, Q5_1, Q5_K) at 5 bits, the
-    /// layout the 8-bit-activation mode streams best (f32 activations read it more slowly than the
-    /// widened 8-bit layout).
-    pub fn quantized_for(q: Arc<QTensor>, bias: Option<Vec<f32>>, five_bit: bool) -> Result<Linear> {
-        let (out_dim, in_dim) = q.shape().dims2()?;
+    /// A layer over a GGUF tensor of shape `(out, in)`; `five_bit` keeps 5-bit formats (Q5_0, Q5_1,
+    /// Q5_K) at 5 bits, the layout the 8-bit-activation mode streams best (f32 activations read it more
+    /// slowly than the widened 8-bit layout).
+    pub fn quantized_for(q: &GgufTensor, bias: Option<Vec<f32>>, five_bit: bool) -> Result<Linear> {
+        let (out_dim, in_dim) = q.dims2()?;
         if in_dim % crate::qmatmul::QK == 0 {
-            let packed = QMatrix::from_ggml(q.dtype(), &q.data()?, out_dim, in_dim, five_bit);
+            let packed = QMatrix::from_ggml(q.dtype(), q.data(), out_dim, in_dim, five_bit);
             if let Some(p) = packed {
                 return Ok(Linear {
                     weight: Weight::Packed(p),
@@ -69,7 +72,7 @@ impl Linear {
                 });
             }
         }
-        let weight = match QMatMul::from_arc(q)? {
+        let weight = match QMatMul::from_arc(Arc::new(q.qtensor()?))? {
             // F32/F16 GGUF tensors come back dequantized: keep them on the dense path.
             QMatMul::Tensor(t) | QMatMul::TensorF16(t) => Weight::Dense(dense_rows(&t)?),
             q => Weight::Quant(q),
@@ -80,6 +83,56 @@ impl Linear {
             in_dim,
             out_dim,
         })
+    }
+
+    /// One layer computing the outputs of several GGUF tensors of the same format and width (their
+    /// rows stacked, as [`Linear::fuse`] stacks packed matrices), repacked once from the stored blocks
+    /// side by side; `None` when their formats or widths differ or the kernels do not take the format.
+    pub fn stacked_gguf(parts: &[StackPart<'_>], five_bit: bool) -> Result<Option<Linear>> {
+        let Some(&(first, _)) = parts.first() else {
+            return Ok(None);
+        };
+        let (_, in_dim) = first.dims2()?;
+        let mut out_dims = Vec::with_capacity(parts.len());
+        for (t, _) in parts {
+            let (o, i) = t.dims2()?;
+            if t.dtype() != first.dtype() || i != in_dim {
+                return Ok(None);
+            }
+            out_dims.push(o);
+        }
+        if in_dim % crate::qmatmul::QK != 0 {
+            return Ok(None);
+        }
+        let out_dim = out_dims.iter().sum();
+        // output `c`'s stored row: the part it falls in, and its row there
+        let dtype = first.dtype();
+        let row = in_dim / dtype.block_size() * dtype.type_size();
+        let at: Vec<(usize, usize)> = out_dims
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &o)| (0..o).map(move |r| (i, r)))
+            .collect();
+        let rows = |c: usize| {
+            let (i, r) = at[c];
+            &parts[i].0.data()[r * row..(r + 1) * row]
+        };
+        let Some(p) = QMatrix::from_ggml_rows(dtype, out_dim, in_dim, five_bit, rows) else {
+            return Ok(None);
+        };
+        let bias = parts.iter().any(|(_, b)| b.is_some()).then(|| {
+            parts
+                .iter()
+                .zip(&out_dims)
+                .flat_map(|((_, b), &o)| b.map_or_else(|| vec![0.0; o], <[f32]>::to_vec))
+                .collect()
+        });
+        Ok(Some(Linear {
+            weight: Weight::Packed(p),
+            bias,
+            in_dim,
+            out_dim,
+        }))
     }
 
     /// A layer over a tensor of shape `(out, in)`: f16 and bf16 stay 16-bit in the packed kernel (when

@@ -9,21 +9,12 @@
 use kvgate_backend::{Batch, KvAmax, Want};
 use kvgate_kv::{AttentionBackend, AttnParams, AttnQuery, AttnRow};
 
-use crate::linear::Linear;
 use crate::ops::{
     add_inplace, gated_activation, gated_from_fused, rms_norm, rms_norm_inplace, softcap_inplace, split_cols, RopeApply,
 };
-use crate::weights::Weights;
+use crate::weights::{Stack, Weights};
 use kvgate_model::{ModelConfig, Rope};
 use kvgate_model::{ModelError, Result};
-
-/// Per layer, projections stacked into one matmul where the weights allow it (q·k·v, gate·up): fewer,
-/// larger matmuls, one pass over the activations.
-#[derive(Debug)]
-struct Fused {
-    qkv: Option<Linear>,
-    gate_up: Option<Linear>,
-}
 
 /// What one forward pass computed for a batch's outputs, split by kind.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -41,7 +32,6 @@ pub struct ForwardOut {
 pub struct Model {
     cfg: ModelConfig,
     w: Weights,
-    fused: Vec<Fused>,
     rope: Rope,
     rope_local: Option<Rope>,
 }
@@ -77,18 +67,19 @@ impl Model {
                 cfg.rope_style,
             )
         });
-        let fused = w
-            .layers
-            .iter()
-            .map(|l| Fused {
-                qkv: Linear::fuse(&[&l.q, &l.k, &l.v]),
-                gate_up: Linear::fuse(&[&l.gate, &l.up]),
-            })
-            .collect();
+        for (i, l) in w.layers.iter().enumerate() {
+            let (qkv, gu) = (l.qkv.widths(), l.gate_up.widths());
+            if qkv.len() != 3 || gu.len() != 2 {
+                return Err(ModelError::Invalid(format!(
+                    "layer {i}: {} q/k/v and {} gate/up projections",
+                    qkv.len(),
+                    gu.len()
+                )));
+            }
+        }
         Ok(Model {
             cfg,
             w,
-            fused,
             rope,
             rope_local,
         })
@@ -178,7 +169,7 @@ impl Model {
         }
         let mut x = Vec::with_capacity(n * d);
         for &t in &b.tokens {
-            self.w.embed.lookup(t, &mut x);
+            self.w.embed.lookup(t, &mut x)?;
         }
         if c.scale_embeddings {
             let s = (d as f32).sqrt();
@@ -197,19 +188,12 @@ impl Model {
         let mut attn_out = vec![0f32; n * nh * hd];
         for (li, l) in self.w.layers.iter().enumerate() {
             rms_norm(&x, &l.attn_norm, c.rms_eps, c.norm_plus_one, &mut h);
-            let (mut q, mut k, v) = match &self.fused[li].qkv {
-                Some(f) => {
-                    let y = f.forward_rows(&h, n, &int8)?;
-                    let mut parts = split_cols(&y, n, &[l.q.out_dim(), l.k.out_dim(), l.v.out_dim()]).into_iter();
-                    let (q, k, v) = (parts.next(), parts.next(), parts.next());
-                    (q.unwrap_or_default(), k.unwrap_or_default(), v.unwrap_or_default())
-                }
-                None => (
-                    l.q.forward_rows(&h, n, &int8)?,
-                    l.k.forward_rows(&h, n, &int8)?,
-                    l.v.forward_rows(&h, n, &int8)?,
-                ),
-            };
+            let mut qkv = stacked(&l.qkv, &h, n, &int8)?.into_iter();
+            let (mut q, mut k, v) = (
+                qkv.next().unwrap_or_default(),
+                qkv.next().unwrap_or_default(),
+                qkv.next().unwrap_or_default(),
+            );
             if let Some(w) = &l.q_norm {
                 rms_norm_inplace(&mut q, w, c.rms_eps, c.norm_plus_one);
             }
@@ -248,12 +232,13 @@ impl Model {
             }
             add_inplace(&mut x, &o);
             rms_norm(&x, &l.ffn_norm, c.rms_eps, c.norm_plus_one, &mut h);
-            let g = match &self.fused[li].gate_up {
-                Some(f) if l.gate.out_dim() == l.up.out_dim() => {
-                    gated_from_fused(&f.forward_rows(&h, n, &int8)?, n, l.gate.out_dim(), c.activation)
+            let g = match &l.gate_up {
+                Stack::One { w, widths } if widths[0] == widths[1] => {
+                    gated_from_fused(&w.forward_rows(&h, n, &int8)?, n, widths[0], c.activation)
                 }
-                _ => {
-                    let (mut g, u) = (l.gate.forward_rows(&h, n, &int8)?, l.up.forward_rows(&h, n, &int8)?);
+                gu => {
+                    let mut parts = stacked(gu, &h, n, &int8)?.into_iter();
+                    let (mut g, u) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
                     gated_activation(&mut g, &u, c.activation);
                     g
                 }
@@ -292,5 +277,14 @@ impl Model {
             softcap_inplace(&mut out.logits, cap);
         }
         Ok(out)
+    }
+}
+
+/// The outputs of each part of a stack of projections (one matmul split by columns, or each part's
+/// own): the same bits either way.
+fn stacked(s: &Stack, x: &[f32], n: usize, int8: &[bool]) -> Result<Vec<Vec<f32>>> {
+    match s {
+        Stack::One { w, widths } => Ok(split_cols(&w.forward_rows(x, n, int8)?, n, widths)),
+        Stack::Apart(parts) => parts.iter().map(|p| p.forward_rows(x, n, int8)).collect(),
     }
 }

@@ -1,5 +1,6 @@
 //! The CPU's preparation of stored weights: each matrix repacked into the packed kernels' panels (or
-//! widened to f32 for the reference path), the embedding table as f32 rows; and [`load`], a model file
+//! widened to f32 for the reference path), projections of one input stacked, the embedding table as
+//! stored; and [`load`], a model file
 //! loaded and laid out for the CPU at once (what tests, benches and tools that want a [`Model`] use;
 //! `serve` loads the stored weights and lets the backend it opens prepare them).
 //!
@@ -8,15 +9,16 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 use kvgate_model::{
-    load_unprepared, LayerWeights, LoadOptions, LoadedModel, Result, StoredLinear, StoredModel, StoredTensor,
+    load_unprepared, LoadOptions, LoadedModel, Result, StoredLayer, StoredLinear, StoredModel, StoredTensor,
     StoredWeights,
 };
+use rayon::prelude::*;
 
-use crate::linear::Linear;
+use crate::linear::{Linear, StackPart};
 use crate::model::Model;
-use crate::weights::{Embedding, Weights};
+use crate::weights::{Embedding, Layer, Stack, Weights};
 
 /// How the CPU lays matrices out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,55 +32,97 @@ pub struct CpuLayout {
 
 fn linear(l: StoredLinear, layout: CpuLayout) -> Result<Linear> {
     match l.weight {
-        StoredTensor::Gguf(q) if layout.f32_weights => Linear::dense(q.dequantize(&Device::Cpu)?, l.bias),
-        StoredTensor::Gguf(q) => Linear::quantized_for(q, l.bias, layout.five_bit),
+        StoredTensor::Gguf(q) if layout.f32_weights => {
+            let (rows, cols) = q.dims2()?;
+            Linear::dense(Tensor::from_vec(q.dequantize()?, (rows, cols), &Device::Cpu)?, l.bias)
+        }
+        StoredTensor::Gguf(q) => {
+            let lin = Linear::quantized_for(&q, l.bias, layout.five_bit);
+            q.release_pages();
+            lin
+        }
         StoredTensor::Dense(t) => Linear::dense(t, l.bias),
     }
 }
 
-/// The CPU's weights: each matrix repacked (or widened) as `layout` says, the embedding table as f32
-/// rows; a tied output projection is the embedding matrix in the layout its stored format takes (GGUF
-/// blocks repacked, a safetensors table as f32). Each layer's stored tensors are dropped as it is
-/// prepared.
+/// Projections that read the same input as one matrix: GGUF tensors of one format repacked once from
+/// their blocks side by side (no part is held twice), other weights prepared apart and stacked when
+/// their layouts allow ([`Stack::of`]).
+fn stack(parts: Vec<StoredLinear>, layout: CpuLayout) -> Result<Stack> {
+    let gguf: Option<Vec<StackPart<'_>>> = parts
+        .iter()
+        .map(|l| match &l.weight {
+            StoredTensor::Gguf(q) => Some((q.as_ref(), l.bias.as_deref())),
+            StoredTensor::Dense(_) => None,
+        })
+        .collect();
+    if let Some(g) = gguf.filter(|_| !layout.f32_weights) {
+        if let Some(w) = Linear::stacked_gguf(&g, layout.five_bit)? {
+            let widths = g.iter().map(|(t, _)| t.dims2().map(|d| d.0)).collect::<Result<_>>()?;
+            g.iter().for_each(|(t, _)| t.release_pages());
+            return Ok(Stack::One { w, widths });
+        }
+    }
+    let parts = parts
+        .into_iter()
+        .map(|l| linear(l, layout))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Stack::of(parts))
+}
+
+fn layer(l: StoredLayer, layout: CpuLayout) -> Result<Layer> {
+    Ok(Layer {
+        attn_norm: l.attn_norm,
+        qkv: stack(vec![l.q, l.k, l.v], layout)?,
+        o: linear(l.o, layout)?,
+        q_norm: l.q_norm,
+        k_norm: l.k_norm,
+        post_attn_norm: l.post_attn_norm,
+        ffn_norm: l.ffn_norm,
+        post_ffn_norm: l.post_ffn_norm,
+        gate_up: stack(vec![l.gate, l.up], layout)?,
+        down: linear(l.down, layout)?,
+    })
+}
+
+/// The CPU's weights: each matrix repacked (or widened) as `layout` says — the layers and the output
+/// projection in parallel, each stored tensor dropped as it is prepared — and the embedding table as
+/// stored (a GGUF's, in place in the file's map) or as f32 rows; a tied output projection is the
+/// embedding matrix in the layout its stored format takes (GGUF blocks repacked, a safetensors table
+/// as f32).
 pub fn weights(w: StoredWeights, layout: CpuLayout) -> Result<Weights> {
     let (_, dim) = w.embed.dims()?;
-    let rows = w.embed.f32_rows()?;
-    let lm_head = match w.lm_head {
-        Some(l) => linear(l, layout)?,
-        None => match &w.embed {
-            StoredTensor::Gguf(q) => linear(
-                StoredLinear {
-                    weight: StoredTensor::Gguf(q.clone()),
-                    bias: None,
-                },
-                layout,
-            )?,
-            StoredTensor::Dense(t) => Linear::dense(t.to_dtype(DType::F32)?, None)?,
+    let head = match w.lm_head {
+        Some(l) => l,
+        None => StoredLinear {
+            weight: match &w.embed {
+                StoredTensor::Dense(t) => StoredTensor::Dense(t.to_dtype(DType::F32)?),
+                gguf => gguf.clone(),
+            },
+            bias: None,
         },
     };
-    let mut layers = Vec::with_capacity(w.layers.len());
-    for l in w.layers {
-        layers.push(LayerWeights {
-            attn_norm: l.attn_norm,
-            q: linear(l.q, layout)?,
-            k: linear(l.k, layout)?,
-            v: linear(l.v, layout)?,
-            o: linear(l.o, layout)?,
-            q_norm: l.q_norm,
-            k_norm: l.k_norm,
-            post_attn_norm: l.post_attn_norm,
-            ffn_norm: l.ffn_norm,
-            post_ffn_norm: l.post_ffn_norm,
-            gate: linear(l.gate, layout)?,
-            up: linear(l.up, layout)?,
-            down: linear(l.down, layout)?,
-        });
-    }
+    let (lm_head, layers) = rayon::join(
+        || linear(head, layout),
+        || {
+            w.layers
+                .into_par_iter()
+                .map(|l| layer(l, layout))
+                .collect::<Result<Vec<_>>>()
+        },
+    );
+    let embed = match w.embed {
+        StoredTensor::Gguf(q) => Embedding::Stored(q),
+        dense => Embedding::Rows {
+            rows: dense.f32_rows()?,
+            dim,
+        },
+    };
     Ok(Weights {
-        embed: Embedding { rows, dim },
-        layers,
+        embed,
+        layers: layers?,
         final_norm: w.final_norm,
-        lm_head,
+        lm_head: lm_head?,
     })
 }
 

@@ -8,11 +8,14 @@
 //!   → the 4-bit layout, one (scale, offset) pair per sub-block, kept as its factors (`d`, `−dmin`,
 //!   `sc`, `mn`: [`crate::qmatmul::Factors`]) so the records stay compact;
 //! - Q5_K (the same with a fifth bit) → the 8-bit layout (with `five`, the 5-bit one);
-//! - Q6_K (super-blocks of 256: sixteen sub-blocks of 16 with int8 scales, `d·sc·(q − 32)`) → the 8-bit
-//!   layout in blocks of 16, scale `d·sc` (exact in f32, kept as its factors), quant `q − 32`, no offsets.
+//! - Q6_K (super-blocks of 256: sixteen sub-blocks of 16 with int8 scales, `d·sc·(q − 32)`) → the 6-bit
+//!   layout (or, `six` off, the 8-bit one) in blocks of 16, scale `d·sc` (exact in f32, kept as its
+//!   factors), quant `q − 32`, no offsets.
 //!
 //! Every value equals ggml's dequantization of the block up to one f32 rounding (the kernel's `fma`),
-//! which the tests check against candle's dequantization of the same bytes.
+//! which the tests check against candle's dequantization of the same bytes. Q4_K and Q6_K are laid
+//! out by the loaders straight from their blocks (`qmatmul::direct`); the block-by-block forms here
+//! are the reference those are held to.
 
 use crate::qmatmul::{Factors, QKind, QMatrix, QK};
 
@@ -101,7 +104,7 @@ pub(crate) fn q5_1(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatri
 }
 
 /// Scale and min of sub-block `j` from a K-quant's 12 packed scale bytes (ggml's `get_scale_min_k4`).
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
@@ -128,7 +131,9 @@ fn k_scales(b: &[u8], p: &mut Parts) {
 }
 
 /// Q4_K (`d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`): sub-block `2i` is the low nibbles of
-/// `qs[32i..32i + 32]`, sub-block `2i + 1` the high nibbles.
+/// `qs[32i..32i + 32]`, sub-block `2i + 1` the high nibbles. The reference the loaders' direct
+/// writer (`qmatmul::direct`) is held to, byte for byte.
+#[cfg(test)]
 pub(crate) fn q4_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
     build(data, n, k, 144, QK_K, QKind::Q4, |b, p| {
         k_scales(b, p);
@@ -160,7 +165,10 @@ pub(crate) fn q5_k(data: &[u8], n: usize, k: usize, five: bool) -> Option<QMatri
 /// Q6_K (`ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`): in each half of 128, element
 /// `l + 32t` (`l < 32`, `t < 4`) takes the low or high nibble of `ql[l + 32·(t mod 2)]` and bits `2t..2t+2`
 /// of `qh[l]`; element `e` of the super-block has scale `scales[e / 16]` (ggml's `dequantize_row_q6_K`).
-pub(crate) fn q6_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
+/// `six`: the 6-bit layout ([`QKind::Q6`]: the same results from a quarter fewer bytes), else the 8-bit one.
+/// The reference the loaders' direct writer (`qmatmul::direct`) is held to, byte for byte.
+#[cfg(test)]
+pub(crate) fn q6_k(data: &[u8], n: usize, k: usize, six: bool) -> Option<QMatrix> {
     const BYTES: usize = 210;
     if !k.is_multiple_of(QK_K) || data.len() != n * k / QK_K * BYTES {
         return None;
@@ -193,7 +201,8 @@ pub(crate) fn q6_k(data: &[u8], n: usize, k: usize) -> Option<QMatrix> {
         f.mn.extend([0; 16]);
         q.extend_from_slice(&vals);
     }
-    Some(QMatrix::from_blocks16(n, k, d, q, Some(&f)))
+    let kind = if six { QKind::Q6 } else { QKind::Q8 };
+    Some(QMatrix::from_blocks16(kind, n, k, d, q, Some(&f)))
 }
 
 #[cfg(test)]
@@ -260,6 +269,54 @@ mod tests {
 
     #[test]
     fn q6_k_matches_ggml() {
-        check(GgmlDType::Q6K, q6_k);
+        check(GgmlDType::Q6K, |d, n, k| q6_k(d, n, k, false));
+        check(GgmlDType::Q6K, |d, n, k| q6_k(d, n, k, true));
+        check(GgmlDType::Q6K, |d, n, k| {
+            QMatrix::from_ggml(GgmlDType::Q6K, d, n, k, false)
+        });
+    }
+
+    #[test]
+    fn q4_k_through_the_loaders_path_matches_ggml() {
+        check(GgmlDType::Q4K, |d, n, k| {
+            QMatrix::from_ggml(GgmlDType::Q4K, d, n, k, false)
+        });
+    }
+
+    /// The loaders' direct writers build the same bytes as the block-by-block reference, at widths that
+    /// pad the last tile and with several super-blocks per row; stacked rows as a stacked tensor.
+    #[test]
+    fn direct_writers_build_the_references_bytes() {
+        let mut s = 99u32;
+        for (n, k) in [(5, 256), (45, 1024), (64, 512)] {
+            let vals: Vec<f32> = (0..n * k)
+                .map(|_| {
+                    s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    ((s >> 8) as f32 / (1 << 24) as f32 - 0.4) * 3.0
+                })
+                .collect();
+            let t = Tensor::from_vec(vals, (n, k), &Device::Cpu).unwrap();
+            for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+                let data = QTensor::quantize(&t, dtype).unwrap().data().unwrap().into_owned();
+                let direct = QMatrix::from_ggml(dtype, &data, n, k, false).unwrap();
+                let reference = match dtype {
+                    GgmlDType::Q4K => q4_k(&data, n, k).unwrap(),
+                    _ => q6_k(&data, n, k, true).unwrap(),
+                };
+                assert_eq!(direct.bytes_slice(), reference.bytes_slice(), "{dtype:?} {n}×{k}");
+                // the rows of two tensors stacked: the tensor of both
+                let row = data.len() / n;
+                let (a, b) = data.split_at(2 * row);
+                let stacked = QMatrix::from_ggml_rows(dtype, n, k, false, |c| {
+                    if c < 2 {
+                        &a[c * row..(c + 1) * row]
+                    } else {
+                        &b[(c - 2) * row..(c - 1) * row]
+                    }
+                })
+                .unwrap();
+                assert_eq!(stacked.bytes_slice(), reference.bytes_slice(), "{dtype:?} stacked");
+            }
+        }
     }
 }

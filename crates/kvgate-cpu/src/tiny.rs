@@ -15,7 +15,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::linear::Linear;
 use crate::model::Model;
-use crate::weights::{Embedding, LayerWeights, Weights};
+use crate::weights::{Embedding, Layer, Stack, Weights};
 
 /// Options of the tiny model.
 #[derive(Debug, Clone, Copy)]
@@ -98,26 +98,33 @@ pub fn tiny_model(spec: TinySpec) -> Result<LoadedModel<Model>> {
     let s_mid = 1.0 / (inter as f32).sqrt() * 1.7;
     let mut layers = Vec::new();
     for _ in 0..spec.layers {
-        layers.push(LayerWeights {
+        let (q, k, v) = (
+            lin(mat(hidden, hidden, s_in), hidden, hidden)?,
+            lin(mat(kv_heads * head_dim, hidden, s_in), kv_heads * head_dim, hidden)?,
+            lin(mat(kv_heads * head_dim, hidden, s_in), kv_heads * head_dim, hidden)?,
+        );
+        let o = lin(mat(hidden, hidden, s_in), hidden, hidden)?;
+        let (gate, up) = (
+            lin4(mat(inter, hidden, s_in), inter, hidden)?,
+            lin4(mat(inter, hidden, s_in), inter, hidden)?,
+        );
+        layers.push(Layer {
             attn_norm: vec![1.0; hidden],
-            q: lin(mat(hidden, hidden, s_in), hidden, hidden)?,
-            k: lin(mat(kv_heads * head_dim, hidden, s_in), kv_heads * head_dim, hidden)?,
-            v: lin(mat(kv_heads * head_dim, hidden, s_in), kv_heads * head_dim, hidden)?,
-            o: lin(mat(hidden, hidden, s_in), hidden, hidden)?,
+            qkv: Stack::of(vec![q, k, v]),
+            o,
             q_norm: None,
             k_norm: None,
             post_attn_norm: None,
             ffn_norm: vec![1.0; hidden],
             post_ffn_norm: None,
-            gate: lin4(mat(inter, hidden, s_in), inter, hidden)?,
-            up: lin4(mat(inter, hidden, s_in), inter, hidden)?,
+            gate_up: Stack::of(vec![gate, up]),
             down: lin4(mat(hidden, inter, s_mid), hidden, inter)?,
         });
     }
     let embed = mat(vocab, hidden, 1.0);
     let lm_head = lin(mat(vocab, hidden, s_in * 3.0), vocab, hidden)?;
     let weights = Weights {
-        embed: Embedding {
+        embed: Embedding::Rows {
             rows: embed,
             dim: hidden,
         },

@@ -60,7 +60,8 @@ fn tiny_quantized(q: GgmlDType) -> StoredModel {
     let mut m = tiny("llama");
     let quant = |t: &mut StoredTensor| {
         if let StoredTensor::Dense(d) = t {
-            *t = StoredTensor::Gguf(std::sync::Arc::new(QTensor::quantize(d, q).unwrap()));
+            let g = kvgate_model::GgufTensor::from_qtensor(&QTensor::quantize(d, q).unwrap()).unwrap();
+            *t = StoredTensor::Gguf(std::sync::Arc::new(g));
         }
     };
     for l in &mut m.weights.layers {

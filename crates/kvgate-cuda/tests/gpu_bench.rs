@@ -35,7 +35,9 @@ fn matrix(rows: usize, cols: usize, q: GgmlDType, seed: u32) -> StoredTensor {
         })
         .collect();
     let t = Tensor::from_vec(v, (rows, cols), &CDevice::Cpu).unwrap();
-    StoredTensor::Gguf(Arc::new(QTensor::quantize(&t, q).unwrap()))
+    StoredTensor::Gguf(Arc::new(
+        kvgate_model::GgufTensor::from_qtensor(&QTensor::quantize(&t, q).unwrap()).unwrap(),
+    ))
 }
 
 struct Shape {
@@ -213,7 +215,7 @@ fn kernel_breakdown(gpu: &Gpu, copy_gbs: f64, report: &mut String) {
         let StoredTensor::Gguf(q) = matrix(rows, cols, wf.gguf(), 3) else {
             unreachable!()
         };
-        let m = DevMatrix::upload(gpu, wf, rows, cols, &q.data().unwrap(), None).unwrap();
+        let m = DevMatrix::upload(gpu, wf, rows, cols, q.data(), None).unwrap();
         for n in [1usize, 8] {
             let x = gpu.upload(&vec![0.01f32; n * cols]).unwrap();
             let mut y = gpu.zeros_f32(n * rows).unwrap();

@@ -1,6 +1,7 @@
 //! kvgate's model formats: the architectures' configs (Llama, Mistral, Qwen2, Qwen3, Gemma 3 — one
 //! layer shape, differing in config), weight loading from GGUF (quant blocks as stored) and Hugging
-//! Face directories (safetensors) into [`StoredModel`], the tokenizer (from `tokenizer.json` or built
+//! Face directories (safetensors) into [`StoredModel`] (a GGUF's tensors read in place from a memory
+//! map of the file, [`GgufTensor`]), the tokenizer (from `tokenizer.json` or built
 //! from a GGUF's own vocabulary), chat templates rendered with minijinja, and conversations as prompt
 //! text ([`prompt`]).
 //!
@@ -10,6 +11,7 @@
 mod chat;
 mod config;
 mod error;
+mod gguf_tensor;
 mod load_gguf;
 mod load_hf;
 mod loader;
@@ -24,6 +26,7 @@ mod tokenizer;
 pub use chat::{strftime, ChatTemplate};
 pub use config::{Activation, Arch, ModelConfig, RopeScaling, RopeStyle};
 pub use error::{ModelError, Result};
+pub use gguf_tensor::GgufTensor;
 pub use load_hf::load_hf_dir;
 pub use loader::{load_stored, load_unprepared, GenerationDefaults, LoadOptions, LoadedModel};
 pub use rope::Rope;

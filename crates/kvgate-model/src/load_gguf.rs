@@ -1,7 +1,8 @@
-//! Loading a GGUF file: the architecture from its metadata, the weights through candle's GGUF reader
-//! as stored ([`crate::stored`]: quant blocks untouched — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K…Q6_K, F16,
-//! F32 all load; a device lays them out), and the metadata the tokenizer and chat template are built
-//! from.
+//! Loading a GGUF file: the architecture from its metadata, the weights as stored ([`crate::stored`]:
+//! quant blocks untouched — Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K…Q6_K, F16, F32 all load; a device lays
+//! them out), read in place from a read-only memory map of the file ([`GgufTensor`]: the header is
+//! parsed by candle's GGUF reader, no tensor is copied), and the metadata the tokenizer and chat
+//! template are built from.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,11 +11,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::QTensor;
-use candle_core::Device;
 
 use crate::config::{Activation, Arch, ModelConfig, RopeScaling, RopeStyle};
 use crate::error::{ModelError, Result};
+use crate::gguf_tensor::GgufTensor;
 use crate::stored::{StoredLayer, StoredLinear, StoredTensor, StoredWeights};
 
 /// The GGUF metadata kvgate uses after loading (tokenizer vocabulary, template, special ids).
@@ -78,15 +78,17 @@ impl GgufMeta {
 
 struct Reader {
     content: Content,
-    file: BufReader<File>,
+    map: Arc<memmap2::Mmap>,
 }
 
 impl Reader {
-    fn q(&mut self, name: &str) -> Result<QTensor> {
-        if !self.content.tensor_infos.contains_key(name) {
+    fn q(&mut self, name: &str) -> Result<GgufTensor> {
+        let Some(info) = self.content.tensor_infos.get(name) else {
             return Err(ModelError::Invalid(format!("GGUF tensor '{name}' is missing")));
-        }
-        Ok(self.content.tensor(&mut self.file, name, &Device::Cpu)?)
+        };
+        let at = usize::try_from(self.content.tensor_data_offset + info.offset)
+            .map_err(|_| ModelError::Invalid(format!("GGUF tensor '{name}' lies past the address space")))?;
+        GgufTensor::mapped(&self.map, at, info.ggml_dtype, info.shape.dims().to_vec(), name)
     }
 
     fn has(&self, name: &str) -> bool {
@@ -94,7 +96,7 @@ impl Reader {
     }
 
     fn vec(&mut self, name: &str) -> Result<Vec<f32>> {
-        Ok(self.q(name)?.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?)
+        self.q(name)?.dequantize()
     }
 
     fn opt_vec(&mut self, name: &str) -> Result<Option<Vec<f32>>> {
@@ -218,20 +220,25 @@ pub fn read_meta(path: &Path) -> Result<GgufMeta> {
     })
 }
 
-/// Loads config, weights (as stored) and metadata from a GGUF file.
+/// Loads config, weights (as stored, in place in a map of the file) and metadata from a GGUF file.
 pub fn load_gguf(path: &Path) -> Result<(ModelConfig, StoredWeights, GgufMeta)> {
-    let f = File::open(path).map_err(|source| ModelError::Io {
+    let io = |source| ModelError::Io {
         path: path.display().to_string(),
         source,
-    })?;
-    let mut file = BufReader::new(f);
-    let content = Content::read(&mut file).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    };
+    let f = File::open(path).map_err(io)?;
+    let content =
+        Content::read(&mut BufReader::new(&f)).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    // SAFETY: the map is read-only and private to this process; like every reader of a model file
+    // (llama.cpp maps its GGUFs the same way) it assumes the file is not truncated or rewritten while
+    // it is served — replacing it with a new file (a rename) leaves this map on the old one.
+    let map = Arc::new(unsafe { memmap2::Mmap::map(&f) }.map_err(io)?);
     let meta = GgufMeta {
         values: content.metadata.clone(),
     };
-    let mut r = Reader { content, file };
+    let mut r = Reader { content, map };
     let embed = r.q("token_embd.weight")?;
-    let (vocab, _) = embed.shape().dims2()?;
+    let (vocab, _) = embed.dims2()?;
     let cfg = config_from_meta(&meta, vocab)?;
     let lm_head = if r.has("output.weight") {
         Some(r.linear("output")?)

@@ -8,17 +8,17 @@
 
 use std::sync::Arc;
 
-use candle_core::quantized::QTensor;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::gguf_tensor::GgufTensor;
 
 /// One matrix as stored, shape `(rows, cols)` (a linear layer's `(out, in)`).
 #[derive(Debug, Clone)]
 pub enum StoredTensor {
-    /// GGUF blocks, any ggml type, as in the file.
-    Gguf(Arc<QTensor>),
+    /// GGUF blocks, any ggml type, as in the file (in place in its map).
+    Gguf(Arc<GgufTensor>),
     /// A safetensors tensor in its stored dtype (f32, f16 or bf16).
     Dense(Tensor),
 }
@@ -27,7 +27,7 @@ impl StoredTensor {
     /// `(rows, cols)`.
     pub fn dims(&self) -> Result<(usize, usize)> {
         Ok(match self {
-            StoredTensor::Gguf(q) => q.shape().dims2()?,
+            StoredTensor::Gguf(q) => q.dims2()?,
             StoredTensor::Dense(t) => t.dims2()?,
         })
     }
@@ -51,7 +51,7 @@ impl StoredTensor {
     /// Every element as f32, row-major (an embedding table for the CPU's row lookups).
     pub fn f32_rows(&self) -> Result<Vec<f32>> {
         Ok(match self {
-            StoredTensor::Gguf(q) => q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1()?,
+            StoredTensor::Gguf(q) => q.dequantize()?,
             StoredTensor::Dense(t) => t.to_dtype(DType::F32)?.flatten_all()?.to_vec1()?,
         })
     }

@@ -52,6 +52,7 @@ pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&[f32]>, rr: usize, y: &mut Acc) {
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
+    assert!(w.kind != QKind::Q6 || w.bl == 16, "6-bit records hold blocks of 16");
     let hd = w.heads_ptr(heads);
     match *PATH {
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
@@ -282,11 +283,20 @@ macro_rules! simd {
                                 }
                             }
                         }
-                    } else if w.kind == QKind::Q8 {
+                    } else if w.kind == QKind::Q8 || w.kind == QKind::Q6 {
+                        // 6-bit records expanded to the 8-bit layout's bytes first (`six`)
+                        let mut wide = [[0u8; 128]; V];
+                        let mut q8 = qp;
+                        if w.kind == QKind::Q6 {
+                            for v in 0..V {
+                                super::super::six::expand(qp[v], &mut wide[v]);
+                                q8[v] = wide[v].as_ptr();
+                            }
+                        }
                         for e in 0..bl {
                             let mut q = [_mm256_setzero_ps(); V];
                             for v in 0..V {
-                                let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
+                                let raw = _mm_loadl_epi64(q8[v].add(e * P) as *const __m128i);
                                 q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
                             }
                             for r in 0..R {

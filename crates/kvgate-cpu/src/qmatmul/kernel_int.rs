@@ -37,7 +37,7 @@ pub(super) fn run_int(
     assert!(q.sx.len() >= (r0 + rr) * groups);
     match w.kind {
         QKind::Q4 | QKind::Q5 => assert!(q.q8.len() >= (r0 + rr) * k),
-        QKind::Q8 => assert!(q.q16.len() >= (r0 + rr) * k),
+        QKind::Q8 | QKind::Q6 => assert!(q.q16.len() >= (r0 + rr) * k),
         QKind::F16 | QKind::Bf16 => panic!("16-bit weights have no integer kernel"),
     }
     let (q8, q16, sx) = (
@@ -167,11 +167,13 @@ macro_rules! simd_int {
                     (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
                     (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
                     (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q6, 16) => rows::<3, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
                     (kind, bl) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
                 }
             }
 
-            /// `rr` rows of the tile for weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit) in blocks of `BL`.
+            /// `rr` rows of the tile for weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit, 3: 6-bit expanded
+            /// to the 8-bit layout's bytes) in blocks of `BL`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn rows<const K: u8, const BL: usize>(
@@ -316,7 +318,11 @@ macro_rules! simd_int {
                             let mut w01 = [_mm256_setzero_si256(); V];
                             let mut w23 = [_mm256_setzero_si256(); V];
                             for v in 0..V {
-                                let raw = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
+                                let raw = if K == 3 {
+                                    super::super::six::chunk(qp[v], c)
+                                } else {
+                                    _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i)
+                                };
                                 let sh = _mm256_shuffle_epi8(raw, pair);
                                 w01[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(sh));
                                 w23[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(sh, 1));

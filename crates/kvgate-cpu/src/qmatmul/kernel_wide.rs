@@ -131,14 +131,26 @@ unsafe fn panels<const R: usize>(
                     rows!(q, 8 * c + e);
                 }
             }
-        } else if w.kind == QKind::Q8 {
+        } else if w.kind == QKind::Q8 || w.kind == QKind::Q6 {
+            // 6-bit records expanded to the 8-bit layout's bytes first (`six`): the tile's four
+            // records as four consecutive 128-byte records without heads
+            let mut wide = [[0u8; 128]; TILE_PANELS];
+            let (src, rec, head) = if w.kind == QKind::Q6 {
+                for (v, out) in wide.iter_mut().enumerate() {
+                    // SAFETY: panel p0 + v's record of block b (the caller's bounds).
+                    unsafe { super::six::expand(tile.add(v * rec + head), out) };
+                }
+                (wide.as_ptr() as *const u8, 128, 0)
+            } else {
+                (tile, rec, head)
+            };
             for e in 0..bl {
                 let mut q = [_mm512_setzero_ps(); 2];
                 for (h, qh) in q.iter_mut().enumerate() {
                     // SAFETY: 8 bytes (8 columns at input e) of each record's data.
                     let both = unsafe {
-                        let a = _mm_loadl_epi64(tile.add(2 * h * rec + head + e * P) as *const __m128i);
-                        let c = _mm_loadl_epi64(tile.add((2 * h + 1) * rec + head + e * P) as *const __m128i);
+                        let a = _mm_loadl_epi64(src.add(2 * h * rec + head + e * P) as *const __m128i);
+                        let c = _mm_loadl_epi64(src.add((2 * h + 1) * rec + head + e * P) as *const __m128i);
                         _mm_unpacklo_epi64(a, c)
                     };
                     *qh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(both));

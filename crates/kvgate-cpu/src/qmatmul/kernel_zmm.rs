@@ -12,6 +12,7 @@ use std::arch::x86_64::*;
 use super::heads::pair_dm;
 use super::kernel::{prefetch_ahead, Acc};
 use super::kernel_wide::pair_bytes;
+use super::six;
 use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
 // A tile's four panels are two registers of sixteen columns.
@@ -46,6 +47,10 @@ pub(super) unsafe fn dispatch(
             QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, hd, rr, y),
             QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, hd, rr, y),
             QKind::Q8 => rows::<2>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            QKind::Q6 => {
+                assert_eq!(w.bl, 16, "6-bit records hold blocks of 16");
+                rows::<3>(w, p0, q8, q16, sx, xs, hd, rr, y)
+            }
             QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights have no integer kernel"),
         }
     }
@@ -83,7 +88,8 @@ unsafe fn rows<const K: u8>(
     }
 }
 
-/// `R` rows × the tile's four panels from `p0`, weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit).
+/// `R` rows × the tile's four panels from `p0`, weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit, 3: 6-bit
+/// expanded to the 8-bit layout's bytes, [`super::six`]).
 /// Bounds: panels `p0 .. p0 + 4` and blocks `b < nb` keep every record read inside `w`; row `r < R`
 /// reads inputs `r·k + b·bl + e`, `e < bl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -108,7 +114,7 @@ unsafe fn panels<const R: usize, const K: u8>(
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };
         let mut acc = [[_mm512_setzero_si512(); 2]; R];
-        if K == 2 {
+        if K == 2 || K == 3 {
             // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
             let shuf = _mm256_setr_epi8(
                 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7,
@@ -125,9 +131,35 @@ unsafe fn panels<const R: usize, const K: u8>(
                     _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(both, shuf))
                 }
             };
+            // 6-bit: chunk `c` of panels 2h and 2h + 1 expanded side by side; its first 16 bytes (inputs
+            // 4c, 4c + 1) of each panel are 128-bit lanes 0 and 2, the last 16 lanes 1 and 3.
+            let six16 = |z: __m512i, lanes_13: bool| -> __m512i {
+                let halves = if lanes_13 {
+                    _mm512_shuffle_i64x2::<0b1101>(z, z)
+                } else {
+                    _mm512_shuffle_i64x2::<0b1000>(z, z)
+                };
+                _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm512_castsi512_si256(halves), shuf))
+            };
             for c in 0..bl / 4 {
-                let w01 = [half16(0, 32 * c), half16(1, 32 * c)];
-                let w23 = [half16(0, 32 * c + 16), half16(1, 32 * c + 16)];
+                let (w01, w23) = if K == 3 {
+                    // SAFETY: the tile's records are 6-bit records of blocks of 16 (checked in `dispatch`).
+                    let z = unsafe {
+                        [
+                            six::chunk_pair(tile, rec, head, c),
+                            six::chunk_pair(tile.add(2 * rec), rec, head, c),
+                        ]
+                    };
+                    (
+                        [six16(z[0], false), six16(z[1], false)],
+                        [six16(z[0], true), six16(z[1], true)],
+                    )
+                } else {
+                    (
+                        [half16(0, 32 * c), half16(1, 32 * c)],
+                        [half16(0, 32 * c + 16), half16(1, 32 * c + 16)],
+                    )
+                };
                 for (r, a) in acc.iter_mut().enumerate() {
                     // SAFETY: row r's inputs b·bl + 4c .. + 4 (the caller's bounds).
                     let (x01, x23) = unsafe {

@@ -31,6 +31,7 @@
 
 mod acts;
 mod build;
+mod direct;
 #[cfg(target_arch = "x86_64")]
 mod heads;
 mod kernel;
@@ -39,6 +40,8 @@ mod kernel_int;
 mod kernel_wide;
 #[cfg(target_arch = "x86_64")]
 mod kernel_zmm;
+#[cfg(target_arch = "x86_64")]
+mod six;
 
 use rayon::prelude::*;
 
@@ -73,6 +76,12 @@ pub enum QKind {
     /// 5-bit unsigned quants (Q5_0 / Q5_1 / Q5_K kept at 5 bits, for the 8-bit-activation mode): the
     /// 4-bit layout plus a plane of high bits.
     Q5,
+    /// 6-bit quants (Q6_K kept at 6 bits, in blocks of 16): the 8-bit layout's signed bytes `q − 32`
+    /// stored as `q` (`0..64`), two 32-byte chunks' low nibbles to a chunk of bytes and their top two
+    /// bits in a plane ([`QMatrix::q6_at`]). The kernels expand a record back into the 8-bit layout's
+    /// bytes in registers, so every result is the 8-bit layout's, bit for bit, from 6.6 bits a weight
+    /// instead of 8.6.
+    Q6,
     /// IEEE half-precision weights (scale 1, no offsets).
     F16,
     /// bfloat16 weights (scale 1, no offsets).
@@ -135,6 +144,7 @@ impl QMatrix {
             QKind::Q4 => bl / 2,
             QKind::Q8 => bl,
             QKind::Q5 => bl / 2 + bl / 8,
+            QKind::Q6 => bl / 2 + bl / 4,
             QKind::F16 | QKind::Bf16 => 2 * bl,
         }
     }
@@ -160,6 +170,24 @@ impl QMatrix {
     #[inline]
     fn q5_high_at(j: usize, e: usize) -> (usize, u32) {
         (128 + 4 * j + e % 4, (e / 8 + 4 * ((e % 8) / 4)) as u32)
+    }
+
+    /// Where a 6-bit quant lives: the byte and shift of its low nibble and of its top two bits in its
+    /// record's quants. The 8-bit layout would hold input `e` of column `j` in byte `i = 8e + j` of
+    /// 32-byte chunk `c = i / 32`; here chunks `2n` and `2n + 1` share nibble chunk `n` (low and high
+    /// nibbles, byte `i % 32`), and chunks `4g .. 4g + 4` share plane chunk `g` (after the `4·bl` bytes
+    /// of nibbles; bits `2(c % 4)`, `2(c % 4) + 1` of byte `i % 32`), so one 32-byte load and a shift and
+    /// mask give a whole chunk of the 8-bit layout.
+    #[inline]
+    fn q6_at(bl: usize, j: usize, e: usize) -> (usize, u32, usize, u32) {
+        let i = e * P + j;
+        let (c, at) = (i / 32, i % 32);
+        (
+            32 * (c / 2) + at,
+            4 * (c % 2) as u32,
+            4 * bl + 32 * (c / 4) + at,
+            2 * (c % 4) as u32,
+        )
     }
 
     /// Byte offset of the record of panel `p`, block `b`.
@@ -229,7 +257,7 @@ impl QMatrix {
         heads.map_or(std::ptr::null(), <[f32]>::as_ptr)
     }
 
-    fn bytes_slice(&self) -> &[u8] {
+    pub(crate) fn bytes_slice(&self) -> &[u8] {
         // SAFETY: `Line` is `repr(C)` around `[u8; 64]` (size 64, no padding).
         unsafe { std::slice::from_raw_parts(self.data.as_ptr() as *const u8, self.data.len() * 64) }
     }
@@ -255,6 +283,12 @@ impl QMatrix {
                 q as i32
             }
             QKind::Q8 => bytes[base + e * P] as i8 as i32,
+            QKind::Q6 => {
+                let rec = self.record(c / P, b) + self.head;
+                let (nib, shift, plane, bit) = Self::q6_at(self.bl, c % P, e);
+                let q = ((bytes[rec + nib] >> shift) & 0xF) | (((bytes[rec + plane] >> bit) & 3) << 4);
+                q as i32 - 32
+            }
             QKind::F16 | QKind::Bf16 => {
                 let at = base + c % P + 2 * e * P;
                 u16::from_le_bytes([bytes[at], bytes[at + 1]]) as i32
@@ -266,7 +300,7 @@ impl QMatrix {
     pub(super) fn weight(&self, c: usize, b: usize, e: usize) -> f32 {
         let q = self.quant(c, b, e);
         match self.kind {
-            QKind::Q4 | QKind::Q8 | QKind::Q5 => q as f32,
+            QKind::Q4 | QKind::Q8 | QKind::Q5 | QKind::Q6 => q as f32,
             QKind::F16 => half::f16::from_bits(q as u16).to_f32(),
             QKind::Bf16 => f32::from_bits((q as u32) << 16),
         }
@@ -325,9 +359,15 @@ impl QMatrix {
         self.matmul_rows(x, rows, &[])
     }
 
-    /// Whether the 8-bit-activation (integer) kernel exists for this matrix (4- and 8-bit quants).
+    /// Whether the 8-bit-activation (integer) kernel exists for this matrix (4- to 8-bit quants).
     pub fn has_int8(&self) -> bool {
-        matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5) && self.k.is_multiple_of(QK)
+        matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5 | QKind::Q6) && self.k.is_multiple_of(QK)
+    }
+
+    /// Whether the integer kernel meets this matrix's weights with 16-bit activation codes (the 8-bit
+    /// layout and the 6-bit one, which expands to it) rather than bytes.
+    pub(super) fn wide_acts(&self) -> bool {
+        matches!(self.kind, QKind::Q8 | QKind::Q6)
     }
 
     /// As [`QMatrix::matmul`], with the rows marked in `int8` (one flag per row, or empty for none)
@@ -338,7 +378,7 @@ impl QMatrix {
         assert_eq!(x.len(), rows * k, "activations are rows × k");
         assert!(int8.is_empty() || int8.len() == rows, "one flag per row");
         let int8 = Some(int8).filter(|m| self.has_int8() && m.iter().any(|&v| v));
-        let quant = int8.map(|m| acts::QuantRows::new(x, k, m, self.kind == QKind::Q8));
+        let quant = int8.map(|m| acts::QuantRows::new(x, k, m, self.wide_acts()));
         let mut out = vec![0f32; rows * n];
         if rows == 0 || n == 0 {
             return out;

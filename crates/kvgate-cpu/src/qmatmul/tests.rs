@@ -56,10 +56,12 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             let qs = data.iter().cycle().take(n * k).map(|&b| b % 32).collect();
             QMatrix::from_parts(QKind::Q5, n, k, d, m, qs, None)
         }
-        "q6" => {
+        "q6" | "q6s" => {
+            // 6-bit quants in blocks of 16 in the 8-bit layout (`q6`) or the 6-bit one (`q6s`)
             let d = (0..n * k / 16).map(|i| 0.002 + i as f32 * 1.3e-6).collect();
             let q = data.iter().cycle().take(n * k).map(|&b| (b % 64) as i8 - 32).collect();
-            QMatrix::from_blocks16(n, k, d, q, None)
+            let kind = if kind == "q6s" { QKind::Q6 } else { QKind::Q8 };
+            QMatrix::from_blocks16(kind, n, k, d, q, None)
         }
         "f16" | "bf16" => {
             let vals = (0..n * k).map(|i| ((i * 7919 % 2003) as f32 - 1000.0) / 1500.0);
@@ -70,13 +72,13 @@ fn matrix(kind: &str, n: usize, k: usize, seed: u32) -> QMatrix {
             };
             QMatrix::from_halves(kind, &bits, n, k).unwrap()
         }
-        "q4k" | "q5k" | "q6k" => factored(kind, n, k, seed, true),
+        "q4k" | "q5k" | "q6k" | "q6ks" => factored(kind, n, k, seed, true),
         _ => QMatrix::from_q8_0(&data, n, k),
     }
 }
 
-/// A K-quant-like matrix (`q4k`: 4-bit, `q5k`: 5-bit, both with offsets; `q6k`: 8-bit in blocks of
-/// 16, no offsets) whose scales and offsets are f16 super-block factors times 6- or 8-bit integers,
+/// A K-quant-like matrix (`q4k`: 4-bit, `q5k`: 5-bit, both with offsets; `q6k`: 6-bit quants in the
+/// 8-bit layout in blocks of 16, no offsets; `q6ks`: the same in the 6-bit layout) whose scales and offsets are f16 super-block factors times 6- or 8-bit integers,
 /// built with those factors (`with`) or from the products alone.
 fn factored(kind: &str, n: usize, k: usize, seed: u32, with: bool) -> QMatrix {
     let mut s = seed;
@@ -84,7 +86,8 @@ fn factored(kind: &str, n: usize, k: usize, seed: u32, with: bool) -> QMatrix {
         s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
         s >> 8
     };
-    let bl = if kind == "q6k" { 16 } else { QK };
+    let six = kind.starts_with("q6k");
+    let bl = if six { 16 } else { QK };
     let nb = k / bl;
     // several super-blocks per column where the block count allows it
     let g = [8, 4, 2, 1]
@@ -94,27 +97,28 @@ fn factored(kind: &str, n: usize, k: usize, seed: u32, with: bool) -> QMatrix {
     let mut f = Factors::default();
     for _ in 0..n * nb / g {
         f.sd.push(half::f16::from_f32(0.001 + (rnd() % 1000) as f32 * 1e-5).to_f32());
-        f.sm.push(if kind == "q6k" {
+        f.sm.push(if six {
             0.0
         } else {
             -half::f16::from_f32((rnd() % 1000) as f32 * 2e-5).to_f32()
         });
     }
     for _ in 0..n * nb {
-        f.sc.push(if kind == "q6k" {
+        f.sc.push(if six {
             (rnd() % 256) as u8 as i8
         } else {
             (rnd() % 64) as i8
         });
-        f.mn.push(if kind == "q6k" { 0 } else { (rnd() % 64) as i8 });
+        f.mn.push(if six { 0 } else { (rnd() % 64) as i8 });
     }
     let d: Vec<f32> = (0..n * nb).map(|i| f.sd[i / g] * f.sc[i] as f32).collect();
     let m: Vec<f32> = (0..n * nb).map(|i| f.sm[i / g] * f.mn[i] as f32).collect();
     let f = Some(&f).filter(|_| with);
     match kind {
-        "q6k" => {
+        "q6k" | "q6ks" => {
             let q = (0..n * k).map(|_| (rnd() % 64) as i8 - 32).collect();
-            QMatrix::from_blocks16(n, k, d, q, f)
+            let kind = if kind == "q6ks" { QKind::Q6 } else { QKind::Q8 };
+            QMatrix::from_blocks16(kind, n, k, d, q, f)
         }
         "q4k" => {
             let qs = (0..n * k / 2).map(|_| rnd() as u8).collect();
@@ -130,7 +134,7 @@ fn factored(kind: &str, n: usize, k: usize, seed: u32, with: bool) -> QMatrix {
 #[test]
 fn k_quant_factors_change_no_bit_and_save_bytes() {
     let (n, k) = (45, 512);
-    for kind in ["q4k", "q5k", "q6k"] {
+    for kind in ["q4k", "q5k", "q6k", "q6ks"] {
         let (w, plain) = (factored(kind, n, k, 5, true), factored(kind, n, k, 5, false));
         assert!(w.sub.is_some() && plain.sub.is_none(), "{kind}: record format");
         assert!(
@@ -214,10 +218,10 @@ fn matches_the_dequantized_matmul_and_is_batch_invariant() {
 fn the_simd_path_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
     for kind in [
-        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "f16", "bf16", "q4k", "q5k", "q6k",
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "q6s", "f16", "bf16", "q4k", "q5k", "q6k", "q6ks",
     ] {
         let w = matrix(kind, n, k, 11);
-        if !matches!(kind, "q6" | "f16" | "bf16" | "q4k" | "q5k" | "q6k") {
+        if !matches!(kind, "q6" | "q6s" | "f16" | "bf16" | "q4k" | "q5k" | "q6k" | "q6ks") {
             let ratio = match kind {
                 "q4_0" => Some(-8.0),
                 "q5_0" => Some(-16.0),
@@ -316,14 +320,16 @@ fn decodes_gguf_blocks() {
 #[test]
 fn the_integer_kernel_gives_the_scalar_bits() {
     let (n, k) = (70, 128);
-    for kind in ["q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "q4k", "q5k", "q6k"] {
+    for kind in [
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "q6s", "q4k", "q5k", "q6k", "q6ks",
+    ] {
         let w = matrix(kind, n, k, 13);
         assert!(w.has_int8(), "{kind}");
         let nb = w.nb();
         for rr in 1..=kernel::max_rows() {
             // rows 2 .. 2 + rr of a quantized batch (the kernel's row offset)
             let x = acts(rr + 2, k);
-            let q = acts::QuantRows::new(&x, k, &vec![true; rr + 2], w.kind == QKind::Q8);
+            let q = acts::QuantRows::new(&x, k, &vec![true; rr + 2], w.wide_acts());
             let xs: Vec<f32> = x[2 * k..]
                 .chunks_exact(w.bl)
                 .map(|b| b.iter().fold(0.0, |s, v| s + v))
@@ -359,7 +365,7 @@ fn the_integer_kernel_gives_the_scalar_bits() {
 fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
     let (n, k, rows) = (37, 96, 70);
     for kind in [
-        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "bf16", "q4k", "q5k", "q6k",
+        "q4_0", "q4_1", "q8_0", "f32", "q5", "q5_0", "q6", "q6s", "bf16", "q4k", "q5k", "q6k", "q6ks",
     ] {
         let w = matrix(kind, n, k, 7);
         let x = acts(rows, k);
@@ -376,7 +382,7 @@ fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
             assert_ne!(row, &y32[r * n..(r + 1) * n], "{kind}: row {r} took the f32 kernel");
             // exactly the matmul of the dequantized weights with the dequantized activations (up to
             // f32 rounding): every weight `d·q + m` meets the same quantized input
-            let wide = w.kind == QKind::Q8;
+            let wide = w.wide_acts();
             let q = acts::QuantRows::new(&x[r * k..(r + 1) * k], k, &[true], wide);
             for (c, &got) in row.iter().enumerate() {
                 let (mut want, mut mag) = (0f64, 0f64);
@@ -404,6 +410,39 @@ fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
             }
             let alone = w.matmul_rows(&x[r * k..(r + 1) * k], 1, &[true]);
             assert_eq!(row, alone.as_slice(), "{kind}: integer row {r} depends on the batch");
+        }
+    }
+}
+
+#[test]
+fn six_bit_records_give_the_eight_bit_layouts_bits_from_fewer_bytes() {
+    // every row count a call takes (1..8 and a prefill's chunks), f32 and 8-bit activations, plain
+    // heads and K-quant factors, a width that pads its last tile
+    let (n, k) = (45, 512);
+    for (six, eight) in [("q6s", "q6"), ("q6ks", "q6k")] {
+        let (a, b) = (matrix(six, n, k, 21), matrix(eight, n, k, 21));
+        assert_eq!((a.kind, b.kind), (QKind::Q6, QKind::Q8), "{six}");
+        // 6 bits a weight plus the same heads: 96 of 128 quant bytes per record
+        assert!(
+            a.bytes() * 100 < b.bytes() * 82,
+            "{six}: {} vs {} bytes",
+            a.bytes(),
+            b.bytes()
+        );
+        for c in 0..n {
+            for i in (0..k).step_by(7) {
+                assert_eq!(a.value(c, i).to_bits(), b.value(c, i).to_bits(), "{six} {c} {i}");
+            }
+        }
+        for rows in [1, 2, 3, 5, 8, 9, 70] {
+            let x = acts(rows, k);
+            assert_eq!(a.matmul(&x, rows), b.matmul(&x, rows), "{six}: f32 rows {rows}");
+            let int8: Vec<bool> = (0..rows).map(|r| r % 3 != 1).collect();
+            assert_eq!(
+                a.matmul_rows(&x, rows, &int8),
+                b.matmul_rows(&x, rows, &int8),
+                "{six}: 8-bit rows {rows}"
+            );
         }
     }
 }

@@ -121,11 +121,7 @@ fn model_fingerprint(m: &StoredModel) -> u64 {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(format!("{:?}", m.config).as_bytes());
     match &m.weights.embed {
-        StoredTensor::Gguf(q) => {
-            if let Ok(d) = q.data() {
-                h.update(&d);
-            }
-        }
+        StoredTensor::Gguf(q) => h.update(q.data()),
         StoredTensor::Dense(t) => {
             if let Ok(v) = t
                 .to_dtype(candle_core::DType::F32)

@@ -65,17 +65,10 @@ fn upload_tensor(
     let (rows, cols) = t.dims().map_err(bad)?;
     match t {
         StoredTensor::Gguf(q) => match WeightFormat::of_gguf(q.dtype()) {
-            Some(f) => {
-                let data = q.data().map_err(bad)?;
-                DevMatrix::upload(gpu, f, rows, cols, &data, bias)
-            }
+            Some(f) => DevMatrix::upload(gpu, f, rows, cols, q.data(), bias),
             None => {
                 *widened += 1;
-                let x: Vec<f32> = q
-                    .dequantize(&candle_core::Device::Cpu)
-                    .and_then(|d| d.flatten_all())
-                    .and_then(|d| d.to_vec1())
-                    .map_err(bad)?;
+                let x: Vec<f32> = q.dequantize().map_err(bad)?;
                 DevMatrix::upload(gpu, WeightFormat::F32, rows, cols, &f32_bytes(&x), bias)
             }
         },

@@ -15,26 +15,30 @@ use crate::error::KvError;
 use crate::layout::CacheShape;
 use crate::quant::{self, Rotation, Scales};
 
-/// One layer's K or V storage.
+mod zeroed;
+
+pub use zeroed::Zeroed;
+
+/// One layer's K or V storage (zeroed without being written: see [`Zeroed`]).
 #[derive(Debug, Clone)]
 pub enum Buf {
     /// f32 elements.
-    F32(Vec<f32>),
+    F32(Zeroed<f32>),
     /// f16 elements.
-    F16(Vec<f16>),
+    F16(Zeroed<f16>),
     /// bf16 elements.
-    BF16(Vec<bf16>),
+    BF16(Zeroed<bf16>),
     /// Packed bytes (fp8, nvfp4).
-    Bytes(Vec<u8>),
+    Bytes(Zeroed<u8>),
 }
 
 impl Buf {
     fn zeros(dtype: KvDtype, elems: usize, bytes: usize) -> Buf {
         match dtype {
-            KvDtype::F32 => Buf::F32(vec![0.0; elems]),
-            KvDtype::F16 => Buf::F16(vec![f16::ZERO; elems]),
-            KvDtype::BF16 => Buf::BF16(vec![bf16::ZERO; elems]),
-            _ => Buf::Bytes(vec![0; bytes]),
+            KvDtype::F32 => Buf::F32(Zeroed::new(elems)),
+            KvDtype::F16 => Buf::F16(Zeroed::new(elems)),
+            KvDtype::BF16 => Buf::BF16(Zeroed::new(elems)),
+            _ => Buf::Bytes(Zeroed::new(bytes)),
         }
     }
 

@@ -41,8 +41,8 @@ pub struct AppState {
     eos_token_ids: Vec<u32>,
     /// Tokenization off the async runtime: bytes per token at most, and the slots.
     tokenize: TokenizeSlots,
-    /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it).
-    grammars: Option<Arc<Grammars>>,
+    /// The structured-output grammar compiler, built on its own thread (see [`GrammarsSlot`]).
+    grammars: GrammarsSlot,
     /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
     responses: Arc<crate::protocols::responses::store::ResponseStore>,
     conversations: crate::protocols::conversations::store::ConversationStore,
@@ -91,9 +91,10 @@ impl AppState {
     pub(crate) fn eos_token_ids(&self) -> &[u32] {
         &self.eos_token_ids
     }
-    /// The structured-output grammar compiler.
-    pub(crate) fn grammars(&self) -> Option<&Arc<Grammars>> {
-        self.grammars.as_ref()
+    /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it),
+    /// once built.
+    pub(crate) async fn grammars(&self) -> Option<Arc<Grammars>> {
+        self.grammars.get().await
     }
     /// Stored `/v1/responses` responses.
     pub(crate) fn responses(&self) -> &Arc<crate::protocols::responses::store::ResponseStore> {
@@ -152,6 +153,36 @@ impl TokenizeSlots {
     }
 }
 
+/// The grammar compiler, built on a thread of its own from the start (indexing a 150,000-token
+/// vocabulary takes about half a second), so that the server answers while it is built; a request
+/// with a grammar before it is ready waits for it. Guarantee: every waiter gets the one compiler (or
+/// `None` when the tokenizer cannot be described, or the build died).
+#[derive(Clone)]
+pub(crate) struct GrammarsSlot(tokio::sync::watch::Receiver<Option<Option<Arc<Grammars>>>>);
+
+impl GrammarsSlot {
+    /// Starts building the compiler for `tok`.
+    pub(crate) fn start(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> GrammarsSlot {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        let (tok, eos) = (tok.clone(), eos.to_vec());
+        std::thread::Builder::new()
+            .name("grammars".into())
+            .spawn(move || {
+                let _ = tx.send(Some(grammars_for(&tok, &eos, vocab)));
+            })
+            .map_err(|e| tracing::warn!(error = %e, "structured outputs are unavailable: no thread to build them"))
+            .ok();
+        GrammarsSlot(rx)
+    }
+
+    /// The compiler, once built.
+    async fn get(&self) -> Option<Arc<Grammars>> {
+        let mut rx = self.0.clone();
+        let ready = rx.wait_for(Option::is_some).await.ok()?;
+        ready.clone().flatten()
+    }
+}
+
 /// Builds the grammar compiler for a tokenizer (logged; `None` with a warning when it cannot).
 pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<Arc<Grammars>> {
     let t = std::time::Instant::now();
@@ -204,7 +235,7 @@ impl AppState {
         AppState {
             engine,
             decisions,
-            grammars: grammars_for(&tokenizer, &eos_token_ids, vocab_size),
+            grammars: GrammarsSlot::start(&tokenizer, &eos_token_ids, vocab_size),
             tokenize: TokenizeSlots::new(&tokenizer, args.max_queue),
             eos_token_ids,
             tokenizer,

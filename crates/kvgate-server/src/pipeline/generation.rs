@@ -72,7 +72,7 @@ pub(crate) async fn submit(
         breakpoints_only,
     } = g;
     if let Some((field, spec)) = guide {
-        sampling.params.guide = Some(structured::compile(st.grammars().cloned(), field, spec).await?);
+        sampling.params.guide = Some(structured::compile(st.grammars().await, field, spec).await?);
     }
     sampling.cache_salt = st.salted(tenant, sampling.cache_salt.take());
     let retain = if breakpoints_only {

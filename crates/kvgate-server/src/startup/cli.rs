@@ -294,10 +294,15 @@ where
             }
         );
     }
+    let t0 = std::time::Instant::now();
     let backend = open_backend(loaded.model, &spec).map_err(|e| match e {
         BackendError::Cache(err @ KvError::TooSmall { bytes, .. }) => StartError::KvMemory { bytes, err },
         e => StartError::Backend(e),
     })?;
+    info!(
+        ms = t0.elapsed().as_millis() as u64,
+        "weights laid out for the device and KV cache allocated"
+    );
     let capacity = backend.capacity();
     let (num_blocks, kv_bytes) = (capacity.num_blocks, capacity.budget_bytes);
     let max_model_len = loaded.max_model_len.min(num_blocks * args.block_size);
@@ -498,10 +503,15 @@ async fn run(args: Args) -> Result<(), StartError> {
             path: path.display().to_string(),
             msg,
         };
+        let t0 = std::time::Instant::now();
         let loaded = tokio::task::spawn_blocking(move || load_unprepared(&p2, &lopts))
             .await
             .map_err(|e| load_error(e.to_string()))?
             .map_err(|e| load_error(e.to_string()))?;
+        info!(
+            ms = t0.elapsed().as_millis() as u64,
+            "model file read (tensors mapped in place, tokenizer and template built)"
+        );
         let (source, arch, layers) = (
             loaded.source.clone(),
             loaded.model.config().arch,
