@@ -60,5 +60,8 @@ pub use request::{
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;
-pub use speculation::{SpecConfig, SpecConfigError, SpecMethod, SpecStats};
+pub use speculation::{
+    draft_start, SpecConfig, SpecConfigError, SpecMethod, SpecStats, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW,
+    DRAFT_PROMPT_SHARE,
+};
 pub use tier::{TierConfig, TierStats};

@@ -93,17 +93,39 @@ pub(crate) struct Seq {
     pub(crate) read: Option<usize>,
     /// Whether its table was prefix-matched since it last had no blocks.
     pub(crate) matched: bool,
-    /// Tokens proposed for its current decode chunk (speculation), verified by its request kind.
+    /// Its speculation state.
+    pub(crate) spec: SeqSpec,
+}
+
+/// A sequence's speculation state ([`crate::speculation`], [`crate::scheduler`]'s `speculate`).
+#[derive(Debug, Clone)]
+pub(crate) struct SeqSpec {
+    /// Tokens proposed for its current decode chunk, verified by its request kind.
     pub(crate) draft: Vec<u32>,
     /// Most tokens its request kind lets it propose (0: it never speculates; see
     /// [`crate::scheduler::StepUpdate::spec_limit`]).
-    pub(crate) spec_limit: usize,
+    pub(crate) limit: usize,
     /// What a draft model proposed for its next decode chunk ([`crate::draft`]).
     pub(crate) drafted: Vec<u32>,
     /// Where its last prompt-lookup proposal came from (a copy in progress goes on there).
-    pub(crate) spec_cursor: Option<crate::speculation::Cursor>,
+    pub(crate) cursor: Option<crate::speculation::Cursor>,
     /// Its current proposal length (adapted to its own acceptance, [`crate::speculation::next_len`]).
-    pub(crate) spec_len: usize,
+    pub(crate) len: usize,
+    /// How much of its proposals it keeps lately (whether it speculates past `max_batch`).
+    pub(crate) keep: crate::speculation::Keep,
+}
+
+impl Default for SeqSpec {
+    fn default() -> SeqSpec {
+        SeqSpec {
+            draft: Vec::new(),
+            limit: 0,
+            drafted: Vec::new(),
+            cursor: None,
+            len: 1,
+            keep: crate::speculation::Keep::default(),
+        }
+    }
 }
 
 /// What a group is.
@@ -231,11 +253,7 @@ impl Registry {
                 wants_logits,
                 read: None,
                 matched: false,
-                draft: Vec::new(),
-                spec_limit: 0,
-                spec_len: 1,
-                drafted: vec![],
-                spec_cursor: None,
+                spec: SeqSpec::default(),
             },
         );
         id

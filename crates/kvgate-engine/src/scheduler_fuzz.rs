@@ -92,15 +92,15 @@ impl Sim {
             let spec = SpecConfig {
                 // a draft model's proposals are random tokens here (the fuzz's verifier keeps them
                 // by chance, as it keeps prompt lookup's)
-                method: if rng.random_bool(0.5) {
-                    SpecMethod::Ngram
-                } else {
-                    SpecMethod::DraftModel
-                },
+                method: [SpecMethod::Ngram, SpecMethod::DraftModel, SpecMethod::LookupThenDraft]
+                    [rng.random_range(0..3usize)],
                 num_speculative_tokens: rng.random_range(1..7),
                 prompt_lookup_min: min,
                 prompt_lookup_max: min + rng.random_range(0..3),
                 max_batch: rng.random_range(1..24),
+                draft_p_min: 0.0,
+                draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
+                draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
             };
             s.set_speculation(Some(spec), usize::MAX);
             if rng.random_bool(0.5) {

@@ -8,9 +8,16 @@
 //! and the rejected rows' residual is the target renormalised without the proposed token).
 //!
 //! The other method is a draft model ([`SpecMethod::DraftModel`], [`crate::draft`]): a smaller model
-//! with the same vocabulary proposes its greedy continuation, verified the same way.
+//! with the same vocabulary proposes its greedy continuation, verified the same way, while it is
+//! confident of it (its own probability of each token at least `draft_p_min`, as llama.cpp's
+//! `--draft-p-min`). Both in one configuration ([`SpecMethod::LookupThenDraft`]): prompt lookup where
+//! the sequence's context holds a match (an agent's edits), the draft where it does not (free text).
 //!
-//! This module is pure: the configuration, the proposer, and the adaptive proposal length.
+//! Each sequence adapts its own proposal length to what it keeps ([`next_len`]); while more sequences
+//! decode than `max_batch`, a sequence speculates only while its proposals are kept ([`Keep`]).
+//!
+//! This module is pure: the configuration, the proposer, the adaptive proposal length, the
+//! per-sequence keep rate and the draft's context window.
 
 use thiserror::Error;
 
@@ -23,10 +30,24 @@ pub enum SpecMethod {
     /// A draft model's greedy continuation (vLLM's `draft_model`): the engine is started with the
     /// draft's backend beside the target's.
     DraftModel,
+    /// Prompt lookup when the sequence's context holds a match, else the draft model.
+    LookupThenDraft,
+}
+
+impl SpecMethod {
+    /// Whether a draft model proposes (alone or after the lookup).
+    pub fn drafts(self) -> bool {
+        matches!(self, SpecMethod::DraftModel | SpecMethod::LookupThenDraft)
+    }
+
+    /// Whether prompt lookup proposes (alone or before the draft).
+    pub fn looks_up(self) -> bool {
+        matches!(self, SpecMethod::Ngram | SpecMethod::LookupThenDraft)
+    }
 }
 
 /// The speculation settings (`--speculative-config`, vLLM's JSON, parsed at the edge).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecConfig {
     /// Where proposals come from.
     pub method: SpecMethod,
@@ -38,11 +59,81 @@ pub struct SpecConfig {
     pub prompt_lookup_max: usize,
     /// Most sequences decoding at once for which a step still speculates: past it a step is
     /// compute-bound and verifying proposals costs more than it saves (`max_batch`, kvgate's own).
+    /// Past it a sequence still speculates while its proposals are kept ([`Keep`]).
     pub max_batch: usize,
+    /// A draft token the draft model itself gives less probability than this ends its proposal
+    /// (`draft_p_min`, llama.cpp's `--draft-p-min`; 0 never ends one early).
+    pub draft_p_min: f32,
+    /// Most tokens of a prompt's end the draft model reads (`draft_window`, see [`draft_start`]).
+    pub draft_window: usize,
+    /// The most of a prompt the draft model reads, in tenths ([`DRAFT_PROMPT_SHARE`] in `serve`; 10
+    /// reads whole prompts up to the window).
+    pub draft_share: usize,
+}
+
+/// The default `draft_p_min` (llama.cpp's).
+pub const DEFAULT_DRAFT_P_MIN: f32 = 0.75;
+
+/// The default `draft_window`.
+pub const DEFAULT_DRAFT_WINDOW: usize = 1024;
+
+/// The share of a prompt (tenths) a draft model reads at most: its prefill then costs at most a
+/// tenth of the target's when the draft is a third of the target's size (Qwen2.5 0.5B for 1.5B), so
+/// the time to the first token stays within 10% of decoding without speculation. Prompts of up to
+/// [`DRAFT_MIN_WINDOW`] tokens are read whole (a few hundred milliseconds at most).
+pub const DRAFT_PROMPT_SHARE: usize = 3;
+
+/// Prompts this short are read whole by the draft (see [`DRAFT_PROMPT_SHARE`]).
+pub const DRAFT_MIN_WINDOW: usize = 64;
+
+/// Where the draft model's context starts in a sequence first seen with `len` tokens: the last
+/// `min(window, max(share/10 · len, 64))` of them ([`DRAFT_PROMPT_SHARE`] tenths in `serve`; 10 reads
+/// every prompt whole, up to the window). The draft reads them at positions from 0 (rotary attention
+/// sees a document that starts there); its proposals are verified by the target on the whole
+/// context, so the window changes how many are kept, never what is emitted.
+pub fn draft_start(len: usize, window: usize, share: usize) -> usize {
+    let read = (len * share.min(10) / 10).max(DRAFT_MIN_WINDOW.min(len));
+    len - read.min(window.max(1)).min(len)
+}
+
+/// A sequence's keep rate: how much of its proposals it has been keeping lately (an exponential mean
+/// of kept ÷ proposed per verification, starting at 1). While the batch is past `max_batch`, a
+/// sequence speculates only at [`Keep::SPECULATES`] or above; one that fell below creeps back up as it
+/// decodes without speculating ([`Keep::decoded`]), so it tries again some tokens later.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Keep(pub(crate) f32);
+
+impl Default for Keep {
+    fn default() -> Keep {
+        Keep(1.0)
+    }
+}
+
+impl Keep {
+    /// The rate from which a sequence speculates past `max_batch`.
+    pub(crate) const SPECULATES: f32 = 0.8;
+
+    /// After a verification that kept `accepted` of `proposed`.
+    pub(crate) fn verified(self, proposed: usize, accepted: usize) -> Keep {
+        if proposed == 0 {
+            return self;
+        }
+        Keep(0.5 * self.0 + 0.5 * accepted as f32 / proposed as f32)
+    }
+
+    /// After a token decoded without proposals while the batch was past `max_batch`.
+    pub(crate) fn decoded(self) -> Keep {
+        Keep((self.0 + 0.05).min(1.0))
+    }
+
+    /// Whether it speculates past `max_batch`.
+    pub(crate) fn speculates(self) -> bool {
+        self.0 >= Self::SPECULATES
+    }
 }
 
 /// A speculation setting that cannot be used.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Error, PartialEq)]
 pub enum SpecConfigError {
     /// `num_speculative_tokens` must be 1 ..= 16.
     #[error("num_speculative_tokens must be between 1 and {max}, got {got}")]
@@ -60,6 +151,12 @@ pub enum SpecConfigError {
         /// `prompt_lookup_max`.
         max: usize,
     },
+    /// `draft_p_min` is a probability.
+    #[error("draft_p_min must be between 0 and 1, got {0}")]
+    PMin(f32),
+    /// `draft_window` is at least one token.
+    #[error("draft_window must be at least 1 token")]
+    Window,
 }
 
 /// The largest `num_speculative_tokens` accepted (a decode chunk's rows each carry a logits row).
@@ -102,6 +199,12 @@ impl SpecConfig {
         let (min, max) = (self.prompt_lookup_min, self.prompt_lookup_max);
         if min == 0 || min > max || max > 64 {
             return Err(SpecConfigError::Lookup { min, max });
+        }
+        if !(0.0..=1.0).contains(&self.draft_p_min) {
+            return Err(SpecConfigError::PMin(self.draft_p_min));
+        }
+        if self.draft_window == 0 {
+            return Err(SpecConfigError::Window);
         }
         Ok(self)
     }
@@ -229,6 +332,9 @@ mod tests {
             prompt_lookup_min: 2,
             prompt_lookup_max: 5,
             max_batch: 4,
+            draft_p_min: DEFAULT_DRAFT_P_MIN,
+            draft_window: DEFAULT_DRAFT_WINDOW,
+            draft_share: DRAFT_PROMPT_SHARE,
         };
         assert_eq!(ok.validate(), Ok(ok));
         let e = SpecConfig {
@@ -245,5 +351,42 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(e.to_string().contains("(6)"), "{e}");
+    }
+
+    #[test]
+    fn the_draft_reads_a_prompts_end_within_its_share() {
+        // short prompts whole, then 3/10 of a prompt, at most the window
+        let d = |len, window| draft_start(len, window, DRAFT_PROMPT_SHARE);
+        assert_eq!(d(0, 1024), 0);
+        assert_eq!(d(40, 1024), 0);
+        assert_eq!(d(100, 1024), 100 - 64);
+        assert_eq!(d(670, 1024), 670 - 201);
+        assert_eq!(d(2600, 1024), 2600 - 780);
+        assert_eq!(d(4000, 1024), 4000 - 1024);
+        assert_eq!(d(4000, 300), 3700);
+        assert_eq!(d(30, 8), 22);
+        // a whole share reads up to the window
+        assert_eq!(draft_start(4000, usize::MAX, 10), 0);
+        assert_eq!(draft_start(4000, 1000, 10), 3000);
+    }
+
+    #[test]
+    fn a_sequence_speculates_past_the_batch_while_it_keeps_its_proposals() {
+        let k = Keep::default();
+        assert!(k.speculates());
+        // all kept: stays; half kept twice: falls below
+        assert!(k.verified(8, 8).speculates());
+        let low = k.verified(8, 4).verified(8, 4);
+        assert!(!low.speculates());
+        assert_eq!(low.verified(0, 0), low);
+        // decoding without proposals brings it back after a few tokens
+        let mut back = low;
+        let mut n = 0;
+        while !back.speculates() {
+            back = back.decoded();
+            n += 1;
+        }
+        assert!((2..=12).contains(&n), "{n} tokens");
+        assert!(Keep(1.0).decoded().0 <= 1.0);
     }
 }

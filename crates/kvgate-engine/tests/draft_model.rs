@@ -19,6 +19,10 @@ fn spec(k: usize) -> SpecConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 1,
         max_batch: 64,
+        draft_p_min: 0.0,
+        draft_window: kvgate_engine::DEFAULT_DRAFT_WINDOW,
+        // whole prompts: the target as its own draft then proposes the target's own tokens
+        draft_share: 10,
     }
 }
 
@@ -165,5 +169,44 @@ fn a_request_dropped_mid_stream_returns_its_blocks_in_both_caches() {
             }
         }
         assert_pool_clean(&h).await;
+    });
+}
+
+/// Both methods in one configuration (prompt lookup where the context holds a match, the draft
+/// elsewhere) and the draft's defaults as `serve` has them (proposals end where the draft doubts a
+/// token; the draft reads a window of the prompt), with a batch limit the streams go past (a sequence
+/// then speculates while it keeps its proposals): the streams are those of one token per step.
+#[test]
+fn both_methods_with_the_drafts_defaults_keep_the_outputs() {
+    rt().block_on(async {
+        let (base, tok) = engine(Opts::default());
+        let mut ps = repeating(&tok, 4);
+        ps.extend(prompts(&tok, 4));
+        let reference = run_all(&base, &ps, 32, false).await;
+        for method in [SpecMethod::LookupThenDraft, SpecMethod::DraftModel] {
+            let cfg = SpecConfig {
+                method,
+                prompt_lookup_min: 2,
+                prompt_lookup_max: 4,
+                max_batch: 2,
+                draft_p_min: kvgate_engine::DEFAULT_DRAFT_P_MIN,
+                draft_window: 48,
+                draft_share: kvgate_engine::DRAFT_PROMPT_SHARE,
+                ..spec(4)
+            };
+            for draft in [same(), other()] {
+                let (h, _) = engine(Opts {
+                    spec: Some(cfg),
+                    draft: Some((draft, 4, 512)),
+                    ..Default::default()
+                });
+                let what = format!("{method:?}");
+                assert_eq!(run_all(&h, &ps, 32, false).await, reference, "{what}, sequential");
+                assert_eq!(run_all(&h, &ps, 32, true).await, reference, "{what}, concurrent");
+                let s = h.stats().await.unwrap();
+                assert!(s.spec.drafts > 0, "{what}: {:?}", s.spec);
+                assert_pool_clean(&h).await;
+            }
+        }
     });
 }

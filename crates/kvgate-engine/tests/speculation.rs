@@ -20,6 +20,9 @@ fn spec(k: usize, max_batch: usize) -> SpecConfig {
         prompt_lookup_min: 1,
         prompt_lookup_max: 3,
         max_batch,
+        draft_p_min: 0.0,
+        draft_window: kvgate_engine::DEFAULT_DRAFT_WINDOW,
+        draft_share: kvgate_engine::DRAFT_PROMPT_SHARE,
     }
 }
 
@@ -147,7 +150,7 @@ fn a_request_dropped_mid_stream_returns_its_blocks() {
 }
 
 #[test]
-fn many_streams_pause_speculation() {
+fn many_streams_speculate_only_while_their_proposals_are_kept() {
     rt().block_on(async {
         let (h, tok) = engine(Opts {
             spec: Some(spec(4, 2)),
@@ -160,10 +163,13 @@ fn many_streams_pause_speculation() {
         let concurrent = h.stats().await.unwrap().spec;
         assert_eq!(run_all(&h, &ps, 24, false).await, reference);
         let alone = h.stats().await.unwrap().spec;
-        // twelve streams at once are past the batch limit of 2: (almost) nothing was proposed then,
-        // one stream at a time proposes on every step it finds a match
+        // twelve streams at once are past the batch limit of 2: a stream whose proposals the tiny
+        // model rejects stops after a try and tries again only some tokens later; one stream at a
+        // time proposes on every step it finds a match
+        assert!(concurrent.drafts * 5 <= 12 * 24, "{concurrent:?}");
+        let alone_drafts = alone.drafts - concurrent.drafts;
         assert!(
-            alone.drafts - concurrent.drafts > 10 * concurrent.drafts.max(1),
+            alone_drafts * 2 > concurrent.drafts * 3,
             "{concurrent:?} then {alone:?}"
         );
         assert_pool_clean(&h).await;

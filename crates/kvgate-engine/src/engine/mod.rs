@@ -415,8 +415,13 @@ impl Engine {
     fn draft(&mut self, plan: Option<&[Chunk]>) {
         let Some(d) = self.drafter.as_mut() else { return };
         let res = match plan {
-            None => d.propose(&self.sched.draft_asks(), true),
-            Some(chunks) => d.propose(&self.sched.draft_follows(chunks), false),
+            None => {
+                // sequences that stopped running (preempted) give their draft blocks back
+                let sched = &self.sched;
+                d.retain(|s| sched.drafting(s));
+                d.propose(&self.sched.draft_asks())
+            }
+            Some(chunks) => d.propose(&self.sched.draft_follows(chunks)),
         };
         let drafted = res.unwrap_or_else(|e| {
             warn!(error = %e, "the draft model failed a step; proposing nothing this step");

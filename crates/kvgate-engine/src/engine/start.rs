@@ -22,7 +22,6 @@ use crate::kinds::OutputEnv;
 use crate::metrics::Recorder;
 use crate::pacing::DecodeFloor;
 use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::speculation::SpecMethod;
 
 /// Starts the engine thread on `backend`: the cache — its block size, block count, dtype and method —
 /// is the backend's, read from it here; `cfg` says how to schedule, retain and tier over it.
@@ -36,7 +35,7 @@ pub fn start(
 }
 
 /// [`start`] with a draft model for speculative decoding (`cfg.speculation`'s method
-/// [`SpecMethod::DraftModel`]): `draft` runs the draft model over its own cache, on the same
+/// [`crate::SpecMethod::DraftModel`] or [`crate::SpecMethod::LookupThenDraft`]): `draft` runs the draft model over its own cache, on the same
 /// vocabulary as `backend`'s model.
 pub fn start_with_draft(
     mut backend: Box<dyn Backend>,
@@ -45,7 +44,7 @@ pub fn start_with_draft(
     eos: Vec<u32>,
     cfg: EngineConfig,
 ) -> Result<EngineHandle, EngineError> {
-    let wants_draft = cfg.speculation.is_some_and(|c| c.method == SpecMethod::DraftModel);
+    let wants_draft = cfg.speculation.is_some_and(|c| c.method.drafts());
     match (&draft, wants_draft) {
         (None, true) => {
             return Err(EngineError::Config(
@@ -54,7 +53,7 @@ pub fn start_with_draft(
         }
         (Some(_), false) => {
             return Err(EngineError::Config(
-                "a draft model was given but speculation's method is not draft_model".into(),
+                "a draft model was given but speculation's method uses none".into(),
             ))
         }
         _ => {}
@@ -133,7 +132,12 @@ pub fn start_with_draft(
             sched.set_tier(Some(open_tier(&cfg.tier, backend.as_ref())?));
         }
     }
-    let drafter = draft.map(|d| Drafter::new(d, backend.vocab_size(), cfg.max_num_batched_tokens));
+    let drafter = draft.map(|d| {
+        let (p_min, window) = cfg.speculation.map_or((0.0, (usize::MAX, 10)), |c| {
+            (c.draft_p_min, (c.draft_window, c.draft_share))
+        });
+        Drafter::new(d, backend.vocab_size(), cfg.max_num_batched_tokens, p_min, window)
+    });
     let (tx, rx) = mpsc::channel();
     let engine = Engine {
         drafter,

@@ -527,7 +527,7 @@ impl Scheduler {
             }
             assert!(s.computed <= s.tokens.len());
             assert!(s.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
-            if s.draft.is_empty() {
+            if s.spec.draft.is_empty() {
                 // rejected proposals' blocks went back
                 assert!(s.blocks.len() <= s.tokens.len().div_ceil(self.cfg.block_size));
             }

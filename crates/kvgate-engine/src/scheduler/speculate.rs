@@ -9,7 +9,7 @@
 use super::{Chunk, Result, Scheduler};
 use crate::kv_manager::KvManager;
 use crate::registry::{GroupKind, SchedError, SeqId};
-use crate::speculation::{self, Cursor, SpecConfig, SpecMethod};
+use crate::speculation::{self, Cursor, SpecConfig};
 use kvgate_backend::BlockCopy;
 
 /// A sequence the draft model is asked to propose for this step.
@@ -55,25 +55,45 @@ impl Scheduler {
             .is_some_and(|c| self.num_running_seqs() <= c.max_batch && c.max_batch > 0)
     }
 
+    /// Whether sequence `s` may propose in a step that speculates (`step`) or not: speculation is on,
+    /// and the step speculates or the sequence keeps its proposals.
+    pub(super) fn may_speculate(&self, s: &crate::registry::Seq, step: bool) -> bool {
+        self.spec.is_some() && (step || s.spec.keep.speculates())
+    }
+
+    /// Whether prompt lookup has a proposal for `s` now (its context holds a match).
+    fn looked_up(&self, s: &crate::registry::Seq) -> bool {
+        self.spec.is_some_and(|c| {
+            c.method.looks_up()
+                && !speculation::propose(&s.tokens, s.spec.cursor, c.prompt_lookup_min, c.prompt_lookup_max, 1)
+                    .0
+                    .is_empty()
+        })
+    }
+
     /// The sequences a draft model proposes for before this step is planned: each running sequence
-    /// that decodes next and may speculate, with the most tokens it may be proposed (its adaptive
-    /// length, its request's limit, the context), and each completion still computing its prompt,
-    /// with what the target computed of it. Empty unless the method is a draft model and the batch is
-    /// small enough to speculate.
+    /// that decodes next and may speculate (and, with both methods, has no lookup match), with the
+    /// most tokens it may be proposed (its adaptive length, its request's limit, the context), and —
+    /// while the step speculates — each completion still computing its prompt, with what the target
+    /// computed of it. Empty unless a draft model proposes.
     pub(crate) fn draft_asks(&self) -> Vec<DraftAsk<'_>> {
         let mut out = vec![];
-        if !self.drafts_now() {
+        if !self.spec.is_some_and(|c| c.method.drafts()) {
             return out;
         }
+        let step = self.speculates_now();
         for &g in &self.running {
             let Ok(grp) = self.reg.group(g) else { continue };
             let completion = matches!(grp.kind, GroupKind::Generate);
             for &sid in &grp.seqs {
                 let Ok(s) = self.reg.seq(sid) else { continue };
                 let (upto, k) = if s.tokens.len() == s.computed + 1 && s.matched {
+                    if !self.may_speculate(s, step) || self.looked_up(s) {
+                        continue;
+                    }
                     let past_end = self.spec_max_len.saturating_sub(s.computed + 1);
-                    (s.tokens.len(), s.spec_len.min(s.spec_limit).min(past_end))
-                } else if completion && s.matched {
+                    (s.tokens.len(), s.spec.len.min(s.spec.limit).min(past_end))
+                } else if completion && s.matched && step {
                     (s.computed, 0)
                 } else {
                     continue;
@@ -92,13 +112,23 @@ impl Scheduler {
         out
     }
 
+    /// Whether the draft model keeps `seq`'s state: it exists and its group runs (a preempted or
+    /// ended sequence's draft blocks go back).
+    pub(crate) fn drafting(&self, seq: SeqId) -> bool {
+        self.reg
+            .seq(seq)
+            .and_then(|s| self.reg.group(s.group))
+            .is_ok_and(|g| g.running)
+    }
+
     /// What the draft computes beside a planned step: every chunk of a completion that carries no
-    /// proposal (a prompt chunk), up to its end — so the draft holds a prompt when its first token
-    /// is sampled, and its cost falls on the prompt's time, not between tokens, as when a GPU
-    /// computes the draft's prefill in the target's step.
+    /// proposal (a prompt chunk), up to its end — so the draft holds a prompt's end (its window,
+    /// [`crate::speculation::draft_start`]) when its first token is sampled, and its cost falls on the
+    /// prompt's time, not between tokens, as when a GPU computes the draft's prefill in the target's
+    /// step.
     pub(crate) fn draft_follows(&self, chunks: &[Chunk]) -> Vec<DraftAsk<'_>> {
         let mut out = vec![];
-        if !self.drafts_now() {
+        if !self.speculates_now() || !self.spec.is_some_and(|c| c.method.drafts()) {
             return out;
         }
         for c in chunks.iter().filter(|c| c.draft == 0 && c.len > 0) {
@@ -118,20 +148,15 @@ impl Scheduler {
         out
     }
 
-    /// Whether a draft model works this step.
-    fn drafts_now(&self) -> bool {
-        self.speculates_now() && self.spec.map(|c| c.method) == Some(SpecMethod::DraftModel)
-    }
-
     /// What the draft model proposed for `seq` this step (taken by its next decode chunk).
     pub(crate) fn set_drafted(&mut self, seq: SeqId, tokens: Vec<u32>) -> Result<()> {
-        self.reg.seq_mut(seq)?.drafted = tokens;
+        self.reg.seq_mut(seq)?.spec.drafted = tokens;
         Ok(())
     }
 
     /// Proposes tokens for decode sequence `sid` (at most `room` of them) and reserves their slots;
     /// returns how many (0: none found, none allowed, or no free blocks for them, and then nothing
-    /// changed).
+    /// changed). Prompt lookup first where the method looks up, then what the draft model proposed.
     pub(super) fn plan_draft(
         &mut self,
         sid: SeqId,
@@ -141,37 +166,45 @@ impl Scheduler {
         let Some(cfg) = self.spec else { return Ok(0) };
         let max_len = self.spec_max_len;
         let s = self.reg.seq_mut(sid)?;
-        s.draft.clear();
-        let drafted = std::mem::take(&mut s.drafted);
+        s.spec.draft.clear();
+        let drafted = std::mem::take(&mut s.spec.drafted);
         // the chunk's first row is the sequence's last token, at position `computed`
         let past_end = max_len.saturating_sub(s.computed + 1);
-        let k = s.spec_len.min(s.spec_limit).min(room).min(past_end);
+        let k = s.spec.len.min(s.spec.limit).min(room).min(past_end);
         if k == 0 {
             return Ok(0);
         }
-        let proposal = match cfg.method {
-            SpecMethod::Ngram => {
-                let (min, max) = (cfg.prompt_lookup_min, cfg.prompt_lookup_max);
-                let (p, from) = speculation::propose(&s.tokens, s.spec_cursor, min, max, k);
-                s.spec_cursor = (!p.is_empty()).then_some(Cursor {
-                    from,
-                    len: s.tokens.len(),
-                });
-                p
-            }
-            SpecMethod::DraftModel => &drafted[..drafted.len().min(k)],
-        };
+        let mut proposal: &[u32] = &[];
+        if cfg.method.looks_up() {
+            let (min, max) = (cfg.prompt_lookup_min, cfg.prompt_lookup_max);
+            let (p, from) = speculation::propose(&s.tokens, s.spec.cursor, min, max, k);
+            s.spec.cursor = (!p.is_empty()).then_some(Cursor {
+                from,
+                len: s.tokens.len(),
+            });
+            proposal = p;
+        }
+        if proposal.is_empty() && cfg.method.drafts() {
+            proposal = &drafted[..drafted.len().min(k)];
+        }
         let n = trimmed(proposal.len(), self.spec_rows);
         if n == 0 {
             return Ok(0);
         }
-        s.draft = proposal[..n].to_vec();
-        let n = s.draft.len();
+        s.spec.draft = proposal[..n].to_vec();
         if !self.try_reserve(sid, 1 + n, copies)? {
-            self.reg.seq_mut(sid)?.draft.clear();
+            self.reg.seq_mut(sid)?.spec.draft.clear();
             return Ok(0);
         }
         Ok(n)
+    }
+
+    /// A decode sequence that may not propose this step because the batch is past `max_batch` and it
+    /// has not been keeping its proposals: its keep rate creeps back up (it tries again later).
+    pub(super) fn decoded_without_proposals(&mut self, sid: SeqId) -> Result<()> {
+        let s = self.reg.seq_mut(sid)?;
+        s.spec.keep = s.spec.keep.decoded();
+        Ok(())
     }
 
     /// The request kind kept the first `accepted` tokens its last decode chunk proposed (and appended
@@ -180,7 +213,7 @@ impl Scheduler {
     pub(crate) fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
         let (bs, max) = (self.cfg.block_size, self.spec.map_or(1, |c| c.num_speculative_tokens));
         let s = self.reg.seq_mut(seq)?;
-        let proposed = std::mem::take(&mut s.draft).len();
+        let proposed = std::mem::take(&mut s.spec.draft).len();
         if accepted > proposed || s.computed + accepted > s.tokens.len() {
             return Err(SchedError::BadAccept {
                 seq,
@@ -189,7 +222,8 @@ impl Scheduler {
             });
         }
         s.computed += accepted;
-        s.spec_len = speculation::next_len(s.spec_len, proposed, accepted, max);
+        s.spec.len = speculation::next_len(s.spec.len, proposed, accepted, max);
+        s.spec.keep = s.spec.keep.verified(proposed, accepted);
         let g = s.group;
         let grp = self.reg.group(g)?;
         let (salt, decision) = (grp.salt.clone(), matches!(grp.kind, GroupKind::Decide(_)));
@@ -222,7 +256,13 @@ fn trimmed(n: usize, rows: Option<usize>) -> usize {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::trimmed;
+    use crate::block_pool::BlockPool;
+    use crate::registry::SeqId;
+    use crate::scheduler::{Logits, Scheduler, SchedulerConfig, StepUpdate};
+    use crate::speculation::{SpecConfig, SpecMethod};
 
     #[test]
     fn a_proposal_that_spills_a_row_or_two_into_another_read_is_trimmed() {
@@ -235,5 +275,77 @@ mod tests {
         assert_eq!([3, 4, 5, 8].map(|n| trimmed(n, Some(4))), [3, 3, 5, 7]);
         assert_eq!(trimmed(8, None), 8);
         assert_eq!(trimmed(0, Some(8)), 0);
+    }
+
+    /// Past `max_batch`, a sequence whose proposals are kept goes on speculating, and one whose proposals
+    /// are rejected stops after a verification or two and tries again only now and then (its keep rate
+    /// creeps back as it decodes).
+    #[test]
+    fn past_the_batch_a_sequence_speculates_while_it_keeps_its_proposals() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            prefix_caching: false,
+            release_window: None,
+        };
+        let mut s = Scheduler::with_pool(cfg, BlockPool::new(96));
+        let spec = SpecConfig {
+            method: SpecMethod::Ngram,
+            num_speculative_tokens: 4,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 1,
+            max_batch: 1,
+            draft_p_min: 0.0,
+            draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
+            draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
+        };
+        s.set_speculation(Some(spec), usize::MAX);
+        // contexts of 1s and 2s: prompt lookup always finds a match
+        let seqs: Vec<SeqId> = (0..3)
+            .map(|_| s.add_generate(vec![1, 2, 1, 2, 1, 2, 1], "", false).1)
+            .collect();
+        let keeper = seqs[0];
+        let mut proposing_steps: HashMap<SeqId, usize> = HashMap::new();
+        for _ in 0..40 {
+            let plan = s.schedule().unwrap();
+            for c in &plan.chunks {
+                s.advance(c).unwrap();
+            }
+            for c in plan.chunks {
+                if !c.at_end || c.logits == Logits::None {
+                    continue;
+                }
+                let mut u = StepUpdate::default();
+                if c.draft > 0 {
+                    *proposing_steps.entry(c.seq).or_default() += 1;
+                    // the keeper's verifier agrees with every proposed token, the others' with none
+                    let kept = if c.seq == keeper { c.draft } else { 0 };
+                    for i in 0..kept {
+                        u.append(c.seq, c.tokens[1 + i]);
+                    }
+                    let own = if c.seq == keeper { 1 } else { 3 - c.tokens[1] };
+                    u.append(c.seq, own);
+                    u.accept(c.seq, kept);
+                } else {
+                    u.append(c.seq, 1 + (c.start % 2) as u32);
+                }
+                u.spec_limit(c.seq, 64);
+                s.update_from_output(u).unwrap();
+            }
+        }
+        let keeper_steps = proposing_steps.get(&keeper).copied().unwrap_or(0);
+        assert!(
+            keeper_steps >= 20,
+            "the keeper speculates past the batch: {proposing_steps:?}"
+        );
+        for &other in &seqs[1..] {
+            let n = proposing_steps.get(&other).copied().unwrap_or(0);
+            assert!(
+                n >= 1 && n * 3 <= 40,
+                "a rejected sequence tries now and then: {proposing_steps:?}"
+            );
+        }
+        s.check_invariants();
     }
 }

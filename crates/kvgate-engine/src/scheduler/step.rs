@@ -167,7 +167,7 @@ impl Scheduler {
         // a decode chunk's proposed tokens follow the sequence's own
         let known = end - p.draft;
         let mut tokens = s.tokens[p.start..known].to_vec();
-        tokens.extend(s.draft.iter().take(p.draft));
+        tokens.extend(s.spec.draft.iter().take(p.draft));
         Ok(Chunk {
             seq: p.seq,
             group: s.group,
@@ -263,9 +263,14 @@ impl Scheduler {
                 if len == 0 {
                     continue;
                 }
-                // Proposed tokens ride along when their blocks are free (never at anyone's expense).
+                // Proposed tokens ride along when their blocks are free (never at anyone's expense),
+                // while the step speculates or, past `max_batch`, while the sequence keeps them.
                 let draft = if is_decode {
-                    let room = if st.speculate { st.budget - len } else { 0 };
+                    let may = self.may_speculate(self.reg.seq(sid)?, st.speculate);
+                    if !may && self.spec.is_some() {
+                        self.decoded_without_proposals(sid)?;
+                    }
+                    let room = if may { st.budget - len } else { 0 };
                     self.plan_draft(sid, room, &mut st.copies)?
                 } else {
                     0

@@ -108,7 +108,7 @@ impl Scheduler {
                 }
                 SeqOp::Finish => self.finish_seq(seq)?,
                 SeqOp::Accept(n) => self.accept_draft(seq, n)?,
-                SeqOp::SpecLimit(n) => self.reg.seq_mut(seq)?.spec_limit = n,
+                SeqOp::SpecLimit(n) => self.reg.seq_mut(seq)?.spec.limit = n,
             }
         }
         Ok(())

@@ -3,12 +3,19 @@
 //! "ngram"`, with vLLM's keys and defaults: `num_speculative_tokens` required, `prompt_lookup_min` /
 //! `prompt_lookup_max` default to each other, or both to 5) and a draft model (`"method":
 //! "draft_model"` — or no method with a `"model"` — a GGUF with the target's vocabulary, which
-//! `serve` loads beside the target). `disable_by_batch_size` is vLLM's too: speculation pauses while
-//! that many sequences or more decode at once (a step that is compute-bound gains nothing from extra
-//! rows). A method kvgate does not run (`eagle`, `mtp`, …), a key the method does not take or a key
-//! kvgate does not know is refused at startup with its name, never silently ignored.
+//! `serve` loads beside the target). A draft model given `prompt_lookup_min`/`_max` too runs both:
+//! prompt lookup where the context holds a match, the draft where it does not. kvgate's own keys for
+//! a draft: `draft_p_min` (a proposal ends at the first token the draft gives less, default 0.75, as
+//! llama.cpp's `--draft-p-min`) and `draft_window` (most tokens of a prompt's end the draft reads,
+//! default 1024; at most 3/10 of a prompt, so the draft's prefill stays a tenth of the target's).
+//! `disable_by_batch_size` is vLLM's too: speculation pauses while that many sequences or more decode
+//! at once (a step that is compute-bound gains nothing from extra rows) — except for a sequence that
+//! keeps its proposals. A method kvgate does not run (`eagle`, `mtp`, …), a key the method does not
+//! take or a key kvgate does not know is refused at startup with its name, never silently ignored.
 
-use kvgate_engine::{Backend, KvMemory, SpecConfig, SpecMethod};
+use kvgate_engine::{
+    Backend, KvMemory, SpecConfig, SpecMethod, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW, DRAFT_PROMPT_SHARE,
+};
 use kvgate_model::{load_unprepared, Configured, LoadOptions, Tokenizer};
 use std::path::{Path, PathBuf};
 
@@ -35,6 +42,10 @@ struct Wire {
     disable_by_batch_size: Option<usize>,
     /// The draft model's GGUF (`method: "draft_model"`).
     model: Option<String>,
+    /// kvgate's: a draft token below this probability ends the proposal.
+    draft_p_min: Option<f32>,
+    /// kvgate's: most tokens of a prompt's end the draft reads.
+    draft_window: Option<usize>,
 }
 
 /// What `--speculative-config` asks for.
@@ -63,6 +74,12 @@ pub fn parse(s: &str) -> Result<Speculative, String> {
                     "\"model\" ({m}) is for a draft model; the ngram method takes none"
                 ));
             }
+            if let Some(key) = [("draft_p_min", w.draft_p_min.is_some()), ("draft_window", w.draft_window.is_some())]
+                .iter()
+                .find_map(|(k, given)| given.then_some(k))
+            {
+                return Err(format!("{key} is for a draft model; the ngram method takes none"));
+            }
             (SpecMethod::Ngram, None)
         }
         "draft_model" => {
@@ -70,16 +87,14 @@ pub fn parse(s: &str) -> Result<Speculative, String> {
                 .model
                 .as_deref()
                 .ok_or("the draft_model method needs \"model\": the draft model's GGUF file")?;
-            if let Some(key) = [
-                ("prompt_lookup_min", w.prompt_lookup_min),
-                ("prompt_lookup_max", w.prompt_lookup_max),
-            ]
-            .iter()
-            .find_map(|(k, v)| v.map(|_| k))
-            {
-                return Err(format!("{key} is for the ngram method; the draft_model method takes none"));
-            }
-            (SpecMethod::DraftModel, Some(PathBuf::from(m)))
+            // with prompt lookup's keys: lookup where the context holds a match, the draft elsewhere
+            let both = w.prompt_lookup_min.is_some() || w.prompt_lookup_max.is_some();
+            let method = if both {
+                SpecMethod::LookupThenDraft
+            } else {
+                SpecMethod::DraftModel
+            };
+            (method, Some(PathBuf::from(m)))
         }
         other => {
             return Err(format!(
@@ -106,6 +121,9 @@ pub fn parse(s: &str) -> Result<Speculative, String> {
         prompt_lookup_min: min,
         prompt_lookup_max: max,
         max_batch: disable - 1,
+        draft_p_min: w.draft_p_min.unwrap_or(DEFAULT_DRAFT_P_MIN),
+        draft_window: w.draft_window.unwrap_or(DEFAULT_DRAFT_WINDOW),
+        draft_share: DRAFT_PROMPT_SHARE,
     }
     .validate()
     .map_err(|e| e.to_string())?;
@@ -201,6 +219,26 @@ mod tests {
         // no method with a model is a draft model, as in vLLM
         let s = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 2, "disable_by_batch_size": 3}"#).unwrap();
         assert_eq!((s.config.method, s.config.max_batch), (SpecMethod::DraftModel, 2));
+        assert_eq!(
+            (s.config.draft_p_min, s.config.draft_window),
+            (DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW)
+        );
+        // with prompt lookup's keys: both methods; kvgate's draft keys
+        let s = parse(
+            r#"{"model": "d.gguf", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 5,
+                "draft_p_min": 0.6, "draft_window": 256}"#,
+        )
+        .unwrap();
+        assert_eq!(s.config.method, SpecMethod::LookupThenDraft);
+        assert_eq!(
+            (
+                s.config.prompt_lookup_min,
+                s.config.prompt_lookup_max,
+                s.config.draft_p_min,
+                s.config.draft_window
+            ),
+            (2, 5, 0.6, 256)
+        );
     }
 
     #[test]
@@ -211,8 +249,12 @@ mod tests {
         assert!(e.contains("the ngram method takes none"), "{e}");
         let e = parse(r#"{"method": "draft_model", "num_speculative_tokens": 3}"#).unwrap_err();
         assert!(e.contains("needs \"model\""), "{e}");
-        let e = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "prompt_lookup_max": 2}"#).unwrap_err();
-        assert!(e.contains("prompt_lookup_max is for the ngram method"), "{e}");
+        let e = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "draft_p_min": 0.5}"#).unwrap_err();
+        assert!(e.contains("draft_p_min is for a draft model"), "{e}");
+        let e = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "draft_p_min": 2}"#).unwrap_err();
+        assert!(e.contains("draft_p_min must be between 0 and 1, got 2"), "{e}");
+        let e = parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "draft_window": 0}"#).unwrap_err();
+        assert!(e.contains("draft_window must be at least 1"), "{e}");
         let e =
             parse(r#"{"model": "d.gguf", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}"#).unwrap_err();
         assert!(e.contains("unknown field `draft_tensor_parallel_size`"), "{e}");

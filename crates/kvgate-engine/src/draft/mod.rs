@@ -13,10 +13,17 @@
 //! Proposals are the draft's argmax tokens: a deterministic proposal, for which "sample from the
 //! target, keep the proposal while they agree" (the verifier, [`crate::kinds`]) is the standard
 //! rejection rule with a one-hot draft distribution, so what a sequence emits is what decoding without
-//! speculation emits (greedy: token for token; sampled: the same distribution). A draft that cannot
-//! propose (its pool full, its backend failing) proposes nothing; it never fails a request.
+//! speculation emits (greedy: token for token; sampled: the same distribution). A proposal ends at the
+//! first token the draft itself gives less than `draft_p_min` (its softmax probability): a token the
+//! draft doubts is likely rejected, and each costs a draft pass. A draft that cannot propose (its pool
+//! full, its backend failing) proposes nothing; it never fails a request.
+//!
+//! The draft reads a sequence from a start fixed when it first sees it: the end of its prompt, its
+//! window ([`speculation::draft_start`]), at positions from 0 — so a long prompt costs the draft a
+//! small share of what it costs the target, and the time to the first token stays near decoding
+//! without speculation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use kvgate_backend::{Backend, BackendError, Batch, Output, Precision, Want};
 
@@ -26,6 +33,13 @@ use crate::registry::SeqId;
 use crate::salts::Salts;
 use crate::sampling::argmax;
 use crate::scheduler::DraftAsk;
+use crate::speculation;
+
+mod confidence;
+#[cfg(test)]
+mod tests;
+
+use confidence::top_probability;
 
 /// The draft model and its cache.
 pub(crate) struct Drafter {
@@ -36,6 +50,11 @@ pub(crate) struct Drafter {
     target_vocab: usize,
     /// Most rows one draft forward pass computes.
     max_rows: usize,
+    /// A proposal ends at a token the draft gives less probability than this.
+    p_min: f32,
+    /// Most tokens of a prompt's end the draft reads, and at most how many tenths of it.
+    window: usize,
+    share: usize,
     seqs: HashMap<SeqId, DraftSeq>,
     stats: DraftStats,
 }
@@ -53,13 +72,18 @@ pub struct DraftStats {
     pub held_blocks: usize,
     /// Blocks in the draft's cache.
     pub total_blocks: usize,
+    /// Proposals ended early because the draft doubted a token (below `draft_p_min`).
+    pub doubted: u64,
 }
 
 /// One sequence's state in the draft's cache.
 struct DraftSeq {
     blocks: SeqBlocks,
-    /// Tokens whose K/V the draft holds for it, in position order: its own tokens, then what the
-    /// draft proposed last.
+    /// The index of the sequence's first token the draft reads (its window's start; the draft's
+    /// position 0).
+    start: usize,
+    /// Tokens whose K/V the draft holds for it, in position order: its own tokens from `start`, then
+    /// what the draft proposed last.
     held: Vec<u32>,
     salt: String,
 }
@@ -67,7 +91,7 @@ struct DraftSeq {
 /// A sequence being drafted this step.
 struct Job<'a> {
     seq: SeqId,
-    /// Its tokens the draft is to hold.
+    /// Its tokens the draft is to hold (from its window's start).
     tokens: &'a [u32],
     k: usize,
     proposal: Vec<u32>,
@@ -75,8 +99,15 @@ struct Job<'a> {
 
 impl Drafter {
     /// A drafter over `backend` (the draft model and its cache) for a target of `target_vocab` ids,
-    /// computing at most `max_rows` rows a pass.
-    pub(crate) fn new(backend: Box<dyn Backend>, target_vocab: usize, max_rows: usize) -> Drafter {
+    /// computing at most `max_rows` rows a pass, ending proposals below `p_min`, reading at most
+    /// `window` tokens and `share` tenths of a prompt's end ([`speculation::draft_start`]).
+    pub(crate) fn new(
+        backend: Box<dyn Backend>,
+        target_vocab: usize,
+        max_rows: usize,
+        p_min: f32,
+        (window, share): (usize, usize),
+    ) -> Drafter {
         let block_size = backend.cache_shape().block_size();
         let pool = BlockPool::new(backend.capacity().num_blocks);
         Drafter {
@@ -85,6 +116,9 @@ impl Drafter {
             block_size,
             target_vocab,
             max_rows: max_rows.max(1),
+            p_min,
+            window: window.max(1),
+            share,
             seqs: HashMap::new(),
             stats: DraftStats::default(),
         }
@@ -115,18 +149,9 @@ impl Drafter {
         }
     }
 
-    /// Computes what each ask's sequence lacks up to `ask.upto` and proposes up to `ask.k` tokens for
-    /// those that decode next (in ask order, where it could); with `forget`, the sequences not
-    /// asked are forgotten.
-    pub(crate) fn propose(
-        &mut self,
-        asks: &[DraftAsk<'_>],
-        forget: bool,
-    ) -> Result<Vec<(SeqId, Vec<u32>)>, BackendError> {
-        if forget {
-            let asked: HashSet<SeqId> = asks.iter().map(|a| a.seq).collect();
-            self.retain(|s| asked.contains(&s));
-        }
+    /// Computes what each ask's sequence lacks up to `ask.upto` (from its window's start) and proposes
+    /// up to `ask.k` tokens for those that decode next (in ask order, where it could).
+    pub(crate) fn propose(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<(SeqId, Vec<u32>)>, BackendError> {
         let mut jobs = vec![];
         let mut copies = vec![];
         for a in asks {
@@ -153,10 +178,22 @@ impl Drafter {
     }
 
     /// Brings `a`'s draft state in line with its tokens and reserves the slots its drafting writes
-    /// (`None`: it cannot be drafted this step).
+    /// (`None`: it cannot be drafted this step, or a prompt's chunk lies before the draft's window).
     fn prepare<'a>(&mut self, a: &DraftAsk<'a>, copies: &mut Vec<kvgate_backend::BlockCopy>) -> Option<Job<'a>> {
         let bs = self.block_size;
-        let len = a.upto.min(a.tokens.len());
+        if self.seqs.get(&a.seq).is_some_and(|s| s.salt != a.salt) {
+            self.release(a.seq);
+        }
+        let start = match self.seqs.get(&a.seq) {
+            Some(s) => s.start,
+            None => speculation::draft_start(a.tokens.len(), self.window, self.share),
+        };
+        let tokens = &a.tokens[start.min(a.tokens.len())..];
+        let len = a.upto.saturating_sub(start).min(tokens.len());
+        if len == 0 && a.k == 0 {
+            // a prompt chunk before the window: nothing for the draft yet
+            return None;
+        }
         // the draft writes positions up to len + k − 2 (the last proposal is not fed back)
         let k = a.k.min((self.backend.max_positions() + 1).saturating_sub(len));
         if (a.k > 0 && k == 0) || len == 0 || len > self.backend.max_positions() {
@@ -165,15 +202,12 @@ impl Drafter {
         }
         // a sequence that decodes recomputes its last token: that row gives the first proposal
         let cap = if k > 0 { len - 1 } else { len };
-        if self.seqs.get(&a.seq).is_some_and(|s| s.salt != a.salt) {
-            self.release(a.seq);
-        }
         let mut s = match self.seqs.remove(&a.seq) {
             Some(mut s) => {
-                let p = s.held.iter().zip(a.tokens).take_while(|(x, y)| x == y).count();
+                let p = s.held.iter().zip(tokens).take_while(|(x, y)| x == y).count();
                 // (registered blocks hold its own tokens, so they lie inside the common prefix)
                 let p = p.min(cap);
-                self.kv.commit(&mut s.blocks, a.tokens, p, &s.salt, false);
+                self.kv.commit(&mut s.blocks, tokens, p, &s.salt, false);
                 self.kv.truncate(&mut s.blocks, p.div_ceil(bs));
                 s.held.truncate(p);
                 s
@@ -183,12 +217,13 @@ impl Drafter {
                     own: a.salt,
                     exact: None,
                 };
-                let blocks = self.kv.match_prefix(&a.tokens[..len], cap / bs, salts, false);
+                let blocks = self.kv.match_prefix(&tokens[..len], cap / bs, salts, false);
                 let found = blocks.len() * bs;
                 self.stats.cached_tokens += found as u64;
                 DraftSeq {
                     blocks,
-                    held: a.tokens[..found].to_vec(),
+                    start,
+                    held: tokens[..found].to_vec(),
                     salt: a.salt.to_string(),
                 }
             }
@@ -203,7 +238,7 @@ impl Drafter {
         self.seqs.insert(a.seq, s);
         Some(Job {
             seq: a.seq,
-            tokens: &a.tokens[..len],
+            tokens: &tokens[..len],
             k,
             proposal: Vec::with_capacity(k),
         })
@@ -292,18 +327,20 @@ impl Drafter {
     }
 
     /// Appends the argmax of `row` to the job's proposal, unless it is outside the target's
-    /// vocabulary (then the proposal ends there).
-    fn push_proposal(&self, job: &mut Job<'_>, row: &[f32]) {
+    /// vocabulary or the draft gives it less than `p_min` (then the proposal ends there).
+    fn push_proposal(&mut self, job: &mut Job<'_>, row: &[f32]) {
         let best = argmax(row);
-        if (best as usize) < self.target_vocab {
+        let doubted = self.p_min > 0.0 && top_probability(row, best) < self.p_min;
+        if (best as usize) < self.target_vocab && !doubted {
             job.proposal.push(best);
         } else {
             // shorter than asked: it is not fed again
+            self.stats.doubted += u64::from(doubted);
             job.k = job.proposal.len();
         }
     }
 
-    /// Adds `tokens` of sequence `seq` at positions `from..` to the batch as one table.
+    /// Adds `tokens` of sequence `seq` at (draft) positions `from..` to the batch as one table.
     fn add_rows(&self, b: &mut Batch, seq: SeqId, tokens: &[u32], from: usize) {
         let Some(s) = self.seqs.get(&seq) else { return };
         let bs = self.block_size;
@@ -326,131 +363,5 @@ impl Drafter {
         self.stats.forwards += 1;
         self.stats.rows += b.len() as u64;
         self.backend.forward(&b)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kvgate_cpu::tiny::{tiny_model, TinySpec};
-    use kvgate_cpu::{CpuBackend, CpuCache};
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
-
-    fn drafter(blocks: usize) -> Drafter {
-        let m = tiny_model(TinySpec::default()).unwrap();
-        let vocab = m.tokenizer.vocab_size();
-        let cache = CpuCache {
-            block_size: 4,
-            num_blocks: blocks,
-            ..Default::default()
-        };
-        Drafter::new(Box::new(CpuBackend::with_cache(m.model, cache).unwrap()), vocab, 7)
-    }
-
-    fn ask<'a>(seq: u64, tokens: &'a [u32], k: usize, salt: &'a str) -> DraftAsk<'a> {
-        DraftAsk {
-            seq: SeqId::test(seq),
-            tokens,
-            upto: tokens.len(),
-            k,
-            salt,
-        }
-    }
-
-    /// Whatever was kept, rejected, forgotten and asked again, a proposal is the draft's greedy
-    /// continuation of the sequence's tokens as a drafter that never saw them computes it: the
-    /// cache holds exactly the sequence's K/V (a stale row from a rejected proposal would change it).
-    #[test]
-    fn proposals_are_the_greedy_continuation_of_the_tokens_whatever_came_before() {
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let mut d = drafter(256);
-        let salts = ["", "tenant"];
-        let mut seqs: Vec<Vec<u32>> = (0..3)
-            .map(|i| (0..5 + 3 * i).map(|_| rng.random_range(0..300)).collect())
-            .collect();
-        let mut kept_some = false;
-        for round in 0..40 {
-            // every few rounds one sequence sits out (forgotten, then found in the prefix cache)
-            let out = round % 5;
-            let ks: Vec<usize> = (0..3).map(|_| rng.random_range(1..6)).collect();
-            let live: Vec<usize> = (0..3).filter(|&i| i != out).collect();
-            let asks: Vec<DraftAsk> = live
-                .iter()
-                .map(|&i| ask(i as u64, &seqs[i], ks[i], salts[i % 2]))
-                .collect();
-            let got = d.propose(&asks, true).unwrap();
-            assert_eq!(
-                got.len(),
-                asks.len(),
-                "every ask fits the cache: round {round}, {:?}",
-                d.stats()
-            );
-            drop(asks);
-            for (sid, proposal) in got {
-                let i = live.iter().copied().find(|&i| SeqId::test(i as u64) == sid).unwrap();
-                let fresh = drafter(256).propose(&[ask(9, &seqs[i], ks[i], "")], true).unwrap();
-                assert_eq!(proposal, fresh[0].1, "round {round}, sequence {i}");
-                // the target keeps a random prefix of it, then samples a token of its own
-                let keep = rng.random_range(0..=proposal.len());
-                kept_some |= keep > 0;
-                seqs[i].extend_from_slice(&proposal[..keep]);
-                let next = loop {
-                    let t = rng.random_range(0..300);
-                    if proposal.get(keep) != Some(&t) {
-                        break t;
-                    }
-                };
-                seqs[i].push(next);
-            }
-        }
-        assert!(kept_some);
-        assert!(
-            d.stats().cached_tokens > 0,
-            "forgotten sequences were found again: {:?}",
-            d.stats()
-        );
-        assert!(d.stats().held_blocks > 0);
-        d.propose(&[], true).unwrap();
-        assert_eq!(d.stats().held_blocks, 0, "nothing asked, nothing held");
-    }
-
-    /// A prompt followed chunk by chunk while the target computes it is ready when decoding starts:
-    /// the first proposal costs one row past it, and it is the fresh drafter's.
-    #[test]
-    fn a_prompt_followed_in_chunks_is_ready_when_decoding_starts() {
-        let mut d = drafter(64);
-        let tokens: Vec<u32> = (0..30).map(|i| (i * 37 % 300) as u32).collect();
-        for upto in [8, 16, 24, 29] {
-            let a = DraftAsk {
-                upto,
-                ..ask(1, &tokens, 0, "")
-            };
-            assert!(
-                d.propose(&[a], false).unwrap().is_empty(),
-                "nothing proposed while computing the prompt"
-            );
-        }
-        assert_eq!(d.stats().rows, 29);
-        let got = d.propose(&[ask(1, &tokens, 3, "")], true).unwrap();
-        assert_eq!(d.stats().rows, 29 + 1 + 2, "one row caught up, two proposals fed back");
-        let fresh = drafter(64).propose(&[ask(2, &tokens, 3, "")], true).unwrap();
-        assert_eq!(got, vec![(SeqId::test(1), fresh[0].1.clone())]);
-        assert_eq!(got[0].1.len(), 3);
-    }
-
-    /// A cache too small for a sequence proposes nothing for it and holds nothing for it.
-    #[test]
-    fn a_sequence_that_does_not_fit_gets_no_proposal() {
-        let mut d = drafter(3);
-        let long: Vec<u32> = (0..20).collect();
-        let short: Vec<u32> = (0..5).collect();
-        let got = d.propose(&[ask(1, &long, 4, ""), ask(2, &short, 2, "")], true).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].0, SeqId::test(2));
-        assert_eq!(got[0].1.len(), 2);
-        assert_eq!(d.stats().held_blocks, 2);
-        d.reset();
-        assert_eq!(d.stats().held_blocks, 0);
     }
 }
