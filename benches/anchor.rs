@@ -1,6 +1,6 @@
 //! kvgate and llama.cpp side by side, in one run, on the same GGUFs and the same machine (issue 11's
-//! table): decode at 1 and 16 (or 8) streams, prefill of a ~670- and a ~2,550-token prompt, for
-//! SmolLM2-135M Q4_1 and Qwen2.5-Coder-0.5B Q4_K_M. Both servers are driven the same way over HTTP
+//! table): decode at 1 and 16 (or 8, or 4) streams, prefill of a ~670- and a ~2,550-token prompt, for
+//! SmolLM2-135M Q4_1, Qwen2.5-Coder-0.5B Q4_K_M and Qwen2.5-Coder-1.5B Q4_K_M (the size people run). Both servers are driven the same way over HTTP
 //! (`/v1/completions`, greedy, `ignore_eos`), each with 2 compute threads:
 //! - decode tok/s = (N₂ − N₁) / (t₂ − t₁) for one request of N₂ and one of N₁ output tokens (prefill
 //!   cancels out);
@@ -14,15 +14,16 @@
 //!
 //! The anchor comes from `../shared/anchors/llama-cpp.sh` (`--env` prints `LLAMA_SERVER` and
 //! `ANCHOR_MODELS`); without it, kvgate's column is printed alone with a line saying why. `KVGATE_SERVE`
-//! measures another build of `serve` (before/after), `KVGATE_ARGS` adds `serve` flags, `ANCHOR_CASES=qwen` one model only. Run with
+//! measures another build of `serve` (before/after), `KVGATE_ARGS` adds `serve` flags, `ANCHOR_CASES=1.5b` one model only. Run with
 //! `eval "$(../shared/anchors/llama-cpp.sh --env)"; LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS
 //! cargo bench --bench anchor`. `ANCHOR_LONG=WORDS,…` adds long prompts (prefill to the first streamed
 //! token, decode after it), `ANCHOR_CTX` the context both servers get (default 4096),
 //! `ANCHOR_LONG_STREAMS=K` adds K streams decoding at once after prompts of each long length,
 //! `ANCHOR_DECIDE=WORDS` decisions over a warm state of about WORDS words (kvgate alone). After the table:
-//! each single-stream decode row as a fraction of the bandwidth bound (bytes per step: weights plus the
-//! stream's KV, over the copy bandwidth measured in the same run, and over the read bandwidth: what two
-//! threads can read, which is what a decode step does).
+//! every decode row as a fraction of the bandwidth bound (bytes per step: weights plus the streams' KV,
+//! over the copy bandwidth measured in the same run, and over the read bandwidth: what two threads can
+//! read, which is what a decode step does), for both servers; and each server's time from start to
+//! answering `/health` and its resident memory once loaded.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -126,6 +127,29 @@ fn fresh_prompt(words: usize, salt: usize) -> String {
         s.push(' ');
     }
     s
+}
+
+/// The streams and each stream's mean context (tokens) of a decode row, by its name: a single stream
+/// decodes ~80 tokens after a ~16-token prompt; `k` streams 64 after ~16 (`decode_k`); after a long
+/// prompt, the prompt plus ~24.
+fn decode_shape(name: &str, streams: usize) -> (f64, f64) {
+    let long = name
+        .split('~')
+        .nth(1)
+        .and_then(|x| x.split('-').next())
+        .and_then(|x| x.parse::<f64>().ok());
+    let k = if name.starts_with("decode, 1 stream") || name.starts_with("decode after a ") {
+        1.0
+    } else {
+        name.split_whitespace()
+            .find_map(|w| w.parse::<f64>().ok())
+            .unwrap_or(streams as f64)
+    };
+    match long {
+        Some(n) => (k, n + 24.0),
+        None if k == 1.0 => (1.0, 96.0),
+        None => (k, 48.0),
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -376,6 +400,14 @@ fn main() {
                 .filter(|p| p.is_file()),
             8,
         ),
+        (
+            "Qwen2.5-Coder-1.5B Q4_K_M",
+            models
+                .as_ref()
+                .map(|m| m.join("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"))
+                .filter(|p| p.is_file()),
+            4,
+        ),
     ];
     // ANCHOR_CASES: a comma-separated filter on the model names (e.g. "qwen").
     let filter = std::env::var("ANCHOR_CASES").unwrap_or_default().to_lowercase();
@@ -394,7 +426,9 @@ fn main() {
             .unwrap_or(3)
             .max(1);
         let k = kvgate(&path);
+        let k_start = (k.ready_secs, k.rss());
         let l = anchor.as_ref().map(|a| llama(a, &path, streams));
+        let l_start = l.as_ref().map(|l| (l.ready_secs, l.rss()));
         let (mut ours, mut theirs) = (vec![], vec![]);
         for _ in 0..rounds {
             ours.push(measure(k.port, streams, &mut salt));
@@ -421,7 +455,7 @@ fn main() {
         println!("| workload | kvgate | llama.cpp | ratio | per round |\n|---|---|---|---|---|");
         let decode_rows: Vec<(String, f64, Option<f64>)> = rows
             .iter()
-            .filter(|r| r.name.starts_with("decode, 1 stream") || r.name.starts_with("decode after a "))
+            .filter(|r| r.name.starts_with("decode"))
             .map(|r| (r.name.clone(), r.ours, r.theirs))
             .collect();
         for r in rows {
@@ -463,29 +497,34 @@ fn main() {
                 file / 1e6,
                 b.kv_per_token_f16 / 1e3
             );
-            println!("| decode row | context | kvgate MB/step | kvgate bound tok/s | kvgate % of bound | llama.cpp % of its bound | kvgate % of the read bound |\n|---|---|---|---|---|---|---|");
+            println!("| decode row | streams × context | kvgate MB/step | kvgate bound tok/s | kvgate % of bound | llama.cpp % of its bound | kvgate % of the read bound | llama.cpp % of the read bound |\n|---|---|---|---|---|---|---|---|");
             for (name, ours, theirs) in &decode_rows {
-                let ctx = if name.starts_with("decode, 1 stream") {
-                    96.0
-                } else {
-                    name.split('~')
-                        .nth(1)
-                        .and_then(|x| x.split('-').next())
-                        .and_then(|x| x.parse::<f64>().ok())
-                        .map_or(96.0, |n| n + 24.0)
-                };
-                let mine = b.weights + ctx * b.kv_per_token;
-                let limit = bw * 1e9 / mine;
+                let (streams, ctx) = decode_shape(name, streams);
+                let mine = b.weights + streams * ctx * b.kv_per_token;
+                let their_bytes = file + streams * ctx * b.kv_per_token_f16;
+                // tokens per second over the streams: steps per second times the streams
+                let limit = streams * bw * 1e9 / mine;
                 let theirs_pct = theirs.map_or("—".to_string(), |t| {
-                    format!("{:.0}%", 100.0 * t / (bw * 1e9 / (file + ctx * b.kv_per_token_f16)))
+                    format!("{:.0}%", 100.0 * t / (streams * bw * 1e9 / their_bytes))
+                });
+                let theirs_read = theirs.map_or("—".to_string(), |t| {
+                    format!("{:.0}%", 100.0 * t / streams * their_bytes / (rb * 1e9))
                 });
                 println!(
-                    "| {name} | {ctx:.0} | {:.1} | {limit:.0} | {:.0}% | {theirs_pct} | {:.0}% |",
+                    "| {name} | {streams:.0} × {ctx:.0} | {:.1} | {limit:.0} | {:.0}% | {theirs_pct} | {:.0}% | {theirs_read} |",
                     mine / 1e6,
                     100.0 * ours / limit,
-                    100.0 * ours * mine / (rb * 1e9)
+                    100.0 * ours / streams * mine / (rb * 1e9)
                 );
             }
+        }
+        println!(
+            "\nstart-up: seconds from the process's start to its first answered /health, and resident memory then\n"
+        );
+        println!("| server | ready (s) | RSS once loaded (MB) |\n|---|---|---|");
+        println!("| kvgate | {:.2} | {:.0} |", k_start.0, k_start.1 as f64 / 1e6);
+        if let Some((t, rss)) = l_start {
+            println!("| llama.cpp | {t:.2} | {:.0} |", rss as f64 / 1e6);
         }
         if let Some((tokens, rows)) = decide_rows {
             println!("\ndecisions over a warm state (kvgate; ~{tokens} tokens computed cold)\n");

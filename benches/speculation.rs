@@ -1,5 +1,5 @@
-//! Speculative decoding side by side with llama.cpp (issue 48's table), on Qwen2.5-Coder-0.5B Q4_K_M,
-//! greedy, over `/v1/chat/completions`, each server with 2 compute threads:
+//! Speculative decoding side by side with llama.cpp (issue 48's table), on Qwen2.5-Coder-0.5B Q4_K_M
+//! (or `SPEC_MODEL`, e.g. the 1.5B with the 0.5B as its draft), greedy, over `/v1/chat/completions`, each server with 2 compute threads:
 //! - **edit**: rewrite a 308-line Python file with two small changes (as coding agents apply edits);
 //! - **extract**: a JSON object of fields quoted from a ~2,000-token document;
 //! - **chat**: a short story (little to copy).
@@ -227,14 +227,22 @@ struct Measured {
     rate: f64,
     texts: Vec<String>,
     drafts: Option<(f64, f64)>,
+    /// Seconds to the first token of the first stream's prompt (computed cold: prefill and, with a
+    /// draft model, the draft's share of it).
+    ttft: f64,
 }
 
 fn measure(port: u16, workload: &str, streams: usize, max_tokens: usize) -> Measured {
     let all: Vec<Value> = (0..streams).map(|v| messages(workload, v)).collect();
-    for m in &all {
+    let mut ttft = 0.0;
+    for (i, m) in all.iter().enumerate() {
         // the prompt computed first: the row is decode
+        let t = Instant::now();
         let _ = ureq::post(&format!("http://127.0.0.1:{port}/v1/chat/completions"))
             .send_json(json!({"messages": m, "max_tokens": 1, "temperature": 0}));
+        if i == 0 {
+            ttft = t.elapsed().as_secs_f64();
+        }
     }
     let t0 = Instant::now();
     let runs: Vec<Streamed> = std::thread::scope(|s| {
@@ -261,6 +269,7 @@ fn measure(port: u16, workload: &str, streams: usize, max_tokens: usize) -> Meas
         rate: tokens as f64 / (end - start).max(1e-9),
         texts: runs.into_iter().map(|r| r.text).collect(),
         drafts,
+        ttft,
     }
 }
 
@@ -289,11 +298,11 @@ fn spec_counters(port: u16) -> (f64, f64, f64) {
 
 fn main() {
     let models = std::env::var_os("ANCHOR_MODELS").map(PathBuf::from);
-    let Some(model) = models
-        .map(|m| m.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
-        .filter(|p| p.is_file())
-    else {
-        println!("Qwen2.5-Coder-0.5B Q4_K_M not found under ANCHOR_MODELS; nothing to measure");
+    // SPEC_MODEL: the target's file under ANCHOR_MODELS (default the 0.5B; the 1.5B is the real pair's
+    // target, `qwen2.5-coder-1.5b-instruct-q4_k_m.gguf`, with the 0.5B as its draft)
+    let file = std::env::var("SPEC_MODEL").unwrap_or_else(|_| "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf".into());
+    let Some(model) = models.map(|m| m.join(&file)).filter(|p| p.is_file()) else {
+        println!("{file} not found under ANCHOR_MODELS; nothing to measure");
         return;
     };
     let llama_server = std::env::var_os("LLAMA_SERVER")
@@ -382,8 +391,8 @@ fn main() {
         println!("llama.cpp anchor: not found (LLAMA_SERVER); kvgate only\n");
     }
 
-    println!("| workload | streams | kvgate | kvgate + spec | × own | accepted | tokens/step | same output | llama.cpp | llama.cpp best spec (type) | × llama.cpp best |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| workload | streams | kvgate | kvgate + spec | × own | accepted | tokens/step | same output | first token s (spec / plain) | llama.cpp | llama.cpp best spec (type) | × llama.cpp best |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &(w, n) in &rows {
         let p = &plain[&(w, n)];
         let (s, (drafts, proposed, kept)) = &spec_rows[&(w, n)];
@@ -400,11 +409,14 @@ fn main() {
         };
         let (l, best) = (theirs.get(&(w, n)), theirs_best.get(&(w, n)));
         println!(
-            "| {w} | {n} | {:.1} | {:.1} | {:.2}× | {acc} | {per_step} | {} | {} | {} | {} |",
+            "| {w} | {n} | {:.1} | {:.1} | {:.2}× | {acc} | {per_step} | {} | {:.2} / {:.2} ({:.2}×) | {} | {} | {} |",
             p.rate,
             s.rate,
             s.rate / p.rate,
             if same { "yes" } else { "**no**" },
+            s.ttft,
+            p.ttft,
+            s.ttft / p.ttft,
             l.map_or("—".into(), |l| format!("{l:.1}")),
             best.map_or("—".into(), |(r, t, d)| {
                 let acc = d

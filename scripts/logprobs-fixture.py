@@ -7,6 +7,9 @@ same dequantized weights (needs `pip install gguf numpy`), which tells kvgate's 
 
     eval "$(../shared/anchors/llama-cpp.sh --env)"
     LLAMA_SERVER=$LLAMA_SERVER ANCHOR_MODELS=$ANCHOR_MODELS python3 scripts/logprobs-fixture.py
+
+`FIXTURE_MODELS=qwen15` (comma-separated names) regenerates only those models' cases and keeps the
+others as the committed file has them.
 """
 import json
 import os
@@ -109,7 +112,10 @@ MODELS = {
     "smollm2": "smollm2-135m-instruct-q4_1.gguf",
     "gemma": "gemma-3-270m-q4_k_m.gguf",
     "qwen": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    "qwen15": "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 }
+# The 1.5B (issue 55) reads the 0.5B's prompts: the same tokenizer, the size people run.
+PROMPTS["qwen15"] = PROMPTS["qwen"]
 
 
 def post(port, path, body):
@@ -131,8 +137,15 @@ def main():
            + os.environ.get("LLAMA_COMMIT", "0c1e57098"),
            "f32": "scripts/f32-reference.py: numpy f32 forward on the GGUF's dequantized weights",
            "models": {}}
+    dst = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "gguf-llamacpp-logprobs.json")
+    only = [m for m in os.environ.get("FIXTURE_MODELS", "").split(",") if m]
+    if only:
+        with open(dst) as f:
+            out["models"] = json.load(f)["models"]
     port = 8398
     for name, file in MODELS.items():
+        if only and name not in only:
+            continue
         proc = subprocess.Popen(
             [server, "-m", os.path.join(models, file), "--port", str(port), "--host", "127.0.0.1",
              "-t", "2", "-c", "2048", "--no-warmup"],
@@ -157,7 +170,6 @@ def main():
         finally:
             proc.kill()
             proc.wait()
-    dst = os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "gguf-llamacpp-logprobs.json")
     with open(dst, "w") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
         f.write("\n")

@@ -1,5 +1,6 @@
-//! The default model (SmolLM2-135M Q4_1), Qwen2.5-Coder-0.5B and Gemma-3-270M (Q4_K_M GGUFs, real
-//! weights) against two oracles on a fixed prompt set (tests/fixtures/gguf-llamacpp-logprobs.json, made
+//! The default model (SmolLM2-135M Q4_1), Qwen2.5-Coder-0.5B, Gemma-3-270M and Qwen2.5-Coder-1.5B
+//! (Q4_K_M GGUFs, real weights; the 1.5B is the size people run on a CPU, its Q6_K in kvgate's 6-bit
+//! layout) against two oracles on a fixed prompt set (tests/fixtures/gguf-llamacpp-logprobs.json, made
 //! by scripts/logprobs-fixture.py): 12 short prompts per model and, for Gemma, one of 927 tokens (past
 //! its 512-token sliding window).
 //!

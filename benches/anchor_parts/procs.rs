@@ -12,6 +12,24 @@ use serde_json::Value;
 pub(crate) struct Proc {
     pub(crate) child: Child,
     pub(crate) port: u16,
+    /// Seconds from the process's start to its first answered `/health`.
+    pub(crate) ready_secs: f64,
+}
+
+impl Proc {
+    /// The process's resident memory now (bytes; 0 where /proc does not tell).
+    #[allow(dead_code)] // the anchor bench reads it, the speculation bench does not
+    pub(crate) fn rss(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmRSS:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024)
+    }
 }
 
 impl Drop for Proc {
@@ -30,20 +48,26 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
-/// Waits until `child` answers /health on `port` (up to two minutes; a process that exits fails
-/// at once).
+/// Waits until `child` (started just now) answers /health on `port` (up to two minutes; a process
+/// that exits fails at once), timing it to within 20 ms.
 pub(crate) fn healthy(child: Child, port: u16) -> Proc {
-    let mut p = Proc { child, port };
-    for _ in 0..1200 {
+    let t0 = std::time::Instant::now();
+    let mut p = Proc {
+        child,
+        port,
+        ready_secs: 0.0,
+    };
+    for _ in 0..6000 {
         if let Ok(r) = ureq::get(&format!("http://127.0.0.1:{port}/health")).call() {
             if r.status() == 200 {
+                p.ready_secs = t0.elapsed().as_secs_f64();
                 return p;
             }
         }
         if let Ok(Some(s)) = p.child.try_wait() {
             panic!("server on port {port} exited: {s}");
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(20));
     }
     panic!("server on port {port} did not become healthy");
 }
