@@ -113,6 +113,9 @@ pub(crate) struct SeqSpec {
     pub(crate) len: usize,
     /// How much of its proposals it keeps lately (whether it speculates past `max_batch`).
     pub(crate) keep: crate::speculation::Keep,
+    /// Decode steps it sits out before the draft model proposes for it again, and how many it sat
+    /// out last time (see [`crate::scheduler`]'s `set_drafted`).
+    pub(crate) rest: (u8, u8),
 }
 
 impl Default for SeqSpec {
@@ -124,6 +127,7 @@ impl Default for SeqSpec {
             cursor: None,
             len: 1,
             keep: crate::speculation::Keep::default(),
+            rest: (0, 0),
         }
     }
 }

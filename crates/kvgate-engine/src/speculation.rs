@@ -80,7 +80,8 @@ pub const DEFAULT_DRAFT_WINDOW: usize = 1024;
 /// The share of a prompt (tenths) a draft model reads at most: its prefill then costs at most a
 /// tenth of the target's when the draft is a third of the target's size (Qwen2.5 0.5B for 1.5B), so
 /// the time to the first token stays within 10% of decoding without speculation. Prompts of up to
-/// [`DRAFT_MIN_WINDOW`] tokens are read whole (a few hundred milliseconds at most).
+/// [`DRAFT_MIN_WINDOW`] tokens are read whole, after the first token (then they exceed the share: the
+/// draft does not follow their prefill, it catches up when it first drafts).
 pub const DRAFT_PROMPT_SHARE: usize = 3;
 
 /// Prompts this short are read whole by the draft (see [`DRAFT_PROMPT_SHARE`]).

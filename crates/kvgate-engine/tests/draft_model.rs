@@ -204,7 +204,11 @@ fn both_methods_with_the_drafts_defaults_keep_the_outputs() {
                 assert_eq!(run_all(&h, &ps, 32, false).await, reference, "{what}, sequential");
                 assert_eq!(run_all(&h, &ps, 32, true).await, reference, "{what}, concurrent");
                 let s = h.stats().await.unwrap();
-                assert!(s.spec.drafts > 0, "{what}: {:?}", s.spec);
+                // the repeating prompts' lookups propose whatever the draft's confidence (a random
+                // tiny draft is rarely 75% sure of a token: alone it may propose nothing at all)
+                if method == SpecMethod::LookupThenDraft {
+                    assert!(s.spec.drafts > 0, "{what}: {:?}", s.spec);
+                }
                 assert_pool_clean(&h).await;
             }
         }

@@ -41,17 +41,17 @@ pub(super) unsafe fn dispatch(
     y: &mut Acc,
 ) {
     let y = y.as_mut_ptr();
+    // One instantiation per weight kind and block length: the chunk loops unroll (constant shifts,
+    // the 6-bit plane loaded once a block instead of a jump table per chunk).
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
-        match w.kind {
-            QKind::Q4 => rows::<0>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            QKind::Q5 => rows::<1>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            QKind::Q8 => rows::<2>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            QKind::Q6 => {
-                assert_eq!(w.bl, 16, "6-bit records hold blocks of 16");
-                rows::<3>(w, p0, q8, q16, sx, xs, hd, rr, y)
-            }
-            QKind::F16 | QKind::Bf16 => unreachable!("16-bit weights have no integer kernel"),
+        match (w.kind, w.bl) {
+            (QKind::Q4, QK) => rows::<0, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (QKind::Q6, 16) => rows::<3, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (kind, bl) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
         }
     }
 }
@@ -62,7 +62,7 @@ pub(super) unsafe fn dispatch(
 #[inline(never)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows<const K: u8>(
+unsafe fn rows<const K: u8, const BL: usize>(
     w: &QMatrix,
     p0: usize,
     q8: *const i8,
@@ -76,14 +76,14 @@ unsafe fn rows<const K: u8>(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match rr.min(8) {
-            1 => panels::<1, K>(w, p0, q8, q16, sx, xs, hd, y),
-            2 => panels::<2, K>(w, p0, q8, q16, sx, xs, hd, y),
-            3 => panels::<3, K>(w, p0, q8, q16, sx, xs, hd, y),
-            4 => panels::<4, K>(w, p0, q8, q16, sx, xs, hd, y),
-            5 => panels::<5, K>(w, p0, q8, q16, sx, xs, hd, y),
-            6 => panels::<6, K>(w, p0, q8, q16, sx, xs, hd, y),
-            7 => panels::<7, K>(w, p0, q8, q16, sx, xs, hd, y),
-            _ => panels::<8, K>(w, p0, q8, q16, sx, xs, hd, y),
+            1 => panels::<1, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            2 => panels::<2, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            3 => panels::<3, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            4 => panels::<4, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            5 => panels::<5, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            6 => panels::<6, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            7 => panels::<7, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            _ => panels::<8, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
         }
     }
 }
@@ -94,7 +94,7 @@ unsafe fn rows<const K: u8>(
 /// reads inputs `r·k + b·bl + e`, `e < bl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn panels<const R: usize, const K: u8>(
+unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
     w: &QMatrix,
     p0: usize,
     q8: *const i8,
@@ -104,7 +104,8 @@ unsafe fn panels<const R: usize, const K: u8>(
     hd: *const f32,
     y: *mut [f32; P],
 ) {
-    let (k, nb, bl, groups) = (w.k, w.nb(), w.bl, w.k / QK);
+    let (k, nb, bl, groups) = (w.k, w.nb(), BL, w.k / QK);
+    debug_assert_eq!(w.bl, BL);
     let (base, head, offsets, rec) = (w.base(), w.head, w.offsets, w.rec);
     let m4 = _mm512_set1_epi8(0x0F);
     let b4 = _mm512_set1_epi8(0x10);

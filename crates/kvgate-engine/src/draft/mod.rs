@@ -94,6 +94,8 @@ struct Job<'a> {
     /// Its tokens the draft is to hold (from its window's start).
     tokens: &'a [u32],
     k: usize,
+    /// Whether it was asked for a proposal (a decode step), even if it proposes nothing.
+    asked: bool,
     proposal: Vec<u32>,
 }
 
@@ -150,7 +152,8 @@ impl Drafter {
     }
 
     /// Computes what each ask's sequence lacks up to `ask.upto` (from its window's start) and proposes
-    /// up to `ask.k` tokens for those that decode next (in ask order, where it could).
+    /// up to `ask.k` tokens for those that decode next (in ask order, where it could): one entry per
+    /// sequence asked to propose, empty when the draft doubted its first token.
     pub(crate) fn propose(&mut self, asks: &[DraftAsk<'_>]) -> Result<Vec<(SeqId, Vec<u32>)>, BackendError> {
         let mut jobs = vec![];
         let mut copies = vec![];
@@ -166,7 +169,7 @@ impl Drafter {
         out?;
         Ok(jobs
             .into_iter()
-            .filter(|j| j.k > 0 || !j.proposal.is_empty())
+            .filter(|j| j.asked)
             .map(|j| (j.seq, j.proposal))
             .collect())
     }
@@ -190,8 +193,10 @@ impl Drafter {
         };
         let tokens = &a.tokens[start.min(a.tokens.len())..];
         let len = a.upto.saturating_sub(start).min(tokens.len());
-        if len == 0 && a.k == 0 {
-            // a prompt chunk before the window: nothing for the draft yet
+        if a.k == 0 && (len == 0 || tokens.len() * 10 > a.tokens.len() * self.share.max(1)) {
+            // a prompt chunk before the window, or a short prompt read whole (more than its share):
+            // nothing for the draft yet — the short prompt's few rows are computed when it first
+            // drafts, after the first token, so the time to it is the target's alone
             return None;
         }
         // the draft writes positions up to len + k − 2 (the last proposal is not fed back)
@@ -240,6 +245,7 @@ impl Drafter {
             seq: a.seq,
             tokens: &tokens[..len],
             k,
+            asked: k > 0,
             proposal: Vec::with_capacity(k),
         })
     }

@@ -137,23 +137,43 @@ fn a_sequence_that_does_not_fit_gets_no_proposal() {
     assert_eq!(d.stats().held_blocks, 0);
 }
 
-/// A long prompt followed chunk by chunk costs the draft only its window: the rows before it are
-/// never computed, and the first proposal is a fresh drafter's over the window's tokens alone.
+/// A short prompt (read whole, more than its share) is not followed while the target computes it:
+/// the draft computes it when it first drafts, so the time to the first token is the target's.
 #[test]
-fn a_long_prompt_costs_the_draft_its_window() {
-    let tokens: Vec<u32> = (0..200).map(|i| (i * 53 % 300) as u32).collect();
-    let window = (1024, crate::speculation::DRAFT_PROMPT_SHARE);
-    let start = crate::speculation::draft_start(tokens.len(), window.0, window.1);
-    assert_eq!(start, 200 - 64);
-    let mut d = drafter_with(128, 0.0, window);
-    for upto in (16..200).step_by(16).chain([199]) {
+fn a_short_prompt_is_read_after_the_first_token() {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 31 % 300) as u32).collect();
+    let mut d = drafter_with(64, 0.0, (1024, crate::speculation::DRAFT_PROMPT_SHARE));
+    for upto in [16, 32, 40] {
         let a = DraftAsk {
             upto,
             ..ask(1, &tokens, 0, "")
         };
         assert!(d.propose(&[a]).unwrap().is_empty());
     }
-    assert_eq!(d.stats().rows as usize, 199 - start, "only the window's rows");
+    assert_eq!(d.stats().rows, 0, "nothing computed during the prompt");
+    let got = d.propose(&[ask(1, &tokens, 3, "")]).unwrap();
+    assert_eq!(d.stats().rows, 40 + 2, "the whole prompt, then two proposals fed back");
+    let fresh = drafter(64).propose(&[ask(2, &tokens, 3, "")]).unwrap();
+    assert_eq!(got, vec![(SeqId::test(1), fresh[0].1.clone())]);
+}
+
+/// A long prompt followed chunk by chunk costs the draft only its window: the rows before it are
+/// never computed, and the first proposal is a fresh drafter's over the window's tokens alone.
+#[test]
+fn a_long_prompt_costs_the_draft_its_window() {
+    let tokens: Vec<u32> = (0..300).map(|i| (i * 53 % 300) as u32).collect();
+    let window = (1024, crate::speculation::DRAFT_PROMPT_SHARE);
+    let start = crate::speculation::draft_start(tokens.len(), window.0, window.1);
+    assert_eq!(start, 300 - 90);
+    let mut d = drafter_with(128, 0.0, window);
+    for upto in (16..300).step_by(16).chain([299]) {
+        let a = DraftAsk {
+            upto,
+            ..ask(1, &tokens, 0, "")
+        };
+        assert!(d.propose(&[a]).unwrap().is_empty());
+    }
+    assert_eq!(d.stats().rows as usize, 299 - start, "only the window's rows");
     let got = d.propose(&[ask(1, &tokens, 3, "")]).unwrap();
     let fresh = drafter(128).propose(&[ask(2, &tokens[start..], 3, "")]).unwrap();
     assert_eq!(got, vec![(SeqId::test(1), fresh[0].1.clone())]);

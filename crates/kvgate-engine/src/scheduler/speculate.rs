@@ -88,7 +88,7 @@ impl Scheduler {
             for &sid in &grp.seqs {
                 let Ok(s) = self.reg.seq(sid) else { continue };
                 let (upto, k) = if s.tokens.len() == s.computed + 1 && s.matched {
-                    if !self.may_speculate(s, step) || self.looked_up(s) {
+                    if !self.may_speculate(s, step) || s.spec.rest.0 > 0 || self.looked_up(s) {
                         continue;
                     }
                     let past_end = self.spec_max_len.saturating_sub(s.computed + 1);
@@ -148,9 +148,25 @@ impl Scheduler {
         out
     }
 
-    /// What the draft model proposed for `seq` this step (taken by its next decode chunk).
+    /// What the draft model proposed for `seq` this step (taken by its next decode chunk). Nothing
+    /// (the draft doubted its first token) sends the sequence to rest: the next 1, 2, 4 … 8 decode
+    /// steps (doubling while it keeps doubting) run without asking the draft — on a CPU each draft
+    /// pass costs about half a target step, a doubted one for nothing, while the tokens it sits out
+    /// are caught up later in one batched pass.
     pub(crate) fn set_drafted(&mut self, seq: SeqId, tokens: Vec<u32>) -> Result<()> {
-        self.reg.seq_mut(seq)?.spec.drafted = tokens;
+        let s = self.reg.seq_mut(seq)?;
+        s.spec.rest = if tokens.is_empty() {
+            let n = if s.spec.rest.1 == 0 {
+                1
+            } else {
+                (s.spec.rest.1 * 2).min(MAX_REST)
+            };
+            // (this step's plan counts one off)
+            (n + 1, n)
+        } else {
+            (0, 0)
+        };
+        s.spec.drafted = tokens;
         Ok(())
     }
 
@@ -167,6 +183,7 @@ impl Scheduler {
         let max_len = self.spec_max_len;
         let s = self.reg.seq_mut(sid)?;
         s.spec.draft.clear();
+        s.spec.rest.0 = s.spec.rest.0.saturating_sub(1);
         let drafted = std::mem::take(&mut s.spec.drafted);
         // the chunk's first row is the sequence's last token, at position `computed`
         let past_end = max_len.saturating_sub(s.computed + 1);
@@ -239,6 +256,9 @@ impl Scheduler {
         Ok(())
     }
 }
+
+/// Most decode steps a sequence whose draft keeps doubting sits out.
+const MAX_REST: u8 = 8;
 
 /// A proposal of `n` tokens trimmed so that its chunk (`1 + n` rows) does not spill a quarter of a
 /// weight read or less (`rows` per read) into one more read: that read would cost about a whole
@@ -347,5 +367,62 @@ mod tests {
             );
         }
         s.check_invariants();
+    }
+
+    /// A sequence whose draft doubts its first token sits out 1, 2, 4 … 8 decode steps before the
+    /// draft is asked again (doubling while it keeps doubting); a proposal resets it.
+    #[test]
+    fn a_doubting_draft_rests_longer_each_time() {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            prefix_caching: false,
+            release_window: None,
+        };
+        let mut s = Scheduler::with_pool(cfg, BlockPool::new(64));
+        let spec = SpecConfig {
+            method: SpecMethod::DraftModel,
+            num_speculative_tokens: 4,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 1,
+            max_batch: 4,
+            draft_p_min: 0.0,
+            draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
+            draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
+        };
+        s.set_speculation(Some(spec), usize::MAX);
+        let (_, seq) = s.add_generate(vec![5, 6, 7], "", false);
+        let mut asked_at = vec![];
+        for step in 0..40 {
+            let asked = s.draft_asks().iter().any(|a| a.seq == seq && a.k > 0);
+            if asked {
+                asked_at.push(step);
+                // the draft doubts everything until step 25, then proposes
+                let proposal = if step >= 25 { vec![1] } else { vec![] };
+                s.set_drafted(seq, proposal).unwrap();
+            }
+            let plan = s.schedule().unwrap();
+            for c in &plan.chunks {
+                s.advance(c).unwrap();
+            }
+            for c in plan.chunks {
+                if c.at_end && c.logits != Logits::None {
+                    let mut u = StepUpdate::default();
+                    for i in 0..c.draft {
+                        u.append(c.seq, c.tokens[1 + i]);
+                    }
+                    u.append(c.seq, 2);
+                    u.accept(c.seq, c.draft);
+                    u.spec_limit(c.seq, 64);
+                    s.update_from_output(u).unwrap();
+                }
+            }
+        }
+        // asked at the first decode step, then after resting 1, 2, 4, 8, 8 steps; every step once it
+        // proposes
+        let gaps: Vec<usize> = asked_at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(&gaps[..5], &[2, 3, 5, 9, 9], "{asked_at:?}");
+        assert!(asked_at.ends_with(&[37, 38, 39]), "{asked_at:?}");
     }
 }
