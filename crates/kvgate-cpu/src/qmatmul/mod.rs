@@ -42,10 +42,13 @@ mod kernel_wide;
 mod kernel_zmm;
 #[cfg(target_arch = "x86_64")]
 mod six;
+mod widen;
 
 use rayon::prelude::*;
 
 pub(crate) use build::Factors;
+#[cfg(test)]
+pub(crate) use kernel_int::six_bit_q6;
 
 /// Weights per block of the GGUF formats (and of most packed matrices; Q6_K's have 16).
 pub const QK: usize = 32;
@@ -429,21 +432,28 @@ impl QMatrix {
             let r1 = ((chunk + 1) * ROW_CHUNK).min(rows);
             let mut r = chunk * ROW_CHUNK;
             let heads = expanded.as_ref().map(|e| e[tile].as_slice());
+            // Prefill over 6-bit records: the tile widened to the 8-bit layout once for the task's
+            // rows, instead of every 8-row kernel call expanding it again (the same bytes either way)
+            let wide = (self.kind == QKind::Q6 && r1 - r > kernel::max_rows()).then(|| self.tile_as_q8(tile));
+            let (w, tp0) = match &wide {
+                Some(w) => (w, 0),
+                None => (self, tile * TILE_PANELS),
+            };
             while r < r1 {
                 let mut rr = (r1 - r).min(kernel::max_rows());
                 let mut y: kernel::Acc = [[0f32; P]; kernel::MAX_ROWS * TILE_PANELS];
-                let (p0, rxs) = (tile * TILE_PANELS, &xs[r * nb..]);
+                let (p0, rxs) = (tp0, &xs[r * nb..]);
                 match (int8, &quant) {
                     (Some(m), Some(q)) => {
                         // a group of consecutive rows of one mode
                         rr = m[r..r + rr].iter().take_while(|&&v| v == m[r]).count();
                         if m[r] {
-                            kernel_int::run_int(self, p0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
+                            kernel_int::run_int(w, p0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
                         } else {
-                            kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y);
+                            kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y);
                         }
                     }
-                    _ => kernel::run(self, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y),
+                    _ => kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y),
                 }
                 for i in 0..rr {
                     for v in 0..TILE_PANELS {
