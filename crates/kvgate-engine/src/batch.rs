@@ -100,17 +100,11 @@ pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precisio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scheduler::{Scheduler, SchedulerConfig};
+    use crate::scheduler::{Caps, Scheduler, SchedulerConfig};
 
     #[test]
     fn batch_rows_come_from_the_plan() {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            block_size: 4,
-            prefix_caching: true,
-            release_window: None,
-        };
+        let cfg = SchedulerConfig::new(8, 64, 4);
         let mut s = Scheduler::new(cfg, 16);
         let (_, a) = s.add_generate((10..16).collect(), "", false);
         let (_, b) = s.add_generate((20..23).collect(), "", true);
@@ -152,14 +146,13 @@ mod tests {
     #[test]
     fn a_sequence_wanting_every_row_runs_in_capped_chunks() {
         let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            block_size: 4,
-            prefix_caching: true,
-            release_window: None,
+            caps: Caps {
+                all_rows_cap: 5,
+                ..Caps::default()
+            },
+            ..SchedulerConfig::new(8, 64, 4)
         };
         let mut s = Scheduler::new(cfg, 16);
-        s.set_all_rows_cap(5);
         let (_, all) = s.add_generate((10..22).collect(), "", true);
         let (_, last) = s.add_generate((30..42).collect(), "", false);
         let mut rows = vec![];

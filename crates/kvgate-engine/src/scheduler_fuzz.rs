@@ -25,7 +25,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::block_pool::{BlockPool, BlockRef};
 use crate::layout::PinKind;
 use crate::registry::{GroupId, SeqId};
-use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig, StepUpdate};
+use crate::scheduler::{Admission, Logits, Scheduler, SchedulerConfig, SpecPlan, StepUpdate};
 use crate::speculation::{SpecConfig, SpecMethod};
 use crate::tier::{SecondTier, TierConfig};
 
@@ -70,22 +70,15 @@ impl Sim {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let bs = [1usize, 2, 4, 16][rng.random_range(0..4)];
         let blocks = rng.random_range(12..80);
-        let cfg = SchedulerConfig {
-            max_num_seqs: rng.random_range(2..24),
-            max_num_batched_tokens: rng.random_range(3..80),
-            block_size: bs,
+        let (seqs, budget) = (rng.random_range(2..24), rng.random_range(3..80));
+        let mut cfg = SchedulerConfig {
             prefix_caching: rng.random_bool(0.85),
             release_window: rng.random_bool(0.3).then(|| rng.random_range(1..24)),
+            ..SchedulerConfig::new(seqs, budget, bs)
         };
-        let pool = if collide {
-            BlockPool::with_hasher(blocks, constant_hash)
-        } else {
-            BlockPool::new(blocks)
-        };
-        let mut s = Scheduler::with_pool(cfg, pool);
         if rng.random_bool(0.5) {
             // cache-aware admission, sometimes with a bound the simulation's clock reaches
-            s.set_admission(Admission::cache_aware(rng.random_range(1..200)));
+            cfg.admission = Admission::cache_aware(rng.random_range(1..200));
         }
         if rng.random_bool(0.5) {
             let min = rng.random_range(1..3);
@@ -102,11 +95,18 @@ impl Sim {
                 draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
                 draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
             };
-            s.set_speculation(Some(spec), usize::MAX);
+            let mut plan = SpecPlan::new(spec);
             if rng.random_bool(0.5) {
-                s.set_rows_per_weight_read(Some(rng.random_range(1..9)));
+                plan.rows_per_weight_read = Some(rng.random_range(1..9));
             }
+            cfg.speculation = Some(plan);
         }
+        let pool = if collide {
+            BlockPool::with_hasher(blocks, constant_hash)
+        } else {
+            BlockPool::new(blocks)
+        };
+        let mut s = Scheduler::with_pool(cfg, pool);
         if rng.random_bool(0.5) {
             let disk = rng.random_bool(0.3);
             let dir = std::env::temp_dir().join(format!("kvgate-fuzz-{}-{seed}-{collide}", std::process::id()));
@@ -468,13 +468,7 @@ fn randomized_invariants_with_colliding_hashes() {
 
 #[test]
 fn prefix_hits_happen() {
-    let cfg = SchedulerConfig {
-        max_num_seqs: 8,
-        max_num_batched_tokens: 64,
-        block_size: 4,
-        prefix_caching: true,
-        release_window: None,
-    };
+    let cfg = SchedulerConfig::new(8, 64, 4);
     let mut s = Scheduler::new(cfg, 32);
     let prompt: Vec<u32> = (0..21).collect();
     let (g1, s1) = s.add_generate(prompt.clone(), "", false);
@@ -499,11 +493,8 @@ fn prefix_hits_happen() {
 #[test]
 fn a_windowed_sequence_holds_only_its_window() {
     let cfg = SchedulerConfig {
-        max_num_seqs: 4,
-        max_num_batched_tokens: 16,
-        block_size: 4,
-        prefix_caching: true,
         release_window: Some(10),
+        ..SchedulerConfig::new(4, 16, 4)
     };
     // 8 blocks = 32 tokens of cache, a 40-token prompt and 60 generated tokens
     let mut s = Scheduler::new(cfg, 8);
@@ -552,13 +543,7 @@ fn run_decision(s: &mut Scheduler, prompts: Vec<Vec<u32>>) -> usize {
 
 #[test]
 fn decision_computes_the_shared_prefix_once() {
-    let cfg = SchedulerConfig {
-        max_num_seqs: 64,
-        max_num_batched_tokens: 4096,
-        block_size: 16,
-        prefix_caching: true,
-        release_window: None,
-    };
+    let cfg = SchedulerConfig::new(64, 4096, 16);
     let mut s = Scheduler::new(cfg, 256);
     let state: Vec<u32> = (0..2000).map(|i| i % 97).collect();
     let prompts: Vec<Vec<u32>> = (0..8u32)

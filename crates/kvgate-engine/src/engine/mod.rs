@@ -251,26 +251,11 @@ impl Engine {
             d.reset();
         }
         self.sched.clear_pins();
-        let (cap, per_tenant) = (self.sched.max_pinned_blocks(), self.sched.max_pinned_per_tenant());
-        let (admission, retained) = (self.sched.admission(), self.sched.max_retained_blocks());
-        let (prefill, all_rows) = (self.sched.prefill_cap(), self.sched.all_rows_cap());
-        let spec = self.sched.speculation();
         let tier = self.sched.set_tier(None);
         // the old pool's last events (what it stored before the failure) go out before it is cleared
         self.publish_kv_events();
         self.sched = Scheduler::new(*self.sched.config(), self.backend.capacity().num_blocks);
-        if self.cfg.kv_events.is_some() {
-            self.sched.record_kv_events();
-        }
         self.sched.set_tier(tier);
-        self.sched.set_max_pinned_blocks(cap);
-        self.sched.set_max_pinned_per_tenant(per_tenant);
-        self.sched.set_admission(admission);
-        self.sched.set_max_retained_blocks(retained);
-        self.sched.set_prefill_cap(prefill);
-        self.sched.set_all_rows_cap(all_rows);
-        self.sched.set_speculation(spec.0, spec.1);
-        self.sched.set_rows_per_weight_read(self.backend.rows_per_weight_read());
     }
 
     fn drop_abandoned(&mut self) {

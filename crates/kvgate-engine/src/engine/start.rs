@@ -21,7 +21,7 @@ use crate::inference::Limits;
 use crate::kinds::OutputEnv;
 use crate::metrics::Recorder;
 use crate::pacing::DecodeFloor;
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Caps, Scheduler, SchedulerConfig, SpecPlan};
 
 /// Starts the engine thread on `backend`: the cache — its block size, block count, dtype and method —
 /// is the backend's, read from it here; `cfg` says how to schedule, retain and tier over it.
@@ -105,25 +105,24 @@ pub fn start_with_draft(
             block_size,
             prefix_caching: cfg.prefix_caching,
             release_window: backend.attention_span(),
+            admission: cfg.admission,
+            caps: Caps {
+                max_pinned_blocks: cfg.max_pinned_blocks,
+                max_retained_blocks: cfg.max_retained_blocks,
+                max_pinned_per_tenant: cfg.max_pinned_blocks_per_tenant,
+                prefill_cap: prefill_cap(&cfg),
+                // a chunk of prompt logprobs returns at most 64 MiB of logits
+                all_rows_cap: (64 << 20) / (4 * backend.vocab_size().max(1)),
+            },
+            speculation: cfg.speculation.map(|config| SpecPlan {
+                config,
+                max_len: cfg.max_model_len.min(backend.max_positions()),
+                rows_per_weight_read: backend.rows_per_weight_read(),
+            }),
+            kv_events: cfg.kv_events.is_some(),
         },
         num_blocks,
     );
-    if let Some(n) = cfg.max_pinned_blocks {
-        sched.set_max_pinned_blocks(n);
-    }
-    sched.set_max_pinned_per_tenant(cfg.max_pinned_blocks_per_tenant);
-    sched.set_admission(cfg.admission);
-    sched.set_prefill_cap(prefill_cap(&cfg));
-    sched.set_speculation(cfg.speculation, cfg.max_model_len.min(backend.max_positions()));
-    sched.set_rows_per_weight_read(backend.rows_per_weight_read());
-    if cfg.kv_events.is_some() {
-        sched.record_kv_events();
-    }
-    // a chunk of prompt logprobs returns at most 64 MiB of logits
-    sched.set_all_rows_cap((64 << 20) / (4 * backend.vocab_size().max(1)));
-    if let Some(n) = cfg.max_retained_blocks {
-        sched.set_max_retained_blocks(n);
-    }
     let mut tier_pending = None;
     if cfg.tier.enabled() {
         if calibration.is_some() {

@@ -67,6 +67,13 @@ enum Row {
     Gone,
 }
 
+/// The choices one chunk's rows left going and those they ended.
+#[derive(Default)]
+struct Sampled {
+    going: Vec<SeqId>,
+    ended: Vec<(SeqId, FinishReason)>,
+}
+
 /// A completion's output state.
 struct GenState {
     tx: tmpsc::UnboundedSender<Event>,
@@ -145,7 +152,8 @@ impl GenState {
     }
 
     /// Prompt logprobs, then at the chunk's end: the fork into `n` choices (first sample), one
-    /// sampled (or grammar-forced) token per choice, its event, and the finishes.
+    /// sampled (or grammar-forced) token per choice — or the verification of a proposal — its event,
+    /// and the finishes.
     fn on_logits(
         &mut self,
         cx: &mut StepContext,
@@ -154,121 +162,149 @@ impl GenState {
         rows: &[f32],
         vocab: usize,
     ) -> Result<Outcome, SchedError> {
-        let (arrival, cached_tokens) = (progress.arrival, progress.cached_tokens);
-        let gs = self;
         if c.logits == Logits::All && c.draft == 0 {
-            // Prompt logprobs: row i predicts the token at position start + i + 1.
-            let k = gs.params.prompt_logprobs.unwrap_or(0);
-            for i in 0..c.len {
-                let p = c.start + i + 1;
-                let (Some(&t), Some(slot)) = (gs.prompt.get(p), gs.prompt_lps.get_mut(p)) else {
-                    break;
-                };
-                let ls = log_softmax(&rows[i * vocab..(i + 1) * vocab]);
-                *slot = Some(TokenLogprob::of(&ls, t, k));
-            }
+            self.prompt_logprobs(c, rows, vocab);
         }
         if !c.at_end {
             return Ok(Outcome::Continue);
         }
-        let last = &rows[rows.len() - vocab..];
-        let mut targets = vec![c.seq];
-        if !gs.forked {
-            gs.forked = true;
-            let n = gs.params.n.max(1);
-            let children = cx.fork(c.seq, n - 1)?;
-            if let Some(parent) = gs.choices.get_mut(&c.seq) {
-                if let Some(g) = parent.guide.as_mut() {
-                    cx.rec.grammar_mask(g.prepare());
-                }
-            }
-            let forks: Vec<Choice> = match gs.choices.get(&c.seq) {
-                Some(parent) => (0..children.len())
-                    .map(|i| Choice::forked(i + 1, &gs.params, &gs.prompt, parent))
-                    .collect(),
-                None => vec![],
-            };
-            for (ch, choice) in children.iter().zip(forks) {
-                gs.choices.insert(*ch, choice);
-            }
-            targets.extend(children);
-        }
-        if !gs.prompt_lps.is_empty() {
-            let lps = std::mem::take(&mut gs.prompt_lps);
-            let _ = gs.tx.send(Event::PromptLogprobs(lps));
+        let targets = self.fork_once(cx, c.seq)?;
+        if !self.prompt_lps.is_empty() {
+            let lps = std::mem::take(&mut self.prompt_lps);
+            let _ = self.tx.send(Event::PromptLogprobs(lps));
         }
         let now = Instant::now();
-        cx.rec.token_timing(arrival, gs.last_token, now);
-        gs.last_token = Some(now);
-        let mut stop_ids: Vec<u32> = gs.params.stop_token_ids.clone();
-        if !gs.params.ignore_eos {
+        cx.rec.token_timing(progress.arrival, self.last_token, now);
+        self.last_token = Some(now);
+        let mut stop_ids: Vec<u32> = self.params.stop_token_ids.clone();
+        if !self.params.ignore_eos {
             stop_ids.extend(&cx.env.eos);
         }
-        let mut ended = vec![];
-        let mut going = vec![];
-        if c.draft > 0 {
-            // Speculation: row i verifies proposed token i (`c.tokens[1 + i]`); each row is sampled as
-            // a one-token step would sample it (under the grammar's mask for the tokens emitted so
-            // far: only sampled tokens are ever committed to it), and a proposal is kept while it is
-            // what was sampled. Tokens a grammar forces after a kept one end the verification: the
-            // next rows were computed for the proposal's positions, not theirs.
-            let mut accepted = 0;
-            for i in 0..=c.draft {
-                let Some(row) = rows.get(i * vocab..(i + 1) * vocab) else {
-                    break;
-                };
-                match gs.sample_choice(cx, c.seq, row, &stop_ids) {
-                    Row::Continue(tok, forced) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => {
-                        accepted += 1;
-                        if forced {
-                            going.push(c.seq);
-                            break;
-                        }
-                    }
-                    Row::Continue(..) => {
-                        going.push(c.seq);
-                        break;
-                    }
-                    Row::Ended(reason) => {
-                        ended.push((c.seq, reason));
-                        break;
-                    }
-                    Row::Gone => break,
-                }
-            }
-            cx.update.accept(c.seq, accepted);
+        let sampled = if c.draft > 0 {
+            self.verify(cx, c, rows, vocab, &stop_ids)
         } else {
-            for t in targets {
-                match gs.sample_choice(cx, t, last, &stop_ids) {
-                    Row::Continue(..) => going.push(t),
-                    Row::Ended(reason) => ended.push((t, reason)),
-                    Row::Gone => {}
-                }
-            }
-        }
+            let last = &rows[rows.len() - vocab..];
+            self.sample_each(cx, targets, last, &stop_ids)
+        };
         if cx.env.speculates {
-            for t in going {
-                if let Some(ch) = gs.choices.get(&t) {
-                    cx.update.spec_limit(t, gs.spec_limit(ch));
+            for t in sampled.going {
+                if let Some(ch) = self.choices.get(&t) {
+                    cx.update.spec_limit(t, self.spec_limit(ch));
                 }
             }
         }
+        let last_reason = self.end_choices(cx, sampled.ended);
+        if self.remaining > 0 {
+            return Ok(Outcome::Continue);
+        }
+        self.done(cx, progress);
+        Ok(Outcome::Done(last_reason.map_or("stop", FinishReason::as_str)))
+    }
+
+    /// Records the prompt logprobs a chunk's rows give: row i predicts the token at position
+    /// start + i + 1.
+    fn prompt_logprobs(&mut self, c: &Chunk, rows: &[f32], vocab: usize) {
+        let k = self.params.prompt_logprobs.unwrap_or(0);
+        for i in 0..c.len {
+            let p = c.start + i + 1;
+            let (Some(&t), Some(slot)) = (self.prompt.get(p), self.prompt_lps.get_mut(p)) else {
+                break;
+            };
+            let ls = log_softmax(&rows[i * vocab..(i + 1) * vocab]);
+            *slot = Some(TokenLogprob::of(&ls, t, k));
+        }
+    }
+
+    /// The choices the prompt's last row is sampled for: `seq` alone, or — the first time — `seq`
+    /// and the `n - 1` forks it makes (each with its parent's grammar state).
+    fn fork_once(&mut self, cx: &mut StepContext, seq: SeqId) -> Result<Vec<SeqId>, SchedError> {
+        let mut targets = vec![seq];
+        if self.forked {
+            return Ok(targets);
+        }
+        self.forked = true;
+        let children = cx.fork(seq, self.params.n.max(1) - 1)?;
+        if let Some(g) = self.choices.get_mut(&seq).and_then(|p| p.guide.as_mut()) {
+            cx.rec.grammar_mask(g.prepare());
+        }
+        let forks: Vec<Choice> = match self.choices.get(&seq) {
+            Some(parent) => (0..children.len())
+                .map(|i| Choice::forked(i + 1, &self.params, &self.prompt, parent))
+                .collect(),
+            None => vec![],
+        };
+        for (ch, choice) in children.iter().zip(forks) {
+            self.choices.insert(*ch, choice);
+        }
+        targets.extend(children);
+        Ok(targets)
+    }
+
+    /// Speculation: row i verifies proposed token i (`c.tokens[1 + i]`); each row is sampled as a
+    /// one-token step would sample it (under the grammar's mask for the tokens emitted so far: only
+    /// sampled tokens are ever committed to it), and a proposal is kept while it is what was
+    /// sampled. Tokens a grammar forces after a kept one end the verification: the next rows were
+    /// computed for the proposal's positions, not theirs.
+    fn verify(&mut self, cx: &mut StepContext, c: &Chunk, rows: &[f32], vocab: usize, stop_ids: &[u32]) -> Sampled {
+        let mut out = Sampled::default();
+        let mut accepted = 0;
+        for i in 0..=c.draft {
+            let Some(row) = rows.get(i * vocab..(i + 1) * vocab) else {
+                break;
+            };
+            match self.sample_choice(cx, c.seq, row, stop_ids) {
+                Row::Continue(tok, forced) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => {
+                    accepted += 1;
+                    if forced {
+                        out.going.push(c.seq);
+                        break;
+                    }
+                }
+                Row::Continue(..) => {
+                    out.going.push(c.seq);
+                    break;
+                }
+                Row::Ended(reason) => {
+                    out.ended.push((c.seq, reason));
+                    break;
+                }
+                Row::Gone => break,
+            }
+        }
+        cx.update.accept(c.seq, accepted);
+        out
+    }
+
+    /// One token per choice in `targets`, all from the same row.
+    fn sample_each(&mut self, cx: &mut StepContext, targets: Vec<SeqId>, row: &[f32], stop_ids: &[u32]) -> Sampled {
+        let mut out = Sampled::default();
+        for t in targets {
+            match self.sample_choice(cx, t, row, stop_ids) {
+                Row::Continue(..) => out.going.push(t),
+                Row::Ended(reason) => out.ended.push((t, reason)),
+                Row::Gone => {}
+            }
+        }
+        out
+    }
+
+    /// Ends the choices that finished: the last one's conversation is retained for the next turn
+    /// and each breakpoint's prompt prefix pinned for its own lifetime. Returns the last reason.
+    fn end_choices(&mut self, cx: &mut StepContext, ended: Vec<(SeqId, FinishReason)>) -> Option<FinishReason> {
         let mut last_reason = None;
         for (t, reason) in ended {
-            gs.choices.remove(&t);
-            gs.remaining -= 1;
-            if let (0, Some(r)) = (gs.remaining, gs.retain) {
-                // the last choice to end: its conversation so far is retained for the next turn
+            self.choices.remove(&t);
+            self.remaining -= 1;
+            if let (0, Some(r)) = (self.remaining, self.retain) {
                 cx.update
                     .pin(t, usize::MAX, (cx.pin_until)(r.window), r.tenant, PinKind::Session);
             }
-            if gs.remaining == 0 {
-                // and each breakpoint's prompt prefix is kept for its own lifetime
-                let tenant = gs.retain.and_then(|r| r.tenant);
-                for &(tokens, ttl) in &gs.breakpoints {
+            if self.remaining == 0 {
+                let tenant = self.retain.and_then(|r| r.tenant);
+                for &(tokens, ttl) in &self.breakpoints {
                     cx.update.pin(
                         t,
-                        tokens.min(gs.prompt.len()),
+                        tokens.min(self.prompt.len()),
                         (cx.pin_until)(ttl),
                         tenant,
                         PinKind::KeepAlive,
@@ -278,20 +314,22 @@ impl GenState {
             cx.update.finish(t);
             last_reason = Some(reason);
         }
-        if gs.remaining > 0 {
-            return Ok(Outcome::Continue);
-        }
-        let longest = gs.breakpoints.iter().map(|b| b.0.min(gs.prompt.len())).max();
-        let whole = |t: usize| t / gs.block_size * gs.block_size;
+        last_reason
+    }
+
+    /// The completion's usage (`Done`) once every choice ended.
+    fn done(&mut self, cx: &mut StepContext, progress: Progress) {
+        let longest = self.breakpoints.iter().map(|b| b.0.min(self.prompt.len())).max();
+        let whole = |t: usize| t / self.block_size * self.block_size;
+        let cached_tokens = progress.cached_tokens;
         let usage = Usage {
-            prompt_tokens: gs.prompt.len(),
-            completion_tokens: gs.completion_tokens,
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.completion_tokens,
             cached_tokens,
             cache_write_tokens: longest.map_or(0, |b| whole(b).saturating_sub(cached_tokens)),
         };
-        let _ = gs.tx.send(Event::Done(usage));
-        cx.rec.request_done(arrival, gs.prompt.len());
-        Ok(Outcome::Done(last_reason.map_or("stop", FinishReason::as_str)))
+        let _ = self.tx.send(Event::Done(usage));
+        cx.rec.request_done(progress.arrival, self.prompt.len());
     }
 
     /// Samples choice `t`'s next token from `row` (under its grammar's mask), appends and emits it

@@ -61,21 +61,11 @@ impl Admission {
 }
 
 impl Scheduler {
-    /// Sets the admission policy.
-    pub fn set_admission(&mut self, a: Admission) {
-        self.admission = a;
-    }
-
-    /// The admission policy.
-    pub fn admission(&self) -> Admission {
-        self.admission
-    }
-
     /// Whether `g` has waited past the starvation bound.
     pub(super) fn starving(&self, g: GroupId) -> bool {
         self.reg
             .group(g)
-            .is_ok_and(|grp| self.now.saturating_sub(grp.arrived) >= self.admission.max_wait_ms)
+            .is_ok_and(|grp| self.now.saturating_sub(grp.arrived) >= self.cfg.admission.max_wait_ms)
     }
 
     /// The full blocks of `g`'s first sequence the prefix cache holds now, and how many more past them
@@ -101,12 +91,12 @@ impl Scheduler {
     /// With `next_turns_only`, only a session's next turn (else `None`).
     pub(super) fn pick_waiting(&self, next_turns_only: bool) -> Option<usize> {
         self.waiting.front()?;
-        if !self.admission.cache_aware {
+        if !self.cfg.admission.cache_aware {
             return (!next_turns_only).then_some(0);
         }
         let mut warmest = (0, 0);
         let mut starving = None;
-        for (i, &g) in self.waiting.iter().take(self.admission.scan).enumerate() {
+        for (i, &g) in self.waiting.iter().take(self.cfg.admission.scan).enumerate() {
             let (warm, in_tier) = self.warm_blocks(g);
             if !warm.is_empty() && self.pins.any_session_over(&warm) {
                 return Some(i);
@@ -128,15 +118,16 @@ impl Scheduler {
     }
 
     /// Releases a pin so that `g` can be admitted; false when none may go. Under FIFO the oldest pin.
-    /// Cache-aware, with nothing else running the oldest pin taken at least the idle grace ago; for a
+    /// Cache-aware, with nothing else running the oldest pin taken at least the idle grace ago (one
+    /// whose next turn waits only when every such pin's does, never `g`'s own); for a
     /// starving group also one whose session has held its state for four times the bound (it gives
     /// way at a turn's end, never in the middle of one); otherwise none.
     pub(super) fn release_pin_for(&mut self, g: GroupId, nothing_else: bool) -> bool {
-        if !self.admission.cache_aware {
+        if !self.cfg.admission.cache_aware {
             return self.release_oldest_pin();
         }
-        let bound = self.admission.max_wait_ms;
-        let grace = bound.min(self.admission.idle_grace_ms);
+        let bound = self.cfg.admission.max_wait_ms;
+        let grace = bound.min(self.cfg.admission.idle_grace_ms);
         // Idle: not taken over for the grace and, while steps run, for two whole steps (a session's
         // next turn, sent as the step that ended its last one returned, has had a step's time to
         // arrive: on a slow host one step takes longer than the grace).
@@ -150,7 +141,14 @@ impl Scheduler {
             return false;
         };
         let awaited = self.awaited();
-        let old = self.pins.take_oldest_since(idle, held, &awaited);
+        let mut old = self.pins.take_oldest_since(idle, held, &awaited);
+        if old.is_none() && nothing_else {
+            // Every pin old enough is a state whose own next turn waits too, and nothing runs: `g`
+            // goes first (spared only its own state), or the waiting next turns would wait on each
+            // other's states until the pins expire.
+            let own = [self.warm_blocks(g).0];
+            old = self.pins.take_oldest_since(idle, held, &own);
+        }
         self.release_early(old)
     }
 
@@ -159,7 +157,7 @@ impl Scheduler {
     pub(super) fn awaited(&self) -> Vec<Vec<crate::block_pool::BlockId>> {
         self.waiting
             .iter()
-            .take(self.admission.scan)
+            .take(self.cfg.admission.scan)
             .map(|&g| self.warm_blocks(g).0)
             .filter(|w| !w.is_empty())
             .collect()
@@ -168,7 +166,7 @@ impl Scheduler {
     /// Running work that cannot grow takes a retained state: cache-aware, one whose next turn is not
     /// waiting first; false when nothing is pinned.
     pub(super) fn release_pin_for_running(&mut self) -> bool {
-        if !self.admission.cache_aware {
+        if !self.cfg.admission.cache_aware {
             return self.release_oldest_pin();
         }
         let awaited = self.awaited();
@@ -181,7 +179,7 @@ impl Scheduler {
     /// states as it grows). Retained states old enough to give way to `g` are released first; a group
     /// that nothing retained stands in the way of does not wait here.
     pub(super) fn must_wait_whole(&mut self, g: GroupId, sid: SeqId, nothing_else: bool) -> Result<bool> {
-        if !self.admission.cache_aware {
+        if !self.cfg.admission.cache_aware {
             return Ok(false);
         }
         let s = self.reg.seq(sid)?;
@@ -234,7 +232,7 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::layout::PinKind;
-    use crate::scheduler::SchedulerConfig;
+    use crate::scheduler::{Caps, SchedulerConfig};
 
     /// Cache-aware with a 1 s bound, or arrival order.
     fn policy(cache_aware: bool) -> Admission {
@@ -247,15 +245,10 @@ mod tests {
 
     fn sched(blocks: usize, budget: usize, admission: Admission) -> Scheduler {
         let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: budget,
-            block_size: 4,
-            prefix_caching: true,
-            release_window: None,
+            admission,
+            ..SchedulerConfig::new(8, budget, 4)
         };
-        let mut s = Scheduler::new(cfg, blocks);
-        s.set_admission(admission);
-        s
+        Scheduler::new(cfg, blocks)
     }
 
     /// One turn of a session: `prompt` prefilled, then its state retained and the turn ended.
@@ -413,6 +406,28 @@ mod tests {
         s.check_invariants();
     }
 
+    /// Two sessions' next turns wait, each needing blocks the other's retained state holds, and nothing
+    /// runs: past the grace the one picked takes the other's state instead of both waiting until the
+    /// pins expire (a stall the agents' load test hit once in many runs).
+    #[test]
+    fn next_turns_that_wait_on_each_others_states_do_not_stall() {
+        let mut s = sched(8, 64, Admission::cache_aware(1_000_000));
+        turn(&mut s, (0..12).collect()); // 3 blocks retained
+        turn(&mut s, (100..112).collect()); // 3 more: 2 free
+        let (a, _) = s.add_generate((0..24).collect(), "", false); // 3 matched, 3 more needed
+        let (b, _) = s.add_generate((100..124).collect(), "", false);
+        s.expire_pins(999);
+        s.schedule().unwrap();
+        assert!(!s.is_running(a) && !s.is_running(b), "within the grace both states stay");
+        assert_eq!(s.pinned_blocks(), 6);
+        s.expire_pins(1_000);
+        s.schedule().unwrap();
+        assert!(s.is_running(a), "the first next turn runs on its own state");
+        assert!(!s.is_running(b));
+        assert_eq!((s.pins_consumed(), s.pins_released_early()), (1, 1));
+        s.check_invariants();
+    }
+
     /// Runs every planned chunk until a plan is empty.
     fn drain(s: &mut Scheduler) {
         loop {
@@ -458,8 +473,15 @@ mod tests {
     fn the_retention_cap_spares_states_younger_than_the_bound() {
         for cache_aware in [true, false] {
             let admission = policy(cache_aware);
-            let mut s = sched(16, 64, admission);
-            s.set_max_retained_blocks(6);
+            let cfg = SchedulerConfig {
+                admission,
+                caps: Caps {
+                    max_retained_blocks: Some(6),
+                    ..Caps::default()
+                },
+                ..SchedulerConfig::new(8, 64, 4)
+            };
+            let mut s = Scheduler::new(cfg, 16);
             turn(&mut s, (0..16).collect()); // 4 blocks at 0
             turn(&mut s, (100..116).collect()); // 4 more at 0: over the cap
             assert_eq!(s.pinned_blocks(), if cache_aware { 8 } else { 4 });

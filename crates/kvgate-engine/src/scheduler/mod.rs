@@ -16,6 +16,7 @@
 //! [`Registry`]; decision layouts and keep-alive pins in [`crate::layout`].
 
 mod admission;
+mod config;
 mod forks;
 mod plan;
 mod speculate;
@@ -27,8 +28,9 @@ use std::collections::HashSet;
 use std::collections::VecDeque;
 
 pub use admission::Admission;
+pub use config::{Caps, SchedulerConfig, SpecPlan};
 pub(crate) use plan::Plan;
-pub use plan::{Chunk, GroupUsage, Logits, SchedulerConfig};
+pub use plan::{Chunk, GroupUsage, Logits};
 pub(crate) use speculate::DraftAsk;
 pub(crate) use update::StepUpdate;
 
@@ -51,30 +53,19 @@ pub struct Scheduler {
     waiting: VecDeque<GroupId>,
     running: Vec<GroupId>,
     pins: Pins,
+    /// Most blocks `keep_alive` pins may hold (the config's cap, or half the pool).
     max_pinned: usize,
+    /// Most blocks session retention may hold (the config's cap, or three quarters of the pool).
     max_retained: usize,
-    max_pinned_per_tenant: Option<usize>,
     pins_released_early: u64,
     pins_consumed: u64,
     preemptions: u64,
     /// Steps run (a retained state is idle once steps have run without its session coming back).
     steps: u64,
-    admission: Admission,
-    /// Most tokens a step holds when it decodes streams (`None`: the token budget).
-    prefill_cap: Option<usize>,
-    /// Most rows one chunk of a sequence that wants every row's output computes (prompt logprobs:
-    /// full-vocabulary rows), bounding a step's output memory.
-    all_rows_cap: usize,
     /// The caller's clock (milliseconds), as of the last [`Scheduler::expire_pins`].
     now: u64,
-    /// Speculation (prompt lookup), when on.
-    spec: Option<crate::speculation::SpecConfig>,
-    /// Most positions a sequence may reach (proposals stop there).
-    spec_max_len: usize,
     /// Proposals verified so far.
     spec_stats: crate::speculation::SpecStats,
-    /// Rows per read of the weights (proposals are trimmed not to spill a row or two past it).
-    spec_rows: Option<usize>,
 }
 
 impl Scheduler {
@@ -85,23 +76,20 @@ impl Scheduler {
 
     /// A scheduler over a given pool (tests use pools with colliding hashes).
     pub fn with_pool(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
-        let max_pinned = pool.total() / 2;
+        let total = pool.total();
+        let mut kv = KvManager::new(pool, cfg.block_size, cfg.prefix_caching);
+        if cfg.kv_events {
+            kv.pool_mut().record_kv_events();
+        }
         Scheduler {
-            max_pinned,
-            max_retained: pool.total() * 3 / 4,
-            max_pinned_per_tenant: None,
+            max_pinned: cfg.caps.max_pinned_blocks.unwrap_or(total / 2),
+            max_retained: cfg.caps.max_retained_blocks.unwrap_or(total * 3 / 4),
             pins_released_early: 0,
             pins_consumed: 0,
-            admission: Admission::default(),
-            prefill_cap: None,
-            all_rows_cap: usize::MAX,
             now: 0,
-            spec: None,
-            spec_max_len: usize::MAX,
             spec_stats: Default::default(),
-            spec_rows: None,
             cfg,
-            kv: KvManager::new(pool, cfg.block_size, cfg.prefix_caching),
+            kv,
             reg: Registry::default(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -111,7 +99,7 @@ impl Scheduler {
         }
     }
 
-    /// Limits.
+    /// What it was built from.
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
     }
@@ -141,11 +129,6 @@ impl Scheduler {
             tier: self.tier().map(|t| t.stats()).unwrap_or_default(),
             spec: self.spec_stats,
         }
-    }
-
-    /// Starts recording the pool's KV events (an `AllCleared` first).
-    pub fn record_kv_events(&mut self) {
-        self.kv.pool_mut().record_kv_events();
     }
 
     /// The pool's KV events since the last call.
@@ -352,7 +335,7 @@ impl Scheduler {
         // Released blocks (slid out of a windowed model's reach) cannot be pinned; the rest can.
         let blocks: Vec<_> = (0..n).filter_map(|i| s.blocks.get(i)).collect();
         let n = blocks.len();
-        let tenant_cap = tenant.and(self.max_pinned_per_tenant).unwrap_or(usize::MAX);
+        let tenant_cap = tenant.and(self.cfg.caps.max_pinned_per_tenant).unwrap_or(usize::MAX);
         let cap = match kind {
             PinKind::KeepAlive => self.max_pinned,
             PinKind::Session => self.max_retained,
@@ -381,16 +364,6 @@ impl Scheduler {
         Ok(n)
     }
 
-    /// Sets the most blocks one tenant's pins may hold (`None`: only the overall cap).
-    pub fn set_max_pinned_per_tenant(&mut self, n: Option<usize>) {
-        self.max_pinned_per_tenant = n;
-    }
-
-    /// The most blocks one tenant's pins may hold.
-    pub fn max_pinned_per_tenant(&self) -> Option<usize> {
-        self.max_pinned_per_tenant
-    }
-
     /// Releases the oldest pin before its deadline (its blocks stay cached, now evictable); false when
     /// nothing is pinned. Pins give way to real work: the scheduler calls this before it preempts a
     /// running request or leaves a waiting one waiting for blocks.
@@ -412,7 +385,7 @@ impl Scheduler {
     /// between two turns keeps its state over the cap; it is released once it is that old).
     fn trim_pins(&mut self, kind: PinKind, limit: usize) {
         let cutoff = match kind {
-            PinKind::Session if self.admission.cache_aware => self.now.checked_sub(self.admission.max_wait_ms),
+            PinKind::Session if self.cfg.admission.cache_aware => self.now.checked_sub(self.cfg.admission.max_wait_ms),
             _ => Some(u64::MAX),
         };
         while self.pins.count_kind(kind) > limit {
@@ -424,54 +397,14 @@ impl Scheduler {
         }
     }
 
-    /// The most blocks pins may hold (half the pool unless set).
-    pub fn max_pinned_blocks(&self) -> usize {
-        self.max_pinned
-    }
-
-    /// Sets the most blocks `keep_alive` pins may hold.
-    pub fn set_max_pinned_blocks(&mut self, n: usize) {
-        self.max_pinned = n;
-        self.trim_pins(PinKind::KeepAlive, n);
-    }
-
-    /// The most blocks session retention may hold (three quarters of the pool unless set).
-    pub fn max_retained_blocks(&self) -> usize {
-        self.max_retained
-    }
-
-    /// Sets the most blocks session retention may hold.
-    pub fn set_max_retained_blocks(&mut self, n: usize) {
-        self.max_retained = n;
-        self.trim_pins(PinKind::Session, n);
-    }
-
     /// Pins released before their deadline to make room (pressure or the cap).
     pub fn pins_released_early(&self) -> u64 {
         self.pins_released_early
     }
 
-    /// Caps the tokens of a step that decodes streams (prefill fills it up to `cap`): shorter steps
-    /// next to streams. `None`: the token budget.
-    pub fn set_prefill_cap(&mut self, cap: Option<usize>) {
-        self.prefill_cap = cap;
-    }
-
-    /// Caps the rows of one chunk of a sequence whose every row returns an output (prompt logprobs,
-    /// mean-pooled embeddings): its long prompt runs in several chunks instead of returning one
-    /// `rows × vocab` block of logits.
-    pub fn set_all_rows_cap(&mut self, cap: usize) {
-        self.all_rows_cap = cap.max(1);
-    }
-
     /// The cap of a chunk whose every row returns an output.
     pub fn all_rows_cap(&self) -> usize {
-        self.all_rows_cap
-    }
-
-    /// The cap of a step that decodes streams.
-    pub fn prefill_cap(&self) -> Option<usize> {
-        self.prefill_cap
+        self.cfg.caps.all_rows_cap.max(1)
     }
 
     /// Session pins taken over by their session's next turn.

@@ -1,5 +1,5 @@
 //! What one scheduling pass produces: the [`Plan`] and its self-contained [`Chunk`]s, plus the
-//! scheduler's limits and per-group accounting.
+//! per-group accounting.
 
 use std::collections::HashSet;
 
@@ -89,23 +89,6 @@ impl Plan {
     pub fn num_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.len).sum()
     }
-}
-
-/// Limits of the scheduler.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SchedulerConfig {
-    /// Sequences running at once.
-    pub max_num_seqs: usize,
-    /// Tokens per step.
-    pub max_num_batched_tokens: usize,
-    /// Tokens per block.
-    pub block_size: usize,
-    /// Prefix caching on.
-    pub prefix_caching: bool,
-    /// When every layer of the model attends at most this many tokens back (sliding-window attention in
-    /// all layers, as Mistral 7B v0.1): blocks that slid out of the window are given back as the
-    /// sequence advances. `None` when any layer reads the whole context (Gemma 3's global layers).
-    pub release_window: Option<usize>,
 }
 
 /// Work in progress of one scheduling pass.

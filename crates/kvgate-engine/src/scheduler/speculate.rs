@@ -31,39 +31,32 @@ pub(crate) struct DraftAsk<'a> {
 }
 
 impl Scheduler {
-    /// Turns speculation on (or off with `None`); sequences never propose past `max_len` positions.
-    pub fn set_speculation(&mut self, spec: Option<SpecConfig>, max_len: usize) {
-        self.spec = spec;
-        self.spec_max_len = max_len;
+    /// The speculation settings, when on.
+    fn spec(&self) -> Option<SpecConfig> {
+        self.cfg.speculation.map(|p| p.config)
     }
 
-    /// Rows of a sequence the backend computes per read of the weights (`None`: no such grain); a
-    /// proposal that would spill a quarter of that or less into another read is trimmed to fit.
-    pub fn set_rows_per_weight_read(&mut self, rows: Option<usize>) {
-        self.spec_rows = rows.filter(|&r| r > 1);
-    }
-
-    /// The speculation settings and the position limit (to carry them over a reset).
-    pub fn speculation(&self) -> (Option<SpecConfig>, usize) {
-        (self.spec, self.spec_max_len)
+    /// Most positions a sequence may reach (proposals stop there).
+    fn spec_max_len(&self) -> usize {
+        self.cfg.speculation.map_or(usize::MAX, |p| p.max_len)
     }
 
     /// Whether this step speculates: on, and few enough sequences decode that a step is bound by
     /// reading the weights rather than by computing (`max_batch`).
     pub(super) fn speculates_now(&self) -> bool {
-        self.spec
+        self.spec()
             .is_some_and(|c| self.num_running_seqs() <= c.max_batch && c.max_batch > 0)
     }
 
     /// Whether sequence `s` may propose in a step that speculates (`step`) or not: speculation is on,
     /// and the step speculates or the sequence keeps its proposals.
     pub(super) fn may_speculate(&self, s: &crate::registry::Seq, step: bool) -> bool {
-        self.spec.is_some() && (step || s.spec.keep.speculates())
+        self.spec().is_some() && (step || s.spec.keep.speculates())
     }
 
     /// Whether prompt lookup has a proposal for `s` now (its context holds a match).
     fn looked_up(&self, s: &crate::registry::Seq) -> bool {
-        self.spec.is_some_and(|c| {
+        self.spec().is_some_and(|c| {
             c.method.looks_up()
                 && !speculation::propose(&s.tokens, s.spec.cursor, c.prompt_lookup_min, c.prompt_lookup_max, 1)
                     .0
@@ -78,7 +71,7 @@ impl Scheduler {
     /// computed of it. Empty unless a draft model proposes.
     pub(crate) fn draft_asks(&self) -> Vec<DraftAsk<'_>> {
         let mut out = vec![];
-        if !self.spec.is_some_and(|c| c.method.drafts()) {
+        if !self.spec().is_some_and(|c| c.method.drafts()) {
             return out;
         }
         let step = self.speculates_now();
@@ -91,7 +84,7 @@ impl Scheduler {
                     if !self.may_speculate(s, step) || s.spec.rest.0 > 0 || self.looked_up(s) {
                         continue;
                     }
-                    let past_end = self.spec_max_len.saturating_sub(s.computed + 1);
+                    let past_end = self.spec_max_len().saturating_sub(s.computed + 1);
                     (s.tokens.len(), s.spec.len.min(s.spec.limit).min(past_end))
                 } else if completion && s.matched && step {
                     (s.computed, 0)
@@ -128,7 +121,7 @@ impl Scheduler {
     /// step.
     pub(crate) fn draft_follows(&self, chunks: &[Chunk]) -> Vec<DraftAsk<'_>> {
         let mut out = vec![];
-        if !self.speculates_now() || !self.spec.is_some_and(|c| c.method.drafts()) {
+        if !self.speculates_now() || !self.spec().is_some_and(|c| c.method.drafts()) {
             return out;
         }
         for c in chunks.iter().filter(|c| c.draft == 0 && c.len > 0) {
@@ -179,8 +172,8 @@ impl Scheduler {
         room: usize,
         copies: &mut Vec<(SeqId, BlockCopy)>,
     ) -> Result<usize> {
-        let Some(cfg) = self.spec else { return Ok(0) };
-        let max_len = self.spec_max_len;
+        let Some(cfg) = self.spec() else { return Ok(0) };
+        let max_len = self.spec_max_len();
         let s = self.reg.seq_mut(sid)?;
         s.spec.draft.clear();
         s.spec.rest.0 = s.spec.rest.0.saturating_sub(1);
@@ -204,7 +197,13 @@ impl Scheduler {
         if proposal.is_empty() && cfg.method.drafts() {
             proposal = &drafted[..drafted.len().min(k)];
         }
-        let n = trimmed(proposal.len(), self.spec_rows);
+        let n = trimmed(
+            proposal.len(),
+            self.cfg
+                .speculation
+                .and_then(|p| p.rows_per_weight_read)
+                .filter(|&r| r > 1),
+        );
         if n == 0 {
             return Ok(0);
         }
@@ -228,7 +227,7 @@ impl Scheduler {
     /// them, with the token sampled after them): they count as computed, full blocks are registered,
     /// and blocks past what the sequence now needs are given back.
     pub(crate) fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
-        let (bs, max) = (self.cfg.block_size, self.spec.map_or(1, |c| c.num_speculative_tokens));
+        let (bs, max) = (self.cfg.block_size, self.spec().map_or(1, |c| c.num_speculative_tokens));
         let s = self.reg.seq_mut(seq)?;
         let proposed = std::mem::take(&mut s.spec.draft).len();
         if accepted > proposed || s.computed + accepted > s.tokens.len() {
@@ -281,7 +280,7 @@ mod tests {
     use super::trimmed;
     use crate::block_pool::BlockPool;
     use crate::registry::SeqId;
-    use crate::scheduler::{Logits, Scheduler, SchedulerConfig, StepUpdate};
+    use crate::scheduler::{Logits, Scheduler, SchedulerConfig, SpecPlan, StepUpdate};
     use crate::speculation::{SpecConfig, SpecMethod};
 
     #[test]
@@ -302,14 +301,6 @@ mod tests {
     /// creeps back as it decodes).
     #[test]
     fn past_the_batch_a_sequence_speculates_while_it_keeps_its_proposals() {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            block_size: 4,
-            prefix_caching: false,
-            release_window: None,
-        };
-        let mut s = Scheduler::with_pool(cfg, BlockPool::new(96));
         let spec = SpecConfig {
             method: SpecMethod::Ngram,
             num_speculative_tokens: 4,
@@ -320,7 +311,12 @@ mod tests {
             draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
             draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
         };
-        s.set_speculation(Some(spec), usize::MAX);
+        let mut cfg = SchedulerConfig {
+            prefix_caching: false,
+            ..SchedulerConfig::new(8, 64, 4)
+        };
+        cfg.speculation = Some(SpecPlan::new(spec));
+        let mut s = Scheduler::with_pool(cfg, BlockPool::new(96));
         // contexts of 1s and 2s: prompt lookup always finds a match
         let seqs: Vec<SeqId> = (0..3)
             .map(|_| s.add_generate(vec![1, 2, 1, 2, 1, 2, 1], "", false).1)
@@ -373,14 +369,6 @@ mod tests {
     /// draft is asked again (doubling while it keeps doubting); a proposal resets it.
     #[test]
     fn a_doubting_draft_rests_longer_each_time() {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 4,
-            max_num_batched_tokens: 64,
-            block_size: 4,
-            prefix_caching: false,
-            release_window: None,
-        };
-        let mut s = Scheduler::with_pool(cfg, BlockPool::new(64));
         let spec = SpecConfig {
             method: SpecMethod::DraftModel,
             num_speculative_tokens: 4,
@@ -391,7 +379,12 @@ mod tests {
             draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
             draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
         };
-        s.set_speculation(Some(spec), usize::MAX);
+        let mut cfg = SchedulerConfig {
+            prefix_caching: false,
+            ..SchedulerConfig::new(4, 64, 4)
+        };
+        cfg.speculation = Some(SpecPlan::new(spec));
+        let mut s = Scheduler::with_pool(cfg, BlockPool::new(64));
         let (_, seq) = s.add_generate(vec![5, 6, 7], "", false);
         let mut asked_at = vec![];
         for step in 0..40 {

@@ -126,7 +126,7 @@ impl Scheduler {
     fn chunk_len(&self, s: &Seq, budget: usize) -> usize {
         let len = (s.tokens.len() - s.computed).min(budget);
         if s.all_logits {
-            len.min(self.all_rows_cap)
+            len.min(self.all_rows_cap())
         } else {
             len
         }
@@ -207,13 +207,13 @@ impl Scheduler {
             return self.finish_plan(st);
         }
         // Next to decoding streams, prefill comes in shorter steps (the decode floor's granularity).
-        if let (Some(cap), false) = (self.prefill_cap, st.chunks.is_empty()) {
+        if let (Some(cap), false) = (self.cfg.caps.prefill_cap, st.chunks.is_empty()) {
             let decoded = self.cfg.max_num_batched_tokens - st.budget;
             st.budget = st.budget.min(cap.saturating_sub(decoded).max(1));
         }
         // Cache-aware: sessions' next turns before the running prompts' chunks (a few tokens over a
         // warm state: they do not wait behind a cold prefill).
-        if self.admission.cache_aware && self.admit_waiting(&mut st, true)? {
+        if self.cfg.admission.cache_aware && self.admit_waiting(&mut st, true)? {
             self.fork_ready_decisions()?;
             self.schedule_running(&mut st, true)?;
         }
@@ -267,7 +267,7 @@ impl Scheduler {
                 // while the step speculates or, past `max_batch`, while the sequence keeps them.
                 let draft = if is_decode {
                     let may = self.may_speculate(self.reg.seq(sid)?, st.speculate);
-                    if !may && self.spec.is_some() {
+                    if !may && self.cfg.speculation.is_some() {
                         self.decoded_without_proposals(sid)?;
                     }
                     let room = if may { st.budget - len } else { 0 };

@@ -122,13 +122,7 @@ mod tests {
 
     #[test]
     fn one_update_appends_pins_and_finishes_in_order() {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 64,
-            block_size: 4,
-            prefix_caching: true,
-            release_window: None,
-        };
+        let cfg = SchedulerConfig::new(8, 64, 4);
         let mut s = Scheduler::new(cfg, 16);
         let (g, a) = s.add_generate((10..19).collect(), "", false);
         let plan = s.schedule().unwrap();
