@@ -40,6 +40,8 @@ mod text;
 pub mod tier;
 
 #[cfg(test)]
+mod scheduler_cases;
+#[cfg(test)]
 mod scheduler_fuzz;
 
 pub use block_pool::{BlockId, PoolCounts};
