@@ -135,61 +135,98 @@ pub fn load_stored(path: &Path) -> Result<(crate::config::ModelConfig, StoredWei
     }
 }
 
+/// What a checkpoint gives before its template is parsed and its stop tokens completed.
+struct Parts {
+    cfg: crate::config::ModelConfig,
+    weights: StoredWeights,
+    tokenizer: Tokenizer,
+    /// The chat template's source, when it has one.
+    template: Option<String>,
+    /// The template's `bos_token` and `eos_token` strings.
+    bos: String,
+    eos_str: String,
+    /// Tokens that end generation so far.
+    eos: Vec<u32>,
+    defaults: GenerationDefaults,
+    kv_scales: Option<Vec<(f32, f32)>>,
+}
+
+/// A Hugging Face directory's parts: its safetensors, `tokenizer.json`, `tokenizer_config.json` and
+/// `generation_config.json`.
+fn hf_dir_parts(path: &Path) -> Result<Parts> {
+    let (cfg, weights, _raw, kv_scales) = load_hf_dir_with_scales(path)?;
+    let tok_path = path.join("tokenizer.json");
+    if !tok_path.exists() {
+        return Err(ModelError::Invalid(format!("{} has no tokenizer.json", path.display())));
+    }
+    let tokenizer = Tokenizer::from_file(&tok_path)?;
+    let tc = read_json(&path.join("tokenizer_config.json"));
+    let gc = read_json(&path.join("generation_config.json"));
+    let template = template_from_dir(path, tc.as_ref());
+    let mut eos = cfg.eos_token_ids.clone();
+    eos.extend(ids(gc.as_ref().and_then(|g| g.get("eos_token_id"))));
+    let eos_str = special_str(tc.as_ref(), "eos_token").unwrap_or_default();
+    if let Some(id) = tokenizer.token_to_id(&eos_str) {
+        eos.push(id);
+    }
+    let bos = special_str(tc.as_ref(), "bos_token").unwrap_or_default();
+    Ok(Parts {
+        cfg,
+        weights,
+        tokenizer,
+        template,
+        bos,
+        eos_str,
+        eos,
+        defaults: defaults_from(gc.as_ref()),
+        kv_scales,
+    })
+}
+
+/// A GGUF's parts: its tensors, its metadata's tokenizer (or a `tokenizer.json` beside it) and template.
+fn gguf_parts(path: &Path) -> Result<Parts> {
+    let (cfg, weights, meta) = load_gguf(path)?;
+    let side = path.with_file_name("tokenizer.json");
+    let tokenizer = if side.exists() {
+        Tokenizer::from_file(&side)?
+    } else {
+        Tokenizer::from_gguf(&meta)?
+    };
+    let template = meta.str("tokenizer.chat_template").map(str::to_string);
+    let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
+    let bos = name_of(meta.u32("tokenizer.ggml.bos_token_id"));
+    let eos_str = name_of(meta.u32("tokenizer.ggml.eos_token_id"));
+    let eos = cfg.eos_token_ids.clone();
+    Ok(Parts {
+        cfg,
+        weights,
+        tokenizer,
+        template,
+        bos,
+        eos_str,
+        eos,
+        defaults: GenerationDefaults::default(),
+        kv_scales: None,
+    })
+}
+
 /// Loads the model at `path` with everything around it, its weights as stored: no device decision is
 /// taken (a backend lays them out at its start; `opts`' CPU switches are for `kvgate_cpu::load`).
 pub fn load_unprepared(path: &Path, opts: &LoadOptions) -> Result<LoadedModel<StoredModel>> {
-    let mut kv_scales = None;
-    let (cfg, weights, tokenizer, template, bos, eos_str, mut eos, defaults) = if path.is_dir() {
-        let (cfg, weights, _raw, scales) = load_hf_dir_with_scales(path)?;
-        kv_scales = scales;
-        let tok_path = path.join("tokenizer.json");
-        if !tok_path.exists() {
-            return Err(ModelError::Invalid(format!("{} has no tokenizer.json", path.display())));
-        }
-        let tokenizer = Tokenizer::from_file(&tok_path)?;
-        let tc = read_json(&path.join("tokenizer_config.json"));
-        let gc = read_json(&path.join("generation_config.json"));
-        let template = template_from_dir(path, tc.as_ref());
-        let mut eos = cfg.eos_token_ids.clone();
-        eos.extend(ids(gc.as_ref().and_then(|g| g.get("eos_token_id"))));
-        let eos_str = special_str(tc.as_ref(), "eos_token").unwrap_or_default();
-        if let Some(id) = tokenizer.token_to_id(&eos_str) {
-            eos.push(id);
-        }
-        let bos = special_str(tc.as_ref(), "bos_token").unwrap_or_default();
-        (
-            cfg,
-            weights,
-            tokenizer,
-            template,
-            bos,
-            eos_str,
-            eos,
-            defaults_from(gc.as_ref()),
-        )
+    let Parts {
+        cfg,
+        weights,
+        tokenizer,
+        template,
+        bos,
+        eos_str,
+        mut eos,
+        defaults,
+        kv_scales,
+    } = if path.is_dir() {
+        hf_dir_parts(path)?
     } else {
-        let (cfg, weights, meta) = load_gguf(path)?;
-        let side = path.with_file_name("tokenizer.json");
-        let tokenizer = if side.exists() {
-            Tokenizer::from_file(&side)?
-        } else {
-            Tokenizer::from_gguf(&meta)?
-        };
-        let template = meta.str("tokenizer.chat_template").map(str::to_string);
-        let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i)).unwrap_or_default();
-        let bos = name_of(meta.u32("tokenizer.ggml.bos_token_id"));
-        let eos_str = name_of(meta.u32("tokenizer.ggml.eos_token_id"));
-        let eos = cfg.eos_token_ids.clone();
-        (
-            cfg,
-            weights,
-            tokenizer,
-            template,
-            bos,
-            eos_str,
-            eos,
-            GenerationDefaults::default(),
-        )
+        gguf_parts(path)?
     };
     // End-of-turn markers of the common chat formats also stop generation.
     for marker in ["<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>"] {
