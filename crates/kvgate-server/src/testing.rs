@@ -10,8 +10,9 @@ use tokio::sync::oneshot;
 
 use crate::http::state::{AppState, ServedModel};
 use crate::infer::Inference;
-use crate::startup::cli::{assemble, build, BuildOptions};
+use crate::startup::build::{build, BuildOptions};
 use crate::startup::config;
+use crate::startup::router::assemble;
 
 /// A server running in this process; stops on drop.
 pub struct TestServer {
@@ -68,8 +69,7 @@ impl TestServer {
             served_names: vec![loaded.name],
             fitted: None,
         };
-        let state = AppState::new(engine, model, args, None);
-        let (router, state, _, _) = assemble(state, true);
+        let (router, state, _, _) = assemble(engine, model, &args, None, true);
         Self::serve(router, state)
     }
 

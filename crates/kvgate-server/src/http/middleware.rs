@@ -14,7 +14,6 @@ use axum::response::IntoResponse;
 use subtle::ConstantTimeEq;
 
 use crate::http::error::{ApiError, ErrorBody};
-use crate::http::state::RequestTenant;
 
 /// The effective CORS policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -250,7 +249,7 @@ pub async fn log(req: Request, next: Next) -> Response<Body> {
         .and_then(|v| v.to_str().ok())
         .filter(|v| safe_request_id(v))
         .map(str::to_string)
-        .unwrap_or_else(|| crate::pipeline::events::request_id("req"));
+        .unwrap_or_else(|| crate::ids::request_id("req"));
     let mut r = next.run(req).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         r.headers_mut().insert("x-request-id", v);
@@ -276,4 +275,21 @@ pub fn panic_response(err: Box<dyn std::any::Any + Send + 'static>) -> Response<
         .unwrap_or_else(|| "unknown panic".into());
     tracing::error!(panic = %msg, "a request handler panicked");
     ApiError::Internal("internal error while handling the request".into()).into_response()
+}
+
+/// The API key (its index) a request used, when several keys are configured: the auth layer puts it
+/// in the request's extensions (a client cannot set it); as an extractor, `None` when it did not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestTenant(pub Option<u32>);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestTenant {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts
+            .extensions
+            .get::<RequestTenant>()
+            .copied()
+            .unwrap_or(RequestTenant(None)))
+    }
 }

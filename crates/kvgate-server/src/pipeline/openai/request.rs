@@ -13,7 +13,6 @@ use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
 use crate::pipeline::openai::surface::{EndpointFields, VllmFields};
-use crate::pipeline::tools::Tool;
 
 /// An integer; JSON clients sometimes send `5.0`, which counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,65 +230,6 @@ pub struct StructuredFields {
     pub guided_whitespace_pattern: Refused,
 }
 
-/// `/v1/chat/completions`' own fields.
-#[derive(Debug, Default, Deserialize)]
-pub struct ChatFields {
-    pub messages: Option<Value>,
-    pub logprobs: Option<bool>,
-    pub top_logprobs: Option<Int>,
-    pub max_completion_tokens: Option<Int>,
-    pub chat_template_kwargs: Option<Map<String, Value>>,
-    pub add_generation_prompt: Option<bool>,
-    pub continue_final_message: Option<bool>,
-    pub tools: Option<Vec<Tool>>,
-    pub tool_choice: Option<Value>,
-    pub parallel_tool_calls: Option<bool>,
-    /// vLLM's: whether the reasoning is returned (default true).
-    pub include_reasoning: Option<bool>,
-    /// SGLang's: whether the reasoning is split from the answer (default true).
-    pub separate_reasoning: Option<bool>,
-    /// SGLang's: reasoning streamed as it comes (only `true`, the default, is supported).
-    pub stream_reasoning: Option<bool>,
-    /// vLLM's chat `echo` (prepend the final message): only `false`.
-    pub echo: Option<bool>,
-}
-
-impl EndpointFields for ChatFields {
-    const ADD_SPECIAL_TOKENS: bool = false;
-}
-
-/// `/v1/completions`' own fields.
-#[derive(Debug, Default, Deserialize)]
-pub struct CompletionFields {
-    pub prompt: Option<Value>,
-    pub logprobs: Option<Int>,
-    pub echo: Option<bool>,
-}
-
-impl EndpointFields for CompletionFields {
-    const ADD_SPECIAL_TOKENS: bool = true;
-}
-
-/// `POST /tokenize` (vLLM's): a prompt, or messages rendered through the chat template.
-#[derive(Debug, Default, Deserialize)]
-pub struct TokenizeBody {
-    pub model: Option<String>,
-    pub prompt: Option<String>,
-    /// Checked by the chat messages' validator (the same one chat completions use).
-    pub messages: Option<Value>,
-    pub add_special_tokens: Option<bool>,
-    pub add_generation_prompt: Option<bool>,
-    pub continue_final_message: Option<bool>,
-    pub chat_template_kwargs: Option<Map<String, Value>>,
-}
-
-/// `POST /detokenize` (vLLM's).
-#[derive(Debug, Default, Deserialize)]
-pub struct DetokenizeBody {
-    pub model: Option<String>,
-    pub tokens: Option<Vec<u32>>,
-}
-
 /// A body of exactly `T`'s fields, deserialised (an unknown field or a wrong type is a 400 naming it).
 pub fn strict_body<T: for<'de> Deserialize<'de>>(body: Map<String, Value>) -> Result<T, ApiError> {
     only_known(&body, &[field_names::<T>()])?;
@@ -372,6 +312,15 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// A body with a field of each kind (`/v1/completions`' own, as `protocols/completions/wire.rs`).
+    #[derive(Deserialize)]
+    #[allow(dead_code)]
+    struct CompletionFields {
+        prompt: Option<Value>,
+        logprobs: Option<Int>,
+        echo: Option<bool>,
+    }
 
     #[test]
     fn field_names_are_serdes_and_types_name_the_path() {

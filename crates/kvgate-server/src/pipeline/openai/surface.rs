@@ -145,7 +145,19 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::pipeline::openai::request::{typed, ChatFields, CompletionFields};
+    use crate::pipeline::openai::request::typed;
+
+    /// An endpoint that adds no special tokens (chat's rule).
+    struct ChatFields;
+    impl EndpointFields for ChatFields {
+        const ADD_SPECIAL_TOKENS: bool = false;
+    }
+
+    /// An endpoint that adds them (completions' rule).
+    struct CompletionFields;
+    impl EndpointFields for CompletionFields {
+        const ADD_SPECIAL_TOKENS: bool = true;
+    }
 
     fn check<E: EndpointFields>(v: Value) -> Result<(), String> {
         let f: VllmFields = typed(&v).map_err(|e| e.to_string())?;

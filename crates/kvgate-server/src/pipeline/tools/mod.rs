@@ -404,7 +404,7 @@ fn may_be_bare(t: &str) -> bool {
 
 /// A fresh tool-call id.
 pub fn call_id() -> String {
-    crate::pipeline::events::item_id("call")
+    crate::ids::item_id("call")
 }
 
 /// Normalises an assistant message's `tool_calls` (OpenAI's shape; `arguments` is a JSON string) for

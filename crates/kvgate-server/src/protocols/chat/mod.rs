@@ -3,8 +3,10 @@
 //! completion; non-streaming or SSE (`chat.completion.chunk`), with `logprobs` / `top_logprobs`.
 
 mod shape;
+mod wire;
 
 use shape::{ChatShape, ReasoningWanted};
+use wire::ChatFields;
 
 use std::sync::Arc;
 
@@ -12,18 +14,20 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
-use crate::http::state::{AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
+use crate::http::state::AppState;
+use crate::ids::{now_secs, request_id};
 use crate::pipeline::cache;
 use crate::pipeline::conversation::{message_bytes, messages_marked, render_with_tools};
-use crate::pipeline::events::{now_secs, request_id};
 use crate::pipeline::generation::{submit, Generation};
-use crate::pipeline::openai::request::{endpoint_body, ChatFields, SamplingFields};
+use crate::pipeline::openai::request::{endpoint_body, SamplingFields};
 use crate::pipeline::openai::respond::respond;
 use crate::pipeline::reasoning::ReasoningSplit;
+use crate::pipeline::render::{Rendered, Sampling};
 use crate::pipeline::sampling::{self, int_in};
 use crate::pipeline::structured;
 use crate::pipeline::tools::stream::CallStream;
@@ -193,4 +197,24 @@ pub async fn chat_completions(
     };
     let stream = sub.stream_usage();
     respond(sub.tagged, n, stream, shape).await
+}
+
+/// `POST /v1/chat/completions/render`.
+pub(crate) async fn render(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/chat/completions/render")?;
+    let p = prepare(&st, map).await?;
+    Ok(axum::Json(Rendered {
+        request_id: request_id("chatcmpl"),
+        sampling_params: Sampling::from(&p.c.params),
+        model: p.model,
+        stream: p.c.stream,
+        cache_salt: p.c.cache_salt,
+        token_ids: p.ids,
+    })
+    .into_response())
 }

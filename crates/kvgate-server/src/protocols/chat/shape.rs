@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use kvgate_engine::{FinishReason, StopMatch, TokenLogprob, Usage};
 
+use super::wire::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
+    TokenLogprobOut, ToolCallOut, TopLogprob,
+};
 use crate::http::state::AppState;
 use crate::pipeline::events::ChoiceOut;
 use crate::pipeline::openai::respond::{vllm_prompt_logprobs, PromptLogprobs, Shape};
-use crate::pipeline::openai::response::{
-    AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
-    StopReason, TokenLogprobOut, ToolCallOut, TopLogprob, UsageOut,
-};
+use crate::pipeline::openai::response::{StopReason, UsageOut};
 use crate::pipeline::reasoning::{ReasoningSplit, Split};
 use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};

@@ -1,25 +1,31 @@
 //! `POST /v1/completions`: one prompt (string or token ids) or a list of them, non-streaming or SSE,
 //! with `echo`, legacy `logprobs`, `n`, stop strings and usage.
 
+mod wire;
+
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use kvgate_engine::{FinishReason, StopMatch, TokenLogprob, Usage};
 use kvgate_grammar::GrammarSpec;
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
-use crate::http::state::{AppState, RequestTenant};
-use crate::pipeline::events::{now_secs, request_id, ChoiceOut};
+use crate::http::middleware::RequestTenant;
+use crate::http::state::AppState;
+use crate::ids::{now_secs, request_id};
+use crate::pipeline::events::ChoiceOut;
 use crate::pipeline::generation::{submit, Generation};
-use crate::pipeline::openai::request::{endpoint_body, CompletionFields, SamplingFields};
+use crate::pipeline::openai::request::{endpoint_body, SamplingFields};
 use crate::pipeline::openai::respond::{respond, vllm_prompt_logprobs, PromptLogprobs, Shape};
-use crate::pipeline::openai::response::{Completion, CompletionChoice, LegacyLogprobs, StopReason, TopMap, UsageOut};
+use crate::pipeline::openai::response::{StopReason, UsageOut};
+use crate::pipeline::render::{Rendered, Sampling};
 use crate::pipeline::sampling::{self, int_in};
+use wire::{Completion, CompletionChoice, CompletionFields, LegacyLogprobs, TopMap};
 
 /// A prompt as given: its tokens and its text (for `echo`).
 pub(crate) struct Prompt {
@@ -450,4 +456,34 @@ impl Shape for CompletionShape {
             ..self.chunk(choices, None)
         }
     }
+}
+
+/// `POST /v1/completions/render`.
+pub(crate) async fn render(
+    State(st): State<Arc<AppState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let map = st.json_body(&headers, body)?;
+    st.check_generates("/v1/completions/render")?;
+    let p = prepare(&st, map).await?;
+    let mut params = p.c.params;
+    if p.score_only {
+        params.max_tokens = 0;
+    }
+    let id = request_id("cmpl");
+    let out: Vec<Rendered> = p
+        .prompts
+        .into_iter()
+        .enumerate()
+        .map(|(i, prompt)| Rendered {
+            request_id: format!("{id}-{i}"),
+            token_ids: prompt.ids,
+            sampling_params: Sampling::from(&params),
+            model: p.model.clone(),
+            stream: p.c.stream,
+            cache_salt: p.c.cache_salt.clone(),
+        })
+        .collect();
+    Ok(axum::Json(out).into_response())
 }

@@ -15,15 +15,19 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use kvgate_decide::State as StateKind;
+use kvgate_decide::DecisionService;
 use serde_json::Value;
 
+use crate::http::body::check_json_content_type;
 use crate::http::error::ApiError;
-use crate::http::state::{check_json_content_type, AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
+use crate::http::state::AppState;
+use crate::pipeline::decision::{decide, DecisionCall};
 
 /// The handler.
 pub(crate) async fn decisions(
     State(st): State<Arc<AppState>>,
+    State(service): State<Arc<DecisionService>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
@@ -35,24 +39,17 @@ pub(crate) async fn decisions(
         return Err(ApiError::bad("the request body must be a JSON object"));
     }
     let req = spec::parse(body, st.settings().decisions_max_questions)?;
-    let model = st.check_decision_model(Some(&req.model))?;
-    st.check_generates("/v1/decisions")?;
-    let mut spec = req.spec;
-    // A state that cannot fit the context by its bytes is refused before any question renders it.
-    let state_bytes = match &spec.state {
-        StateKind::Conversation(c) => crate::pipeline::conversation::message_bytes(c),
-        StateKind::Text(t) => t.len(),
-    };
-    st.check_prompt_bytes("input", state_bytes)?;
-    if st.settings().log_requests {
-        tracing::info!(body = %String::from_utf8_lossy(&bytes), "decisions request");
-    }
     if let Some(id) = &req.safety_identifier {
         tracing::info!(safety_identifier = %id, "decisions request");
     }
-    spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
-    spec.tenant = tenant;
-    let decision = st.decisions().decide(&spec).await?;
+    let call = DecisionCall {
+        route: "/v1/decisions",
+        state_field: "input",
+        model: Some(req.model.as_str()),
+        tenant,
+        body: &bytes,
+    };
+    let (model, decision) = decide(&st, &service, req.spec, call).await?;
     let answers = req
         .keys
         .iter()

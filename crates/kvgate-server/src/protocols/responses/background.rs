@@ -10,16 +10,17 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use super::finish;
 use super::prepare::Prepared;
 use super::shape::ResponsesShape;
 use super::wire::ResponseError;
 use crate::http::error::ApiError;
-use crate::http::state::AppState;
 use crate::pipeline::generation::submit;
 use crate::pipeline::openai::respond::respond;
+use crate::protocols::responses::ResponsesState;
 
 /// Starts `p` in the background; answers with its `queued` snapshot.
-pub(super) async fn start(st: Arc<AppState>, headers: HeaderMap, p: Prepared) -> Result<Response, ApiError> {
+pub(super) async fn start(st: Arc<ResponsesState>, headers: HeaderMap, p: Prepared) -> Result<Response, ApiError> {
     if !st.responses().enabled() {
         return Err(ApiError::param(
             "background",
@@ -39,7 +40,7 @@ pub(super) async fn start(st: Arc<AppState>, headers: HeaderMap, p: Prepared) ->
         turn,
         ..
     } = p;
-    let tenant = turn.tenant;
+    let tenant = turn.kept.tenant;
     let tagged = submit(&st, &headers, tenant, generation).await?.tagged;
     let id = response.id.clone();
     let cancelled = st.responses().running(tenant, &id);
@@ -59,13 +60,13 @@ pub(super) async fn start(st: Arc<AppState>, headers: HeaderMap, p: Prepared) ->
                     let mut failed = response;
                     failed.status = "failed";
                     failed.error = Some(ResponseError { code: "server_error".into(), message: e.to_string() });
-                    run.responses().put(tenant, failed, vec![]);
+                    finish::unanswered(&run, tenant, failed, true);
                 }
             }
             _ = cancelled.notified() => {
                 let mut r = response;
                 r.status = "cancelled";
-                run.responses().put(tenant, r, vec![]);
+                finish::unanswered(&run, tenant, r, true);
             }
         }
         run.responses().ended(&id);

@@ -28,16 +28,18 @@ use super::prepare::{read_tools_spec, Prepared};
 use super::shape::ResponsesShape;
 use super::wire::{OutputItem, ResponseUsage, StreamEvent, WithItem, WithResponse};
 use crate::http::error::{ApiError, SpecError};
-use crate::http::state::{AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
+use crate::ids::{item_id, now_secs};
 use crate::pipeline::conversation::items::turn;
 use crate::pipeline::conversation::render_with_tools;
-use crate::pipeline::events::{collect, item_id, now_secs, sse_named};
+use crate::pipeline::events::{collect, sse_named};
 use crate::pipeline::generation::{submit, Generation};
 use crate::pipeline::openai::request::{strict_body, Int, Refused, SamplingFields};
 use crate::pipeline::openai::respond::Shape;
 use crate::pipeline::reasoning::ReasoningSplit;
 use crate::pipeline::sampling;
 use crate::pipeline::tools::ToolSpec;
+use crate::protocols::responses::ResponsesState;
 
 /// What the model is asked at the end of the conversation.
 const ASK: &str = "Summarise our conversation so far so that you can continue it from the summary alone: \
@@ -147,7 +149,7 @@ fn kept_users(conversation: &[Message]) -> Vec<String> {
 
 /// Generates over `prompt` greedily, at most `max_tokens`; the text and usage.
 async fn generate(
-    st: &Arc<AppState>,
+    st: &Arc<ResponsesState>,
     headers: &HeaderMap,
     tenant: Option<u32>,
     prompt: Vec<u32>,
@@ -182,7 +184,7 @@ async fn generate(
 /// compacted window (retained under `session`): the compaction's reference, the user messages the
 /// window keeps, and the summary's usage.
 pub(super) async fn summarise(
-    st: &Arc<AppState>,
+    st: &Arc<ResponsesState>,
     headers: &HeaderMap,
     tenant: Option<u32>,
     conversation: &[Message],
@@ -253,7 +255,7 @@ pub(super) async fn summarise(
 
 /// `POST /v1/responses/compact`.
 pub async fn compact(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
@@ -327,7 +329,11 @@ pub async fn compact(
 /// compaction): answered with the conversation compacted into exactly one `compaction` item — the
 /// `response` object, or its events (`created`, `in_progress`, the item `added` and `done`,
 /// `completed`) when streamed.
-pub(super) async fn answer_trigger(st: Arc<AppState>, headers: HeaderMap, p: Prepared) -> Result<Response, ApiError> {
+pub(super) async fn answer_trigger(
+    st: Arc<ResponsesState>,
+    headers: HeaderMap,
+    p: Prepared,
+) -> Result<Response, ApiError> {
     let Prepared {
         generation,
         mut response,
@@ -338,8 +344,8 @@ pub(super) async fn answer_trigger(st: Arc<AppState>, headers: HeaderMap, p: Pre
     let (cmp, _, usage) = summarise(
         &st,
         &headers,
-        turn.tenant,
-        &turn.conversation,
+        turn.kept.tenant,
+        &turn.kept.conversation,
         turn.tools.as_ref(),
         session,
     )
@@ -354,10 +360,7 @@ pub(super) async fn answer_trigger(st: Arc<AppState>, headers: HeaderMap, p: Pre
     response.usage = Some(ResponseUsage::of(&usage));
     response.status = "completed";
     response.completed_at = Some(now_secs());
-    if response.store {
-        st.responses()
-            .put(turn.tenant, response.clone(), turn.conversation.clone());
-    }
+    super::finish::compacted(&st, turn.kept.tenant, &response, turn.kept.conversation.clone());
     if !generation.sampling.stream {
         return Ok(Json(response).into_response());
     }

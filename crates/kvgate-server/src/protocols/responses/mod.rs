@@ -16,9 +16,12 @@
 
 mod background;
 mod compact;
+pub(crate) mod conversations;
+mod finish;
 mod input;
 mod prepare;
 mod shape;
+mod state;
 pub mod store;
 mod wire;
 
@@ -32,7 +35,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use crate::http::error::{ApiError, SpecError};
-use crate::http::state::{AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
 use crate::pipeline::generation::submit;
 use crate::pipeline::openai::request::strict_body;
 use crate::pipeline::openai::respond::{respond, respond_until, Stop, StreamUsage};
@@ -41,6 +44,7 @@ pub use compact::compact;
 pub(crate) use compact::Compaction;
 use prepare::{prepare, Prepared};
 use shape::ResponsesShape;
+pub(crate) use state::ResponsesState;
 use store::Cancel;
 use wire::{Deleted, ResponsesBody, Stub};
 
@@ -52,7 +56,7 @@ pub(crate) fn parse_items(input: &Value) -> Result<(), ApiError> {
 
 /// `POST /v1/responses`.
 pub async fn create(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
@@ -104,9 +108,7 @@ pub async fn create(
         _ = cancelled.notified() => {
             let mut r = response;
             r.status = "cancelled";
-            if r.store {
-                st.responses().put(tenant, r.clone(), vec![]);
-            }
+            finish::unanswered(&st, tenant, r.clone(), false);
             Ok(axum::Json(r).into_response())
         }
     };
@@ -115,7 +117,7 @@ pub async fn create(
 }
 
 /// A streamed response's registration for cancel, dropped with its stream.
-struct Running(Arc<AppState>, String);
+struct Running(Arc<ResponsesState>, String);
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -125,7 +127,7 @@ impl Drop for Running {
 
 /// `GET /v1/responses/{id}`.
 pub async fn get(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, SpecError> {
@@ -141,7 +143,7 @@ fn not_found(id: &str) -> ApiError {
 
 /// `DELETE /v1/responses/{id}`.
 pub async fn delete(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, SpecError> {
@@ -159,7 +161,7 @@ pub async fn delete(
 /// `POST /v1/responses/{id}/cancel`: stops a response still being generated (not streamed) and
 /// returns it with status `cancelled`; a finished one is a 400 naming its status.
 pub async fn cancel(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, SpecError> {
@@ -173,7 +175,17 @@ pub async fn cancel(
         Cancel::Stopped(mut ended) => {
             // the sender is dropped once the response is stored or forgotten: `changed` then errs
             let _ = tokio::time::timeout(std::time::Duration::from_secs(2), ended.changed()).await;
-            match st.responses().get(tenant, &id) {
+            // a streamed response's registration ends when its stop fires, a moment before the stream
+            // stores it (the same poll, another task): look again briefly before answering without it
+            let mut stored = st.responses().get(tenant, &id);
+            for _ in 0..20 {
+                if stored.is_some() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                stored = st.responses().get(tenant, &id);
+            }
+            match stored {
                 Some((r, _)) => Ok(axum::Json(r).into_response()),
                 None => Ok(axum::Json(Stub {
                     id,

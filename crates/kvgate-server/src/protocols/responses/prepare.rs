@@ -11,6 +11,7 @@ use kvgate_model::prompt::Message;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::finish::Kept;
 use super::input;
 use super::shape::Turn;
 use super::wire::{
@@ -18,14 +19,14 @@ use super::wire::{
     ToolEcho,
 };
 use crate::http::error::ApiError;
-use crate::http::state::AppState;
+use crate::ids::{item_id, now_secs};
 use crate::pipeline::conversation::render_with_tools;
-use crate::pipeline::events::{item_id, now_secs};
 use crate::pipeline::generation::Generation;
 use crate::pipeline::openai::request::SamplingFields;
 use crate::pipeline::reasoning::ReasoningSplit;
 use crate::pipeline::sampling::{self, int_in};
 use crate::pipeline::tools::{self, FunctionDef, Tool, ToolChoice, ToolSpec};
+use crate::protocols::responses::ResponsesState;
 
 /// Hosted tools kvgate cannot run: left out of the prompt.
 const HOSTED: [&str; 10] = [
@@ -219,7 +220,7 @@ fn echo(x: f32) -> f64 {
 }
 
 /// The conversation before the input: a previous response's, or a stored conversation's items.
-fn history(st: &AppState, tenant: Option<u32>, b: &ResponsesBody) -> Result<(Vec<Message>, Vec<Item>), ApiError> {
+fn history(st: &ResponsesState, tenant: Option<u32>, b: &ResponsesBody) -> Result<(Vec<Message>, Vec<Item>), ApiError> {
     if let Some(id) = b.previous_response_id.as_deref() {
         let conv = st.responses().get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
             ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
@@ -236,7 +237,7 @@ fn history(st: &AppState, tenant: Option<u32>, b: &ResponsesBody) -> Result<(Vec
 /// Reads `b` (already strictly parsed) for `tenant`: the generation to submit, the response object
 /// (status `in_progress`) and what its shape needs.
 pub(super) async fn prepare(
-    st: &Arc<AppState>,
+    st: &Arc<ResponsesState>,
     tenant: Option<u32>,
     b: &ResponsesBody,
     model: String,
@@ -251,7 +252,7 @@ pub(super) async fn prepare(
     let own = input::items(input)?;
     let appended = match &b.conversation {
         // (`own` above is the same input, read and checked)
-        Some(_) => crate::protocols::conversations::items::stored(input),
+        Some(_) => crate::protocols::responses::conversations::items::stored(input),
         None => vec![],
     };
     let trigger = matches!(own.last(), Some(Item::CompactionTrigger {}));
@@ -365,12 +366,14 @@ pub(super) async fn prepare(
     let turn = Turn {
         tools: tool_spec,
         custom,
-        conversation,
-        tenant,
-        store,
         prompt_tail,
-        conversation_id,
-        appended,
+        kept: Kept {
+            tenant,
+            store,
+            conversation,
+            conversation_id,
+            appended,
+        },
     };
     Ok(Prepared {
         generation,

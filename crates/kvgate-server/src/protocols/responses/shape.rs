@@ -5,28 +5,28 @@
 //! for a call `response.function_call_arguments.delta` / `.done` (or `response.custom_tool_call_input.*`),
 //! `response.output_item.done`; and always one of `response.completed`, `response.incomplete` (the
 //! output limit) or `response.failed` last. Tool calls are parsed out of the text as chat does (a
-//! fragment cut off by the limit never becomes text). A finished response is stored (with its
-//! conversation) when the request asked for it.
+//! fragment cut off by the limit never becomes text). The shape writes; the finished response goes to
+//! the turn's [`Record`] (`finish.rs`), which stores it.
 
 use std::sync::Arc;
 
 use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
-use kvgate_model::prompt::{Message, Role};
 use serde_json::Value;
 
+use super::finish::{Kept, Record};
 use super::wire::{
     ArgumentsDone, CallDelta, Incomplete, InputDone, OutputItem, OutputText, ReasoningText, ResponseError,
     ResponseObject, ResponseUsage, StreamEvent, TextDelta, TextDone, WithItem, WithPart, WithResponse,
 };
 use crate::http::error::ApiError;
-use crate::http::state::AppState;
-use crate::pipeline::conversation::items::{custom_call, function_call};
-use crate::pipeline::events::{item_id, ChoiceOut};
+use crate::ids::item_id;
+use crate::pipeline::events::ChoiceOut;
 use crate::pipeline::openai::respond::{PromptLogprobs, Shape};
 use crate::pipeline::openai::response::UsageOut;
 use crate::pipeline::reasoning::{ReasoningSplit, Split};
 use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};
+use crate::protocols::responses::ResponsesState;
 
 /// What a request brings to its shape besides the response object.
 pub struct Turn {
@@ -34,18 +34,10 @@ pub struct Turn {
     pub tools: Option<ToolSpec>,
     /// Tools that are custom (freeform input), offered to the model as functions of `{input}`.
     pub custom: Vec<String>,
-    /// The conversation the request answers (stored with the response).
-    pub conversation: Vec<Message>,
-    /// The API key's tenant.
-    pub tenant: Option<u32>,
-    /// Whether to store the response.
-    pub store: bool,
     /// The rendered prompt's end (a template may open the thinking there).
     pub prompt_tail: String,
-    /// The stored conversation (`/v1/conversations`) the input and output are added to.
-    pub conversation_id: Option<String>,
-    /// The input's items as the conversation keeps them.
-    pub appended: Vec<Value>,
+    /// What the turn leaves behind when it ends (`finish.rs`).
+    pub kept: Kept,
 }
 
 /// The text item being streamed.
@@ -57,21 +49,13 @@ struct OpenText {
 
 /// The shape of one response.
 pub struct ResponsesShape {
-    pub st: Arc<AppState>,
     /// The response as it will be reported (status, output and usage filled in as it goes).
     pub response: ResponseObject,
     pub tools: Option<ToolSpec>,
     /// Tools that are custom (freeform input), offered to the model as functions of `{input}`.
     pub custom: Vec<String>,
-    /// The conversation the request answered (stored with the response).
-    pub conversation: Vec<Message>,
-    /// The API key's tenant (stored responses are per key).
-    pub tenant: Option<u32>,
-    /// Whether to store the response.
-    pub store: bool,
-    /// The stored conversation the input and output are added to, and the input's items.
-    conversation_id: Option<String>,
-    appended: Vec<Value>,
+    /// Where the turn ends (the stores: `finish.rs`).
+    record: Record,
     seq: usize,
     calls: CallStream,
     open: Option<OpenText>,
@@ -126,31 +110,22 @@ fn done(o: &OpenText, logprobs: Option<Vec<Value>>) -> TextDone {
 
 impl ResponsesShape {
     /// A shape for `response` (status `in_progress`, no output yet) answering `turn`.
-    pub fn new(st: Arc<AppState>, response: ResponseObject, turn: Turn) -> ResponsesShape {
+    pub fn new(st: Arc<ResponsesState>, response: ResponseObject, turn: Turn) -> ResponsesShape {
         let Turn {
             tools,
             custom,
-            conversation,
-            tenant,
-            store,
             prompt_tail,
-            conversation_id,
-            appended,
+            kept,
         } = turn;
         ResponsesShape {
             split: ReasoningSplit::new(&prompt_tail),
             prompt_tail,
             thinking: None,
             reasoning_tokens: 0,
-            st,
+            record: Record::new(st, kept),
             response,
             tools,
             custom,
-            conversation,
-            tenant,
-            store,
-            conversation_id,
-            appended,
             seq: 0,
             calls: CallStream::default(),
             open: None,
@@ -374,61 +349,8 @@ impl ResponsesShape {
             });
         } else {
             self.response.status = "completed";
-            self.response.completed_at = Some(crate::pipeline::events::now_secs());
+            self.response.completed_at = Some(crate::ids::now_secs());
         }
-    }
-
-    /// Stores the finished response with its conversation (the output as the assistant's turn), and
-    /// adds the input and output items to the stored conversation it belongs to, if any.
-    fn store(&mut self) {
-        if let Some(id) = self.conversation_id.take() {
-            let mut items = std::mem::take(&mut self.appended);
-            items.extend(self.response.output.iter().filter_map(|i| serde_json::to_value(i).ok()));
-            // (a conversation deleted meanwhile keeps nothing)
-            let _ = self.st.conversations().append(self.tenant, &id, items);
-        }
-        if !self.store || !self.st.responses().enabled() {
-            return;
-        }
-        let mut conv = self.conversation.clone();
-        let mut turn = Message {
-            role: Role::Assistant,
-            content: String::new(),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-        };
-        for item in &self.response.output {
-            match item {
-                OutputItem::Message { content, .. } => {
-                    content.iter().for_each(|c| turn.content.push_str(&c.text));
-                }
-                OutputItem::FunctionCall {
-                    call_id,
-                    name,
-                    arguments,
-                    ..
-                } => turn
-                    .tool_calls
-                    .get_or_insert_with(Vec::new)
-                    .push(function_call(call_id, name, arguments)),
-                OutputItem::CustomToolCall {
-                    call_id, name, input, ..
-                } => turn
-                    .tool_calls
-                    .get_or_insert_with(Vec::new)
-                    .push(custom_call(call_id, name, input)),
-                // the next turn re-reads the conversation, not the thinking
-                OutputItem::Reasoning { .. } => {}
-                OutputItem::Compaction { encrypted_content, .. } => {
-                    if let Some(c) = self.st.compactions().get(self.tenant, encrypted_content) {
-                        turn.content.push_str(&c.summary);
-                    }
-                }
-            }
-        }
-        conv.push(turn);
-        self.st.responses().put(self.tenant, self.response.clone(), conv);
     }
 
     /// The response as a stream event's `response` field.
@@ -521,7 +443,7 @@ impl Shape for ResponsesShape {
 
     fn end(&mut self, usage: &Usage, _: bool) -> Vec<StreamEvent> {
         self.conclude(usage);
-        self.store();
+        self.record.answered(&self.response);
         let mut out = vec![];
         let snap = self.snapshot();
         let e = match self.response.status {
@@ -539,8 +461,8 @@ impl Shape for ResponsesShape {
         self.close_reasoning(&mut out);
         self.close_text("incomplete", &mut out);
         self.response.status = "cancelled";
-        self.store();
-        self.st.responses().ended(&self.response.id);
+        self.record.answered(&self.response);
+        self.record.ended(&self.response.id);
         let snap = self.snapshot();
         self.push(&mut out, StreamEvent::Incomplete(snap));
         out
@@ -555,7 +477,7 @@ impl Shape for ResponsesShape {
             code: code_of(e).into(),
             message: ApiError::from(e.clone()).to_string(),
         });
-        self.st.responses().ended(&self.response.id);
+        self.record.ended(&self.response.id);
         let snap = self.snapshot();
         self.push(&mut out, StreamEvent::Failed(snap));
         Some(out)
@@ -594,7 +516,7 @@ impl Shape for ResponsesShape {
             self.close_text(status, &mut sink);
         }
         self.conclude(&usage);
-        self.store();
+        self.record.answered(&self.response);
         self.response
     }
 }

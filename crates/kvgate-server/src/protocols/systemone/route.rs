@@ -11,12 +11,15 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use kvgate_decide::answer::Keyed;
-use kvgate_decide::{Answer, Diagnostics, State as StateKind};
+use kvgate_decide::{Answer, DecisionService, Diagnostics};
 use serde::Serialize;
 
 use super::wire;
+use crate::http::body::check_json_content_type;
 use crate::http::error::{ApiError, ErrorBody};
-use crate::http::state::{check_json_content_type, AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
+use crate::http::state::AppState;
+use crate::pipeline::decision::{decide, DecisionCall};
 
 /// The response body.
 #[derive(Serialize)]
@@ -44,17 +47,19 @@ struct CachedTokens {
 /// The handler: every error in Jev's shape (its clients are Jev clients).
 pub async fn systemone(
     State(st): State<Arc<AppState>>,
+    State(service): State<Arc<DecisionService>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    answer_request(st, headers, tenant, body)
+    answer_request(st, service, headers, tenant, body)
         .await
         .unwrap_or_else(|e| e.response_in(ErrorBody::Jev))
 }
 
 async fn answer_request(
     st: Arc<AppState>,
+    service: Arc<DecisionService>,
     headers: HeaderMap,
     tenant: Option<u32>,
     body: Result<Bytes, BytesRejection>,
@@ -62,22 +67,14 @@ async fn answer_request(
     check_json_content_type(&headers)?;
     let bytes = body.map_err(|e| st.body_error(e))?;
     let req = wire::parse(&bytes, st.settings().systemone_max_questions).map_err(ApiError::Unprocessable)?;
-    let model = st.check_decision_model(req.model.as_deref())?;
-    st.check_generates("/v1/systemone")?;
-    let mut spec = req.spec;
-    // A state that cannot fit the context by its bytes is refused before any question renders and
-    // tokenizes it (each read would).
-    let state_bytes = match &spec.state {
-        StateKind::Conversation(c) => crate::pipeline::conversation::message_bytes(c),
-        StateKind::Text(t) => t.len(),
+    let call = DecisionCall {
+        route: "/v1/systemone",
+        state_field: "state",
+        model: req.model.as_deref(),
+        tenant,
+        body: &bytes,
     };
-    st.check_prompt_bytes("state", state_bytes)?;
-    if st.settings().log_requests {
-        tracing::info!(body = %String::from_utf8_lossy(&bytes), "systemone request");
-    }
-    spec.cache_salt = st.salted(tenant, spec.cache_salt.take());
-    spec.tenant = tenant;
-    let decision = st.decisions().decide(&spec).await?;
+    let (model, decision) = decide(&st, &service, req.spec, call).await?;
     let usage = decision.usage;
     let reply = Reply {
         model,

@@ -20,8 +20,9 @@ use axum::Json;
 use serde_json::{Map, Value};
 
 use crate::http::error::{ApiError, SpecError};
-use crate::http::state::{AppState, RequestTenant};
+use crate::http::middleware::RequestTenant;
 use crate::pipeline::openai::request::strict_body;
+use crate::protocols::responses::ResponsesState;
 
 use store::Conversation;
 use wire::{AddItemsBody, ConversationObject, CreateBody, Deleted, ItemList, ListQuery, UpdateBody};
@@ -87,7 +88,7 @@ fn read_items(items: &Value) -> Result<Vec<Value>, ApiError> {
 
 /// The body as `T`, strictly (an unknown field is a 400 naming it, as on every route).
 fn body<T: serde::de::DeserializeOwned>(
-    st: &AppState,
+    st: &ResponsesState,
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {
@@ -96,7 +97,7 @@ fn body<T: serde::de::DeserializeOwned>(
 
 /// `POST /v1/conversations`.
 pub async fn create(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     raw: Result<Bytes, BytesRejection>,
@@ -114,7 +115,7 @@ pub async fn create(
 
 /// `GET /v1/conversations/{id}`.
 pub async fn get(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, SpecError> {
@@ -123,7 +124,7 @@ pub async fn get(
 
 /// `POST /v1/conversations/{id}`: replaces the metadata.
 pub async fn update(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
@@ -137,7 +138,7 @@ pub async fn update(
 
 /// `DELETE /v1/conversations/{id}`.
 pub async fn delete(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
 ) -> Result<Response, SpecError> {
@@ -167,7 +168,7 @@ fn page(data: Vec<Value>, has_more: bool) -> ItemList {
 /// `GET /v1/conversations/{id}/items`: `limit` (1 to 100, default 20), `order` (`desc` default,
 /// or `asc`), `after` (an item id).
 pub async fn list_items(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
     q: Result<Query<ListQuery>, QueryRejection>,
@@ -205,7 +206,7 @@ pub async fn list_items(
 
 /// `POST /v1/conversations/{id}/items`: the added items.
 pub async fn add_items(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     headers: HeaderMap,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
@@ -219,7 +220,7 @@ pub async fn add_items(
 
 /// `GET /v1/conversations/{id}/items/{item_id}`.
 pub async fn get_item(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Result<Response, SpecError> {
@@ -233,7 +234,7 @@ pub async fn get_item(
 
 /// `DELETE /v1/conversations/{id}/items/{item_id}`: the conversation after.
 pub async fn delete_item(
-    State(st): State<Arc<AppState>>,
+    State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path((id, item)): Path<(String, String)>,
 ) -> Result<Response, SpecError> {

@@ -7,8 +7,8 @@
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
+use crate::ids::{item_id, now_secs};
 use crate::pipeline::bounded::Bounded;
-use crate::pipeline::events::{item_id, now_secs};
 
 /// One conversation.
 #[derive(Debug, Clone)]

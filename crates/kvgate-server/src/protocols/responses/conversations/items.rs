@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
-use crate::pipeline::events::item_id;
+use crate::ids::item_id;
 
 /// The prefix of a made item id, by item type.
 fn prefix(kind: &str) -> &'static str {

@@ -1,0 +1,61 @@
+//! What the Responses routes (`/v1/responses…`, `/v1/conversations…`) share: the application's state
+//! and the three stores this protocol keeps — stored responses, conversations and compactions, each
+//! bounded by `--responses-store-entries` and `--responses-store-memory`. A new stored Responses
+//! object is a field here and its store; nothing outside this protocol holds one.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use super::conversations::store::ConversationStore;
+use super::store::ResponseStore;
+use super::Compaction;
+use crate::http::state::AppState;
+use crate::pipeline::bounded::Bounded;
+
+/// The Responses protocol's state.
+pub(crate) struct ResponsesState {
+    /// The application's state (engine, tokenizer, template, settings).
+    app: Arc<AppState>,
+    /// Stored responses.
+    responses: Arc<ResponseStore>,
+    /// Stored conversations.
+    conversations: ConversationStore,
+    /// Stored compactions (`POST /v1/responses/compact`), by reference.
+    compactions: Bounded<Compaction>,
+}
+
+impl ResponsesState {
+    /// Empty stores of at most `entries` objects and `bytes` bytes each, over `app`.
+    pub(crate) fn new(app: Arc<AppState>, entries: usize, bytes: usize) -> ResponsesState {
+        ResponsesState {
+            app,
+            responses: Arc::new(ResponseStore::new(entries, bytes)),
+            conversations: ConversationStore::new(entries, bytes),
+            compactions: Bounded::new(entries, bytes, Compaction::size),
+        }
+    }
+
+    /// Stored responses.
+    pub(crate) fn responses(&self) -> &Arc<ResponseStore> {
+        &self.responses
+    }
+
+    /// Stored conversations.
+    pub(crate) fn conversations(&self) -> &ConversationStore {
+        &self.conversations
+    }
+
+    /// Stored compactions.
+    pub(crate) fn compactions(&self) -> &Bounded<Compaction> {
+        &self.compactions
+    }
+}
+
+/// A Responses route reads the application's state through its own.
+impl Deref for ResponsesState {
+    type Target = AppState;
+
+    fn deref(&self) -> &AppState {
+        &self.app
+    }
+}
