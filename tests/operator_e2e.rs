@@ -1,6 +1,6 @@
 //! The operator surface that needs the real `serve` process: start-up logs (CORS policy, auth mode, no
 //! keys), keys from the environment, refused settings, JSON request logs, graceful shutdown, the
-//! configuration files, and the README's flag reference. The HTTP surface itself (CORS, keys, limits,
+//! configuration files, and the flag reference (`docs/flags.md`). The HTTP surface itself (CORS, keys, limits,
 //! error shapes) is tested in process in `surface.rs`.
 
 mod common;
@@ -153,7 +153,7 @@ fn sigterm_lets_a_stream_finish_then_exits_zero() {
 }
 
 #[test]
-fn configs_load_and_readme_flags_match_help() {
+fn configs_load_and_the_flag_reference_matches_help() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
     let mut n = 0;
     for f in std::fs::read_dir(&dir).unwrap() {
@@ -173,10 +173,11 @@ fn configs_load_and_readme_flags_match_help() {
         .output()
         .unwrap();
     let help = String::from_utf8(help.stdout).unwrap();
-    let readme = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let start = readme.find("<!-- serve --help -->").expect("marker") + "<!-- serve --help -->".len();
-    let end = readme.find("<!-- /serve --help -->").expect("end marker");
-    let block = readme[start..end]
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/flags.md");
+    let reference = std::fs::read_to_string(docs).unwrap();
+    let start = reference.find("<!-- serve --help -->").expect("marker") + "<!-- serve --help -->".len();
+    let end = reference.find("<!-- /serve --help -->").expect("end marker");
+    let block = reference[start..end]
         .trim()
         .trim_start_matches("```text")
         .trim_end_matches("```")
@@ -184,7 +185,7 @@ fn configs_load_and_readme_flags_match_help() {
     assert_eq!(
         block,
         help.trim(),
-        "README's flag reference is `serve --help` verbatim; regenerate it"
+        "docs/flags.md is `serve --help` verbatim; regenerate it"
     );
 }
 
