@@ -2,7 +2,12 @@
 //! (`/v1/responses`, `/v1/decisions`): a function or custom tool call folds into the assistant turn it
 //! belongs to, its output becomes a `tool` turn naming the call, and a custom tool call reads as a
 //! function of one string `input`. The same items give the same messages, so the same rendered prefix,
-//! whichever door they came in by.
+//! whichever door they came in by. Each wire types its items itself (Responses' are lenient, as its
+//! clients echo output items back with fields of their own; Decisions' deny unknown fields, as
+//! OpenAI's API does) and hands each one, in order, to the one [`Folder`], which also pairs every
+//! output with the call it answers (a wire decides whether an unpaired one is an error).
+
+use std::collections::HashMap;
 
 use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
 use serde_json::{json, Value};
@@ -58,4 +63,94 @@ pub(crate) fn function_call(call_id: &str, name: &str, arguments: &str) -> ToolC
 /// A custom tool call as templates read it: a function of one string `input`.
 pub(crate) fn custom_call(call_id: &str, name: &str, input: &str) -> ToolCall {
     call(call_id, name, json!({ "input": input }))
+}
+
+/// What a call's body is.
+pub(crate) enum CallBody<'a> {
+    /// A function's arguments (JSON text).
+    Function(&'a str),
+    /// A custom tool's free-form input.
+    Custom(&'a str),
+}
+
+/// How an output stands to the calls before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pairing {
+    /// It answers an earlier call of its kind.
+    Paired,
+    /// No earlier call has its id.
+    NoCall,
+    /// Its id names a call of the other kind (a function call's output for a custom call, or back).
+    OtherKind,
+}
+
+/// Items folded into a conversation, in order: messages as turns, calls into the assistant turn they
+/// belong to, outputs as `tool` turns; the messages a prompt-cache breakpoint closes (each with what
+/// the wire says of it, `M`: Responses' lifetime, nothing for Decisions); each call's id and kind, so
+/// that outputs are paired with their calls.
+pub(crate) struct Folder<M = ()> {
+    msgs: Vec<Message>,
+    marks: Vec<(usize, M)>,
+    /// Call id → whether the call was a custom tool's.
+    calls: HashMap<String, bool>,
+}
+
+impl<M> Folder<M> {
+    /// A conversation that starts with `msgs`.
+    pub(crate) fn starting_with(msgs: Vec<Message>) -> Folder<M> {
+        Folder {
+            msgs,
+            marks: vec![],
+            calls: HashMap::new(),
+        }
+    }
+
+    /// A message; `mark` when it closes a reusable prefix.
+    pub(crate) fn message(&mut self, role: Role, text: String, mark: Option<M>) {
+        self.msgs.push(turn(role, text));
+        self.mark(mark);
+    }
+
+    /// A call the model made earlier; false when an earlier call had the same id (the call is folded
+    /// in either way).
+    pub(crate) fn call(&mut self, call_id: &str, name: &str, body: CallBody) -> bool {
+        let (call, custom) = match body {
+            CallBody::Function(args) => (function_call(call_id, name, args), false),
+            CallBody::Custom(input) => (custom_call(call_id, name, input), true),
+        };
+        push_call(&mut self.msgs, call);
+        self.calls.insert(call_id.to_string(), custom).is_none()
+    }
+
+    /// How an output of the call `call_id` (a custom tool's when `custom`) pairs with the calls so far.
+    pub(crate) fn pairs(&self, call_id: &str, custom: bool) -> Pairing {
+        match self.calls.get(call_id) {
+            Some(&c) if c == custom => Pairing::Paired,
+            Some(_) => Pairing::OtherKind,
+            None => Pairing::NoCall,
+        }
+    }
+
+    /// The output of the call `call_id`: a `tool` turn (whether it pairs is the wire's to check,
+    /// [`Folder::pairs`]).
+    pub(crate) fn output(&mut self, call_id: &str, text: String, mark: Option<M>) {
+        self.msgs.push(tool_output(call_id, text));
+        self.mark(mark);
+    }
+
+    fn mark(&mut self, mark: Option<M>) {
+        if let Some(m) = mark {
+            self.marks.push((self.msgs.len() - 1, m));
+        }
+    }
+
+    /// The conversation so far.
+    pub(crate) fn messages(&self) -> &[Message] {
+        &self.msgs
+    }
+
+    /// The conversation and the messages that close a reusable prefix.
+    pub(crate) fn finish(self) -> (Vec<Message>, Vec<(usize, M)>) {
+        (self.msgs, self.marks)
+    }
 }

@@ -19,7 +19,7 @@
 //!   takes). `prompt_cache_key` is a session hint, as on chat and responses (not a cache partition:
 //!   the follow-up chat call with the same key must find this state).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use kvgate_decide::spec::{Content as SpecContent, DecisionSpec, Question, State};
 use kvgate_model::prompt::{Message, Role as MsgRole};
@@ -30,7 +30,7 @@ use super::wire::{
 };
 use crate::http::error::ApiError;
 use crate::pipeline::cache::{self, CacheMode, CacheOptions, Ttl};
-use crate::pipeline::conversation::items::{custom_call, function_call, push_call, tool_output, turn};
+use crate::pipeline::conversation::items::{CallBody, Folder, Pairing};
 
 /// The most questions OpenAI accepts in one request.
 pub(crate) const MAX_QUESTIONS: usize = 400;
@@ -154,13 +154,13 @@ pub(crate) fn parse(body: Value, max_questions: usize) -> Result<Parsed, ApiErro
     })
 }
 
-/// The items as messages; records which message each explicit breakpoint closes.
+/// The items as messages; records which message each explicit breakpoint closes. A call id is used
+/// once, and every output answers an earlier call of its kind.
 fn conversation(items: Vec<Value>, breakpoints: &mut Vec<usize>) -> Result<Vec<Message>, ApiError> {
     if items.is_empty() {
         return Err(ApiError::param("input", "input: must be a string or at least one item"));
     }
-    let mut msgs: Vec<Message> = vec![];
-    let mut calls: HashMap<String, bool> = HashMap::new(); // call id → custom
+    let mut f: Folder = Folder::starting_with(vec![]);
     for (i, v) in items.into_iter().enumerate() {
         let p = format!("input[{i}]");
         let is_message = v.get("role").is_some();
@@ -178,73 +178,65 @@ fn conversation(items: Vec<Value>, breakpoints: &mut Vec<usize>) -> Result<Vec<M
                 Role::Developer | Role::System => MsgRole::System,
                 Role::Assistant => MsgRole::Assistant,
             };
-            msgs.push(turn(role, text));
-            if marked {
-                breakpoints.push(msgs.len() - 1);
-            }
+            f.message(role, text, marked.then_some(()));
             continue;
         }
         let call_param = format!("{p}.call_id");
-        let mut new_call = |id: &str, custom: bool| {
-            if calls.insert(id.to_string(), custom).is_some() {
-                return Err(ApiError::param(
-                    &call_param,
-                    format!("{call_param}: the call id {id:?} is used by an earlier call"),
-                ));
-            }
-            Ok(())
-        };
-        match at::<ToolItem>(v, &p)? {
+        let (call_id, fresh) = match at::<ToolItem>(v, &p)? {
             ToolItem::FunctionCall {
                 call_id,
                 name,
                 arguments,
                 ..
             } => {
-                new_call(&call_id, false)?;
-                push_call(&mut msgs, function_call(&call_id, &name, &arguments));
+                let fresh = f.call(&call_id, &name, CallBody::Function(&arguments));
+                (call_id, fresh)
             }
             ToolItem::CustomToolCall {
                 call_id, name, input, ..
             } => {
-                new_call(&call_id, true)?;
-                push_call(&mut msgs, custom_call(&call_id, &name, &input));
+                let fresh = f.call(&call_id, &name, CallBody::Custom(&input));
+                (call_id, fresh)
             }
             ToolItem::FunctionCallOutput { call_id, output, .. } => {
-                paired(&calls, &call_id, false, &call_param)?;
+                paired(f.pairs(&call_id, false), &call_id, false, &call_param)?;
                 let (text, marked) = content_text(output, &format!("{p}.output"), Role::User)?;
-                msgs.push(tool_output(&call_id, text));
-                if marked {
-                    breakpoints.push(msgs.len() - 1);
-                }
+                f.output(&call_id, text, marked.then_some(()));
+                continue;
             }
             ToolItem::CustomToolCallOutput { call_id, output, .. } => {
-                paired(&calls, &call_id, true, &call_param)?;
+                paired(f.pairs(&call_id, true), &call_id, true, &call_param)?;
                 let (text, marked) = content_text(output, &format!("{p}.output"), Role::User)?;
-                msgs.push(tool_output(&call_id, text));
-                if marked {
-                    breakpoints.push(msgs.len() - 1);
-                }
+                f.output(&call_id, text, marked.then_some(()));
+                continue;
             }
+        };
+        if !fresh {
+            return Err(ApiError::param(
+                &call_param,
+                format!("{call_param}: the call id {call_id:?} is used by an earlier call"),
+            ));
         }
     }
+    let (msgs, marks) = f.finish();
+    breakpoints.extend(marks.into_iter().map(|(m, ())| m));
     Ok(msgs)
 }
 
-/// Checks that an output answers an earlier call of its kind.
-fn paired(calls: &HashMap<String, bool>, id: &str, custom: bool, param: &str) -> Result<(), ApiError> {
+/// An output's pairing as a 400 naming `param` unless it answers an earlier call of its kind.
+fn paired(pairing: Pairing, id: &str, custom: bool, param: &str) -> Result<(), ApiError> {
     let (this, other) = if custom {
         ("custom_tool_call", "function_call")
     } else {
         ("function_call", "custom_tool_call")
     };
-    match calls.get(id) {
-        Some(&c) if c == custom => Ok(()),
-        Some(_) => Err(ApiError::param(
+    match pairing {
+        Pairing::Paired => Ok(()),
+        Pairing::OtherKind => Err(ApiError::param(
             param,
             format!("{param}: {id:?} names a {other}; a {this}_output answers a {this}"),
         )),
-        None => Err(ApiError::param(
+        Pairing::NoCall => Err(ApiError::param(
             param,
             format!("{param}: no earlier {this} has the call id {id:?}"),
         )),

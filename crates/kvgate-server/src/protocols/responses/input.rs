@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::wire::{Content, Item, Part};
 use crate::http::error::ApiError;
 use crate::pipeline::cache::{Marked, Ttl};
-use crate::pipeline::conversation::items::{custom_call, function_call, push_call, tool_output, turn as message};
+use crate::pipeline::conversation::items::{turn as message, CallBody, Folder};
 use crate::pipeline::openai::request::typed;
 
 /// The text of a content, and the breakpoint one of its parts carries (its own ttl), if any.
@@ -71,20 +71,15 @@ pub fn items(input: &Value) -> Result<Vec<Item>, ApiError> {
 }
 
 /// The conversation `items` make after `history` (a previous response's), with `instructions` first;
-/// and the messages a prompt-cache breakpoint closes.
+/// and the messages a prompt-cache breakpoint closes. An output need not answer a call in the input
+/// (a continuation's calls are in the history, a compacted window's are gone).
 pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[Item]) -> Result<Marked, ApiError> {
-    let mut msgs = vec![];
-    let mut marks = vec![];
-    let mut push = |msgs: &mut Vec<Message>, (m, mark): (Message, Option<Option<Ttl>>)| {
-        msgs.push(m);
-        if let Some(ttl) = mark {
-            marks.push((msgs.len() - 1, ttl));
-        }
-    };
+    let mut start = vec![];
     if let Some(ins) = instructions.filter(|s| !s.is_empty()) {
-        msgs.push(message(Role::System, ins.to_string()));
+        start.push(message(Role::System, ins.to_string()));
     }
-    msgs.extend(history.into_iter().filter(|m| m.role != Role::System));
+    start.extend(history.into_iter().filter(|m| m.role != Role::System));
+    let mut f: Folder<Option<Ttl>> = Folder::starting_with(start);
     for (i, it) in items.iter().enumerate() {
         let at = format!("input[{i}]");
         match it {
@@ -101,17 +96,21 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
                     }
                 };
                 let (text, mark) = text_of(content, &at)?;
-                push(&mut msgs, (message(role, text), mark));
+                f.message(role, text, mark);
             }
             Item::FunctionCall {
                 call_id,
                 name,
                 arguments,
-            } => push_call(&mut msgs, function_call(call_id, name, arguments)),
-            Item::CustomToolCall { call_id, name, input } => push_call(&mut msgs, custom_call(call_id, name, input)),
+            } => {
+                f.call(call_id, name, CallBody::Function(arguments));
+            }
+            Item::CustomToolCall { call_id, name, input } => {
+                f.call(call_id, name, CallBody::Custom(input));
+            }
             Item::FunctionCallOutput { call_id, output } | Item::CustomToolCallOutput { call_id, output } => {
                 let (text, mark) = text_of(output, &at)?;
-                push(&mut msgs, (tool_output(call_id, text), mark));
+                f.output(call_id, text, mark);
             }
             Item::Reasoning {} | Item::CompactionTrigger {} => {}
             // read into the summary's message by `resolve_compactions` before this
@@ -129,10 +128,10 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
             }
         }
     }
-    if msgs.iter().all(|m| m.role == Role::System) {
+    if f.messages().iter().all(|m| m.role == Role::System) {
         return Err(ApiError::param("input", "'input' holds no message to answer"));
     }
-    Ok((msgs, marks))
+    Ok(f.finish())
 }
 
 /// `items` with each `compaction` item replaced by its stored summary (an assistant message, the
