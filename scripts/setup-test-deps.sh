@@ -52,6 +52,12 @@ if ! .ci/venv/bin/python -c "import agents" 2>/dev/null; then
   [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
   .ci/venv/bin/pip install -q --disable-pip-version-check openai-agents==0.24.0 openai==3.60.0
 fi
+# The WebSocket client the OpenAI SDK's `responses.connect()` uses (tests/responses_socket_sdk.rs).
+if ! .ci/venv/bin/python -c "import websockets" 2>/dev/null; then
+  echo "setup: installing websockets==16.1.1 into .ci/venv"
+  [ -x .ci/venv/bin/pip ] || python3 -m venv .ci/venv
+  .ci/venv/bin/pip install -q --disable-pip-version-check websockets==16.1.1
+fi
 # pydantic-ai (tests/pydantic_ai.rs: its OpenAIResponsesModel).
 if ! .ci/venv/bin/python -c "import pydantic_ai" 2>/dev/null; then
   echo "setup: installing pydantic-ai-slim[openai]==2.68.0 into .ci/venv"

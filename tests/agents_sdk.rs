@@ -1,7 +1,7 @@
 //! The OpenAI Agents SDK (tests/agents_sdk_check.py, openai-agents 0.24.0 in .ci/venv from
 //! scripts/setup-test-deps.sh) against `serve` on the default model, on the SDK's default model API
 //! (`/v1/responses`): an agent with a function tool runs to its final output, not streamed and streamed,
-//! calling the tool each time. `KVGATE_CI_PYTHON` names that venv's Python (scripts/test.sh sets it);
+//! calling the tool each time, over HTTP and over the SDK's WebSocket transport. `KVGATE_CI_PYTHON` names that venv's Python (scripts/test.sh sets it);
 //! without it the test says so and checks nothing.
 
 mod common;

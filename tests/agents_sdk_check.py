@@ -1,6 +1,7 @@
 """The OpenAI Agents SDK (openai-agents 0.24.0) on its default model API (Responses) against a running
 `serve`: a function tool round trip, not streamed and streamed; then its conversation session
-(`OpenAIConversationsSession`, over /v1/conversations) and a server-side `conversation_id` run. Run by tests/agents_sdk.rs: `python tests/agents_sdk_check.py URL`; exits non-zero on any failure."""
+(`OpenAIConversationsSession`, over /v1/conversations), a server-side `conversation_id` run, and the
+tool round trip over its WebSocket transport (`responses_websocket_session`, GET /v1/responses). Run by tests/agents_sdk.rs: `python tests/agents_sdk_check.py URL`; exits non-zero on any failure."""
 import asyncio
 import sys
 
@@ -10,6 +11,7 @@ from agents import (
     OpenAIConversationsSession,
     Runner,
     function_tool,
+    responses_websocket_session,
     set_default_openai_client,
     set_tracing_disabled,
 )
@@ -73,6 +75,20 @@ async def main():
     assert kinds == ["user", "assistant", "user", "assistant"], kinds
     await client.conversations.delete(conv.id)
     print("agents conversation_id:", kinds)
+
+    # the SDK's WebSocket transport: the tool round trip over one socket to GET /v1/responses
+    n = len(calls)
+    async with responses_websocket_session(
+        api_key="unused", base_url=sys.argv[1] + "/v1", openai_prefix_mode="model_id",
+        unknown_prefix_mode="model_id",
+    ) as ws:
+        r = await ws.run(agent, "What is the weather in Oslo?", max_turns=4)
+        assert len(calls) > n, "the tool was not called over the WebSocket"
+        s = ws.run_streamed(agent, "What is the weather in Lima?", max_turns=4)
+        async for _ in s.stream_events():
+            pass
+        assert len(calls) > n + 1, "the streamed run did not call the tool over the WebSocket"
+    print("agents websocket:", calls[n:], repr(str(r.final_output)[:60]))
 
 
 asyncio.run(main())

@@ -86,6 +86,9 @@ pub enum ApiError {
     /// 401.
     #[error("{0}")]
     Unauthorized(String),
+    /// 403 (a browser's WebSocket upgrade from an origin not listed).
+    #[error("{0}")]
+    Forbidden(String),
     /// 404: unknown model or route.
     #[error("{0}")]
     NotFound(String),
@@ -142,6 +145,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -157,6 +161,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => "BadRequestError",
             ApiError::Unauthorized(_) => "AuthenticationError",
+            ApiError::Forbidden(_) => "PermissionDeniedError",
             ApiError::NotFound(_) => "NotFoundError",
             ApiError::MethodNotAllowed(_) => "MethodNotAllowedError",
             ApiError::PayloadTooLarge { .. } => "RequestTooLargeError",
@@ -227,6 +232,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { .. } => "api_usage_error",
             ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::Forbidden(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
@@ -320,5 +326,33 @@ impl From<ApiError> for SpecError {
 impl IntoResponse for SpecError {
     fn into_response(self) -> Response {
         self.0.response_in(ErrorBody::Responses)
+    }
+}
+
+/// An error event of the Responses WebSocket mode (`GET /v1/responses` upgraded): the error as the
+/// Responses routes answer it, with the HTTP status it would have had.
+#[derive(Serialize)]
+struct SocketError {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    status: u16,
+    error: Value,
+}
+
+impl ApiError {
+    /// This error as a WebSocket `error` event (JSON text); `code` replaces the error's code (the
+    /// WebSocket mode names some, as `previous_response_not_found`).
+    pub fn socket_event(&self, code: Option<&str>) -> String {
+        let mut body = self.body_in(ErrorBody::Responses);
+        let mut error = body.get_mut("error").map(Value::take).unwrap_or(body);
+        if let (Some(c), Some(e)) = (code, error.as_object_mut()) {
+            e.insert("code".into(), Value::String(c.into()));
+        }
+        let event = SocketError {
+            kind: "error",
+            status: self.status().as_u16(),
+            error,
+        };
+        serde_json::to_string(&event).unwrap_or_default()
     }
 }

@@ -31,7 +31,7 @@ pub struct CorsPolicy {
 const ALL_METHODS: &str = "DELETE, GET, HEAD, OPTIONS, PATCH, POST, PUT";
 
 impl CorsPolicy {
-    fn allows(&self, origin: &str) -> bool {
+    pub(crate) fn allows(&self, origin: &str) -> bool {
         self.origins.iter().any(|o| o == "*" || o == origin)
     }
 

@@ -31,4 +31,17 @@ pub struct Settings {
     pub cors: Arc<CorsPolicy>,
     /// The API keys (`--api-key`), and whether there are several (each a tenant).
     pub keys: Arc<Keys>,
+    /// The Responses WebSocket mode's limits.
+    pub sockets: SocketLimits,
+}
+
+/// Limits of the Responses WebSocket mode.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketLimits {
+    /// Connections open at once (`--max-websocket-connections`).
+    pub max: usize,
+    /// How long a connection may sit without a message (`--websocket-idle-timeout`).
+    pub idle: Duration,
+    /// How long a connection may live (`--websocket-max-age`).
+    pub max_age: Duration,
 }

@@ -7,7 +7,9 @@
 //!   once, every other one finishes its in-flight request and closes (an idle one at once), so
 //!   shutdown waits only for requests.
 //!
-//! The body-read timeout is a layer on the router (`tower_http`'s request-body timeout).
+//! The body-read timeout is a layer on the router (`tower_http`'s request-body timeout). A connection
+//! upgraded to a WebSocket (`GET /v1/responses`) leaves this loop's count; its own limits are the
+//! WebSocket mode's (`protocols/responses/socket.rs`).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -101,7 +103,10 @@ pub async fn serve(listener: TcpListener, router: Router, limits: ConnLimits, sh
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read)
-                .serve_connection(TokioIo::new(stream), svc);
+                .serve_connection(TokioIo::new(stream), svc)
+                // a WebSocket (`GET /v1/responses`) takes the connection over; it then lives on in
+                // its own task, outside this loop's count
+                .with_upgrades();
             tokio::pin!(conn);
             let stopped = async move {
                 loop {

@@ -84,7 +84,7 @@ pub(crate) fn router(st: Routes, policy: Arc<CorsPolicy>, keys: Arc<Keys>, test_
         .route("/v1/completions/render", post(completions::render))
         .route("/v1/chat/completions/render", post(chat::render))
         .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses", post(responses::create).get(responses::socket::connect))
         .route("/v1/responses/{id}", get(responses::get).delete(responses::delete))
         .route("/v1/responses/compact", post(responses::compact))
         .route("/v1/responses/{id}/cancel", post(responses::cancel))

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::http::middleware::{CorsPolicy, Keys};
-pub use crate::http::settings::Settings;
+pub use crate::http::settings::{Settings, SocketLimits};
 use crate::startup::config::Args;
 
 impl Settings {
@@ -28,6 +28,11 @@ impl Settings {
                 credentials: args.allow_credentials,
             }),
             keys: Arc::new(Keys(args.api_key.clone(), args.api_key.len() > 1)),
+            sockets: SocketLimits {
+                max: args.max_websocket_connections,
+                idle: Duration::from_secs(args.websocket_idle_timeout.max(1)),
+                max_age: Duration::from_secs(args.websocket_max_age.max(1)),
+            },
         }
     }
 }

@@ -154,3 +154,52 @@ impl<M> Folder<M> {
         (self.msgs, self.marks)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_fold_into_the_assistant_turn_and_outputs_pair_with_them() {
+        let mut f: Folder<&str> = Folder::starting_with(vec![turn(Role::System, "s".into())]);
+        f.message(Role::User, "weather?".into(), Some("ttl"));
+        assert!(f.call("c1", "get", CallBody::Function("{\"city\":\"Oslo\"}")));
+        assert!(f.call("c2", "patch", CallBody::Custom("diff")));
+        assert!(
+            !f.call("c1", "get", CallBody::Function("{}")),
+            "a reused id is reported"
+        );
+        assert_eq!(f.pairs("c1", false), Pairing::Paired);
+        assert_eq!(f.pairs("c2", false), Pairing::OtherKind);
+        assert_eq!(f.pairs("c2", true), Pairing::Paired);
+        assert_eq!(f.pairs("c9", false), Pairing::NoCall);
+        f.output("c1", "12C".into(), None);
+        f.output("c2", "ok".into(), Some("out"));
+        let (msgs, marks) = f.finish();
+        let roles: Vec<Role> = msgs.iter().map(|m| m.role).collect();
+        assert_eq!(
+            roles,
+            [Role::System, Role::User, Role::Assistant, Role::Tool, Role::Tool]
+        );
+        // the three calls went into one assistant turn, arguments parsed when they are JSON
+        let calls = msgs[2].tool_calls.as_ref().unwrap();
+        assert_eq!(calls.len(), 3);
+        assert_eq!(calls[0].function.arguments, json!({"city": "Oslo"}));
+        assert_eq!(calls[1].function.arguments, json!({"input": "diff"}));
+        assert_eq!(msgs[4].tool_call_id.as_deref(), Some("c2"));
+        assert_eq!(marks, [(1, "ttl"), (4, "out")]);
+    }
+
+    #[test]
+    fn a_call_after_a_tool_turn_opens_a_new_assistant_turn() {
+        let mut f: Folder = Folder::starting_with(vec![]);
+        f.call("a", "f", CallBody::Function("not json"));
+        f.output("a", "1".into(), None);
+        f.call("b", "f", CallBody::Function("{}"));
+        let (msgs, _) = f.finish();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[2].role, Role::Assistant);
+        let first = &msgs[0].tool_calls.as_ref().unwrap()[0];
+        assert_eq!(first.function.arguments, Value::String("not json".into()));
+    }
+}

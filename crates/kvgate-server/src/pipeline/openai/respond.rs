@@ -7,7 +7,7 @@
 //! `/v1/responses` is a third.
 
 use axum::response::{IntoResponse, Response};
-use futures::stream::StreamExt;
+use futures::stream::{BoxStream, StreamExt};
 use kvgate_engine::{EngineError, Event, FinishReason, StopMatch, TokenLogprob, Usage};
 use serde::Serialize;
 
@@ -126,13 +126,25 @@ pub async fn respond_until<S: Shape>(
     tagged: Vec<Tagged>,
     n: usize,
     stream: Option<StreamUsage>,
-    mut shape: S,
+    shape: S,
     stop: Option<Stop>,
 ) -> Result<Response, ApiError> {
     let Some(u) = stream else {
         let (choices, prompt_lps, usage) = collect(tagged, n).await?;
         return Ok(axum::Json(shape.body(choices, prompt_lps, usage)).into_response());
     };
+    Ok(sse_named(chunks(tagged, u, shape, stop), S::DONE_MARKER))
+}
+
+/// A stream's chunks, each with its event name, as JSON text, in the order they go out: what
+/// [`respond_until`] frames as SSE and a WebSocket sends as text messages. Dropping the stream drops
+/// the engine requests (so aborts them).
+pub fn chunks<S: Shape>(
+    tagged: Vec<Tagged>,
+    u: StreamUsage,
+    mut shape: S,
+    stop: Option<Stop>,
+) -> BoxStream<'static, Vec<(Option<&'static str>, String)>> {
     let prompts = tagged.len();
     let (mut done, mut emitted, mut usage) = (0usize, 0usize, Usage::default());
     let mut over = false;
@@ -201,8 +213,7 @@ pub async fn respond_until<S: Shape>(
         }
         out.iter().map(|c| (S::event_name(c), to_json(c))).collect()
     });
-    let events = futures::stream::once(async move { opening }).chain(events);
-    Ok(sse_named(events, S::DONE_MARKER))
+    futures::stream::once(async move { opening }).chain(events).boxed()
 }
 
 /// vLLM's `prompt_logprobs` of one prompt: null at the first position, then per token its own entry

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use kvgate_model::prompt::{Message, Role};
 use serde_json::Value;
+use tokio::sync::oneshot;
 
 use super::wire::{OutputItem, ResponseObject};
 use super::ResponsesState;
@@ -27,6 +28,9 @@ pub(crate) struct Kept {
     pub(crate) conversation_id: Option<String>,
     /// The input's items as the conversation keeps them.
     pub(crate) appended: Vec<Value>,
+    /// On a WebSocket: where the answered response and its conversation go (the connection keeps
+    /// the last response of each chain, stored or not).
+    pub(crate) chain: Option<oneshot::Sender<(String, Vec<Message>)>>,
 }
 
 /// A turn's way to its end: what it keeps, and the stores it ends in.
@@ -52,12 +56,18 @@ impl Record {
             // (a conversation deleted meanwhile keeps nothing)
             let _ = self.st.conversations().append(k.tenant, &id, items);
         }
-        if !k.store || !self.st.responses().enabled() {
+        let keep = k.store && self.st.responses().enabled();
+        if !keep && k.chain.is_none() {
             return;
         }
         let mut conv = k.conversation.clone();
         conv.push(self.assistant_turn(response));
-        self.st.responses().put(self.kept.tenant, response.clone(), conv);
+        if let Some(tx) = self.kept.chain.take() {
+            let _ = tx.send((response.id.clone(), conv.clone()));
+        }
+        if keep {
+            self.st.responses().put(self.kept.tenant, response.clone(), conv);
+        }
     }
 
     /// The response's output as the assistant's turn a continuation re-reads (calls as tool calls, a

@@ -21,6 +21,7 @@ mod finish;
 mod input;
 mod prepare;
 mod shape;
+pub(crate) mod socket;
 mod state;
 pub mod store;
 mod wire;
@@ -69,7 +70,7 @@ pub async fn create(
     }
     let b: ResponsesBody = strict_body(map)?;
     let model = st.check_model(b.model.as_deref())?;
-    let p = prepare(&st, tenant, &b, model).await?;
+    let p = prepare(&st, tenant, &b, model, None).await?;
     if p.trigger {
         return Ok(compact::answer_trigger(st, headers, p).await?);
     }
@@ -117,7 +118,7 @@ pub async fn create(
 }
 
 /// A streamed response's registration for cancel, dropped with its stream.
-struct Running(Arc<ResponsesState>, String);
+struct Running(pub(super) Arc<ResponsesState>, pub(super) String);
 
 impl Drop for Running {
     fn drop(&mut self) {

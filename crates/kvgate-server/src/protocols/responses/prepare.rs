@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use super::finish::Kept;
 use super::input;
 use super::shape::Turn;
+use super::socket::Chains;
 use super::wire::{
     ConversationRef, Item, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat, TextOptions,
     ToolEcho,
@@ -219,9 +220,18 @@ fn echo(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(x as f64)
 }
 
-/// The conversation before the input: a previous response's, or a stored conversation's items.
-fn history(st: &ResponsesState, tenant: Option<u32>, b: &ResponsesBody) -> Result<(Vec<Message>, Vec<Item>), ApiError> {
+/// The conversation before the input: a previous response's (one the connection keeps first, on a
+/// WebSocket), or a stored conversation's items.
+fn history(
+    st: &ResponsesState,
+    tenant: Option<u32>,
+    b: &ResponsesBody,
+    chains: Option<&Chains>,
+) -> Result<(Vec<Message>, Vec<Item>), ApiError> {
     if let Some(id) = b.previous_response_id.as_deref() {
+        if let Some(conv) = chains.and_then(|c| c.get(id)) {
+            return Ok((conv.clone(), vec![]));
+        }
         let conv = st.responses().get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
             ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
         })?;
@@ -235,16 +245,19 @@ fn history(st: &ResponsesState, tenant: Option<u32>, b: &ResponsesBody) -> Resul
 }
 
 /// Reads `b` (already strictly parsed) for `tenant`: the generation to submit, the response object
-/// (status `in_progress`) and what its shape needs.
+/// (status `in_progress`) and what its shape needs. On a WebSocket, `chains` are the responses the
+/// connection keeps (`store: false` included), continued before the stored ones, and every turn's
+/// state is retained for the next.
 pub(super) async fn prepare(
     st: &Arc<ResponsesState>,
     tenant: Option<u32>,
     b: &ResponsesBody,
     model: String,
+    chains: Option<&Chains>,
 ) -> Result<Prepared, ApiError> {
     refuse(b)?;
     let store = b.store.unwrap_or(true) && st.responses().enabled();
-    let (before, mut items) = history(st, tenant, b)?;
+    let (before, mut items) = history(st, tenant, b, chains)?;
     let input = b
         .input
         .as_ref()
@@ -353,7 +366,7 @@ pub(super) async fn prepare(
         .prompt_cache_key
         .clone()
         .or_else(|| conversation_id.clone())
-        .or_else(|| store.then(|| id.clone()));
+        .or_else(|| (store || chains.is_some()).then(|| id.clone()));
     let prompt_len = ids.len();
     let generation = Generation {
         prompts: vec![ids],
@@ -373,6 +386,7 @@ pub(super) async fn prepare(
             conversation,
             conversation_id,
             appended,
+            chain: None,
         },
     };
     Ok(Prepared {

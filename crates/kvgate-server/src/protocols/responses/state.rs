@@ -4,6 +4,7 @@
 //! object is a field here and its store; nothing outside this protocol holds one.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::conversations::store::ConversationStore;
@@ -22,6 +23,8 @@ pub(crate) struct ResponsesState {
     conversations: ConversationStore,
     /// Stored compactions (`POST /v1/responses/compact`), by reference.
     compactions: Bounded<Compaction>,
+    /// WebSocket connections open (`socket.rs`).
+    sockets: AtomicUsize,
 }
 
 impl ResponsesState {
@@ -32,7 +35,19 @@ impl ResponsesState {
             responses: Arc::new(ResponseStore::new(entries, bytes)),
             conversations: ConversationStore::new(entries, bytes),
             compactions: Bounded::new(entries, bytes, Compaction::size),
+            sockets: AtomicUsize::new(0),
         }
+    }
+
+    /// Counts one more WebSocket connection, unless `max` are open; the count goes down when the
+    /// returned guard drops.
+    pub(crate) fn open_socket(self: &Arc<Self>, max: usize) -> Option<SocketSlot> {
+        let open = self.sockets.fetch_add(1, Ordering::SeqCst);
+        if open >= max {
+            self.sockets.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(SocketSlot(self.clone()))
     }
 
     /// Stored responses.
@@ -57,5 +72,14 @@ impl Deref for ResponsesState {
 
     fn deref(&self) -> &AppState {
         &self.app
+    }
+}
+
+/// One open WebSocket connection, counted while it lives.
+pub(crate) struct SocketSlot(Arc<ResponsesState>);
+
+impl Drop for SocketSlot {
+    fn drop(&mut self) {
+        self.0.sockets.fetch_sub(1, Ordering::SeqCst);
     }
 }

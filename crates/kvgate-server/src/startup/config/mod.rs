@@ -223,6 +223,19 @@ pub struct Args {
     #[arg(long, env = "KVGATE_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
 
+    /// Responses WebSocket connections (`GET /v1/responses`) open at once; past it an upgrade gets 429
+    #[arg(long, env = "KVGATE_MAX_WEBSOCKET_CONNECTIONS", default_value_t = 256)]
+    pub max_websocket_connections: usize,
+
+    /// Seconds a Responses WebSocket may sit without a message before it is closed (1001)
+    #[arg(long, env = "KVGATE_WEBSOCKET_IDLE_TIMEOUT", default_value_t = 600)]
+    pub websocket_idle_timeout: u64,
+
+    /// Seconds a Responses WebSocket may live; past it the connection is closed (1001) after the turn in
+    /// flight, and the client reconnects
+    #[arg(long, env = "KVGATE_WEBSOCKET_MAX_AGE", default_value_t = 3600)]
+    pub websocket_max_age: u64,
+
     /// Waiting requests before new ones get 429
     #[arg(long, env = "KVGATE_MAX_QUEUE", default_value_t = 1024)]
     pub max_queue: usize,

@@ -1,0 +1,300 @@
+//! The Responses API's WebSocket mode: `GET /v1/responses` upgraded to a WebSocket (openai-python's
+//! `client.responses.connect()`, the Agents SDK's WebSocket transport). Each turn is a
+//! `response.create` message — the create body without the transport fields (`stream` is implicit,
+//! `background` is refused) — answered with exactly the events the SSE stream sends, one JSON text
+//! message each; a problem is an `error` event (`{"type": "error", "status", "error"}`) and the
+//! connection stays open. Turns on one connection run in order (OpenAI's one lane: a second
+//! `response.create` waits for the first to end).
+//!
+//! The connection is the agent's session: it keeps the last response of each chain it answered,
+//! `store: false` included (at most [`MAX_CHAINS`]), so `previous_response_id` continues from memory
+//! without the store; every turn's KV state is retained for the next as a stored response's is; a
+//! continuation that fails evicts what it continued. Authentication is the handshake's (the same
+//! keys); a browser's upgrade from an origin not in `--allowed-origins` is refused (403), so a page
+//! elsewhere cannot open a socket with the user's credentials; at most `--max-websocket-connections`
+//! are open (an upgrade past it gets 429), and a connection idle past `--websocket-idle-timeout` or
+//! older than `--websocket-max-age` is closed with 1001 between turns. Whatever way a connection ends — the
+//! client closes or vanishes mid-stream, the server shuts down — the turn's stream is dropped, which
+//! aborts its engine request, and the connection's memory goes with it.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{close_code, CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::Response;
+use futures::StreamExt;
+use kvgate_model::prompt::Message;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::prepare::{prepare, Prepared};
+use super::shape::ResponsesShape;
+use super::wire::ResponsesBody;
+use super::{ResponsesState, Running};
+use crate::http::error::{ApiError, SpecError};
+use crate::http::middleware::RequestTenant;
+use crate::http::settings::SocketLimits;
+use crate::pipeline::generation::submit;
+use crate::pipeline::openai::request::strict_body;
+use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
+
+/// Most chains one connection keeps (the oldest goes first).
+pub(crate) const MAX_CHAINS: usize = 64;
+
+/// The responses a connection keeps, by id: the conversation each answered, with its answer.
+#[derive(Default)]
+pub(crate) struct Chains {
+    by_id: HashMap<String, Vec<Message>>,
+    order: VecDeque<String>,
+}
+
+impl Chains {
+    /// The conversation response `id` ended, when the connection keeps it.
+    pub(crate) fn get(&self, id: &str) -> Option<&Vec<Message>> {
+        self.by_id.get(id)
+    }
+
+    /// Keeps `id` as the end of its chain (`continued` is no longer one).
+    fn keep(&mut self, id: String, conversation: Vec<Message>, continued: Option<&str>) {
+        if let Some(prev) = continued {
+            self.evict(prev);
+        }
+        if self.order.len() >= MAX_CHAINS {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+        self.order.push_back(id.clone());
+        self.by_id.insert(id, conversation);
+    }
+
+    fn evict(&mut self, id: &str) {
+        if self.by_id.remove(id).is_some() {
+            self.order.retain(|k| k != id);
+        }
+    }
+}
+
+/// `GET /v1/responses`: the WebSocket upgrade (anything else is a 400 saying what this route is).
+pub async fn connect(
+    State(st): State<Arc<ResponsesState>>,
+    headers: HeaderMap,
+    RequestTenant(tenant): RequestTenant,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, SpecError> {
+    let ws = ws.map_err(|e| {
+        ApiError::bad(format!(
+            "GET /v1/responses is the Responses WebSocket mode and needs a WebSocket upgrade ({e}); create a response with POST /v1/responses"
+        ))
+    })?;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !st.settings().cors.allows(origin) {
+            return Err(ApiError::Forbidden(format!(
+                "the origin {origin:?} is not in --allowed-origins: a WebSocket from it is refused"
+            ))
+            .into());
+        }
+    }
+    st.check_generates("/v1/responses")?;
+    let limits = st.settings().sockets;
+    let slot = st.open_socket(limits.max).ok_or_else(|| ApiError::TooManyRequests {
+        message: format!(
+            "{} Responses WebSocket connections are open (--max-websocket-connections); retry later",
+            limits.max
+        ),
+        retry_after: 1,
+    })?;
+    Ok(ws.on_upgrade(move |socket| async move {
+        let _slot = slot;
+        serve(st, headers, tenant, socket, limits).await
+    }))
+}
+
+/// The connection was lost while a message was being sent.
+struct Gone;
+
+/// Answers the connection's turns until it closes, sits idle past `--websocket-idle-timeout` or
+/// outlives `--websocket-max-age` (both closed with 1001, "going away", between turns).
+async fn serve(
+    st: Arc<ResponsesState>,
+    headers: HeaderMap,
+    tenant: Option<u32>,
+    mut socket: WebSocket,
+    limits: SocketLimits,
+) {
+    let mut chains = Chains::default();
+    let end_of_life = Instant::now() + limits.max_age;
+    loop {
+        let wake = (Instant::now() + limits.idle).min(end_of_life);
+        let msg = match tokio::time::timeout_at(wake, socket.recv()).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => break,
+            Err(_) => {
+                let reason = match Instant::now() >= end_of_life {
+                    true => "the connection reached --websocket-max-age; reconnect",
+                    false => "the connection sat idle past --websocket-idle-timeout",
+                };
+                let frame = CloseFrame {
+                    code: close_code::AWAY,
+                    reason: reason.into(),
+                };
+                let _ = socket.send(WsMessage::Close(Some(frame))).await;
+                break;
+            }
+        };
+        let text = match msg {
+            Ok(WsMessage::Text(t)) => t,
+            Ok(WsMessage::Binary(_)) => {
+                let e = ApiError::bad("send events as JSON text messages, not binary ones");
+                if send(&mut socket, e.socket_event(Some("invalid_event"))).await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            Ok(WsMessage::Close(_)) | Err(_) => break,
+            Ok(_) => continue,
+        };
+        if turn(&st, &headers, tenant, text.as_str(), &mut chains, &mut socket)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+}
+
+async fn send(socket: &mut WebSocket, text: String) -> Result<(), Gone> {
+    socket.send(WsMessage::Text(text.into())).await.map_err(|_| Gone)
+}
+
+/// The body of a `response.create` event; an error event's error and code otherwise.
+fn create_body(text: &str) -> Result<ResponsesBody, (ApiError, &'static str)> {
+    let invalid = |m: String| (ApiError::bad(m), "invalid_event");
+    let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("the event is not valid JSON: {e}")))?;
+    let Value::Object(mut map) = v else {
+        return Err(invalid("an event is a JSON object with a \"type\"".into()));
+    };
+    match map.remove("type") {
+        Some(Value::String(t)) if t == "response.create" => {}
+        Some(Value::String(t)) => {
+            return Err((
+                ApiError::param(
+                    "type",
+                    format!("unknown event type {t:?}: this server takes \"response.create\""),
+                ),
+                "unknown_event_type",
+            ))
+        }
+        _ => return Err(invalid("an event needs a \"type\" (\"response.create\")".into())),
+    }
+    // transport fields: the socket streams, and a lane is the connection
+    map.remove("stream");
+    map.remove("stream_id");
+    if map.get("background").is_some_and(|b| b.as_bool() == Some(true)) {
+        return Err((
+            ApiError::param(
+                "background",
+                "'background' is not supported over a WebSocket; use POST /v1/responses",
+            ),
+            "invalid_request_error",
+        ));
+    }
+    map.remove("background");
+    strict_body(map).map_err(|e| (e, "invalid_request_error"))
+}
+
+/// One turn: the create event read and answered with its events. Only a lost connection is an
+/// error; every other problem is an `error` event.
+async fn turn(
+    st: &Arc<ResponsesState>,
+    headers: &HeaderMap,
+    tenant: Option<u32>,
+    text: &str,
+    chains: &mut Chains,
+    socket: &mut WebSocket,
+) -> Result<(), Gone> {
+    if st.settings().log_requests {
+        tracing::info!(body = %text, "responses websocket event");
+    }
+    let b = match create_body(text) {
+        Ok(b) => b,
+        Err((e, code)) => return send(socket, e.socket_event(Some(code))).await,
+    };
+    let continued = b.previous_response_id.clone();
+    let p = match start(st, tenant, &b, chains).await {
+        Ok(p) => p,
+        Err(e) => {
+            let code = match (&e, &continued) {
+                (ApiError::NotFound(_), Some(_)) => Some("previous_response_not_found"),
+                _ => None,
+            };
+            // a continuation that fails no longer continues anything
+            if let Some(prev) = &continued {
+                chains.evict(prev);
+            }
+            return send(socket, e.socket_event(code)).await;
+        }
+    };
+    let Prepared {
+        generation,
+        response,
+        mut turn,
+        prompt_len,
+        ..
+    } = p;
+    let (tx, rx) = oneshot::channel();
+    turn.kept.chain = Some(tx);
+    let id = response.id.clone();
+    let tagged = match submit(st, headers, tenant, generation).await {
+        Ok(s) => s.tagged,
+        Err(e) => return send(socket, e.socket_event(None)).await,
+    };
+    let shape = ResponsesShape::new(st.clone(), response, turn);
+    // `POST /v1/responses/{id}/cancel` may stop it, as over HTTP
+    let cancelled = st.responses().running(tenant, &id);
+    let running = Running(st.clone(), id);
+    let stop: Stop = Box::pin(async move {
+        let _running = running;
+        cancelled.notified().await
+    });
+    let usage = StreamUsage {
+        include: false,
+        continuous: false,
+        prompt_tokens: prompt_len,
+    };
+    let mut events = chunks(tagged, usage, shape, Some(stop));
+    while let Some(batch) = events.next().await {
+        for (_, json) in batch {
+            send(socket, json).await?;
+        }
+    }
+    drop(events);
+    if let Ok((id, conversation)) = rx.await {
+        chains.keep(id, conversation, continued.as_deref());
+    }
+    Ok(())
+}
+
+/// The turn's generation read as a create's, continuing from the connection's chains.
+async fn start(
+    st: &Arc<ResponsesState>,
+    tenant: Option<u32>,
+    b: &ResponsesBody,
+    chains: &Chains,
+) -> Result<Prepared, ApiError> {
+    st.check_generates("/v1/responses")?;
+    let model = st.check_model(b.model.as_deref())?;
+    let p = prepare(st, tenant, b, model, Some(chains)).await?;
+    if p.trigger {
+        return Err(ApiError::param(
+            "input",
+            "a compaction_trigger is not supported over a WebSocket; use POST /v1/responses/compact",
+        ));
+    }
+    Ok(p)
+}

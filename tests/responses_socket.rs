@@ -1,0 +1,235 @@
+//! The Responses WebSocket mode (`GET /v1/responses` upgraded) over the tiny in-process server, with a
+//! plain WebSocket client (tungstenite): the create event answered with the SSE stream's events in
+//! order; `store: false` chains continued from the connection's memory (and not over HTTP); the error
+//! events (`previous_response_not_found`, invalid JSON, an unknown event, `background`), after which
+//! the connection still answers; authentication and the browser `Origin` check on the handshake. The
+//! real clients (openai-python's `responses.connect()`) are in `responses_socket_sdk.rs`.
+
+mod common;
+
+use std::net::TcpStream;
+
+use common::InProcess;
+use serde_json::{json, Value};
+use tungstenite::client::IntoClientRequest;
+use tungstenite::{Message, WebSocket};
+
+type Socket = WebSocket<TcpStream>;
+
+/// Opens `/v1/responses` on `port` with `headers`; the handshake's HTTP status when it is refused.
+fn open(port: u16, headers: &[(&str, &str)]) -> Result<Socket, u16> {
+    let mut req = format!("ws://127.0.0.1:{port}/v1/responses")
+        .into_client_request()
+        .unwrap();
+    for (k, v) in headers {
+        let name = tungstenite::http::HeaderName::from_bytes(k.as_bytes()).unwrap();
+        req.headers_mut().insert(name, v.parse().unwrap());
+    }
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    match tungstenite::client(req, stream) {
+        Ok((ws, _)) => Ok(ws),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(r))) => Err(r.status().as_u16()),
+        Err(e) => panic!("handshake: {e}"),
+    }
+}
+
+fn send(ws: &mut Socket, v: Value) {
+    ws.send(Message::Text(v.to_string().into())).unwrap();
+}
+
+fn next(ws: &mut Socket) -> Value {
+    loop {
+        match ws.read().unwrap() {
+            Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+            Message::Ping(_) | Message::Pong(_) => continue,
+            other => panic!("unexpected message {other:?}"),
+        }
+    }
+}
+
+/// The events of one turn, up to its terminal one (or an `error`).
+fn turn(ws: &mut Socket, body: Value) -> Vec<Value> {
+    send(ws, body);
+    let mut out = vec![];
+    loop {
+        let e = next(ws);
+        let kind = e["type"].as_str().unwrap_or_default().to_string();
+        out.push(e);
+        if matches!(
+            kind.as_str(),
+            "response.completed" | "response.incomplete" | "response.failed" | "error"
+        ) {
+            return out;
+        }
+    }
+}
+
+fn create(input: &str, extra: Value) -> Value {
+    let mut v = json!({"type": "response.create", "input": input, "max_output_tokens": 4, "temperature": 0});
+    if let (Some(o), Value::Object(e)) = (v.as_object_mut(), extra) {
+        o.extend(e);
+    }
+    v
+}
+
+#[test]
+fn a_turn_streams_the_sse_events_and_a_chain_continues_from_the_connection() {
+    let s = InProcess::tiny(&[]);
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    let first = turn(&mut ws, create("Hello there", json!({"store": false})));
+    let kinds: Vec<&str> = first.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"], "{kinds:?}");
+    assert!(
+        matches!(*kinds.last().unwrap(), "response.completed" | "response.incomplete"),
+        "{kinds:?}"
+    );
+    let seqs: Vec<u64> = first.iter().map(|e| e["sequence_number"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    let last = first.last().unwrap();
+    let id = last["response"]["id"].as_str().unwrap().to_string();
+    assert_eq!(last["response"]["store"], false);
+
+    // store: false — the connection continues it; HTTP does not know it
+    let second = turn(
+        &mut ws,
+        create("And again", json!({"store": false, "previous_response_id": id})),
+    );
+    let end = second.last().unwrap();
+    assert_ne!(end["type"], "error", "{end}");
+    assert_eq!(end["response"]["previous_response_id"], id.as_str());
+    let (st, body) = s.post("/v1/responses", &json!({"input": "x", "previous_response_id": id}));
+    assert_eq!(st, 404, "{body}");
+
+    // only the end of a chain is kept: its start no longer continues
+    let again = turn(
+        &mut ws,
+        create("Fork", json!({"store": false, "previous_response_id": id})),
+    );
+    let e = again.last().unwrap();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["status"], 404);
+    assert_eq!(e["error"]["code"], "previous_response_not_found");
+    ws.close(None).unwrap();
+}
+
+#[test]
+fn problems_are_error_events_and_the_connection_goes_on() {
+    let s = InProcess::tiny(&[]);
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    ws.send(Message::Text("{not json".into())).unwrap();
+    let e = next(&mut ws);
+    assert_eq!(
+        (e["type"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(400)),
+        "{e}"
+    );
+    assert_eq!(e["error"]["code"], "invalid_event");
+    send(&mut ws, json!({"type": "response.steer", "input": "x"}));
+    let e = next(&mut ws);
+    assert_eq!(e["error"]["code"], "unknown_event_type", "{e}");
+    send(&mut ws, create("x", json!({"background": true})));
+    let e = next(&mut ws);
+    assert_eq!(e["error"]["param"], "background", "{e}");
+    send(&mut ws, create("x", json!({"previous_response_id": "resp_nope"})));
+    let e = next(&mut ws);
+    assert_eq!(e["error"]["code"], "previous_response_not_found", "{e}");
+    send(&mut ws, create("x", json!({"temperature": "hot"})));
+    let e = next(&mut ws);
+    assert_eq!(e["status"], 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("temperature"), "{e}");
+    // still answering; `stream` is implicit and accepted
+    let ok = turn(&mut ws, create("Hi", json!({"stream": true})));
+    assert_ne!(ok.last().unwrap()["type"], "error", "{ok:?}");
+    // and a stored response is readable over HTTP
+    let id = ok.last().unwrap()["response"]["id"].as_str().unwrap().to_string();
+    let (st, body) = s.get(&format!("/v1/responses/{id}")).unwrap();
+    assert_eq!(st, 200, "{body}");
+}
+
+#[test]
+fn the_handshake_checks_keys_and_browser_origins() {
+    let s = InProcess::tiny(&["--api-key", "k1", "--allowed-origins", "[\"http://app.local\"]"]);
+    assert_eq!(open(s.port, &[]).err(), Some(401));
+    assert!(open(s.port, &[("Authorization", "Bearer k1")]).is_ok());
+    let evil = [("Authorization", "Bearer k1"), ("Origin", "http://evil.example")];
+    assert_eq!(open(s.port, &evil).err(), Some(403));
+    let app = [("Authorization", "Bearer k1"), ("Origin", "http://app.local")];
+    let mut ws = open(s.port, &app).expect("a listed origin upgrades");
+    let done = turn(&mut ws, create("Hi", json!({})));
+    assert_ne!(done.last().unwrap()["type"], "error");
+    // a plain GET is told what the route is
+    let (st, _, body) = s
+        .raw("GET", "/v1/responses", &[("Authorization", "Bearer k1")], b"")
+        .unwrap();
+    let body = common::parse(&body);
+    assert_eq!(st, 400, "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("WebSocket"),
+        "{body}"
+    );
+}
+
+#[test]
+fn connections_are_capped_and_closed_when_idle() {
+    let s = InProcess::tiny(&["--max-websocket-connections", "1", "--websocket-idle-timeout", "1"]);
+    let mut first = open(s.port, &[]).expect("the first connection");
+    assert_eq!(open(s.port, &[]).err(), Some(429), "past the cap");
+    // idle past the timeout: closed by the server with 1001, and the slot is free again
+    let started = std::time::Instant::now();
+    let closed = loop {
+        match first.read() {
+            Ok(Message::Close(frame)) => break frame,
+            Ok(_) => continue,
+            Err(e) => panic!("expected a close frame, got {e}"),
+        }
+    };
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    let frame = closed.expect("a close frame with a code");
+    assert_eq!(u16::from(frame.code), 1001, "{frame:?}");
+    assert!(frame.reason.contains("idle"), "{frame:?}");
+    drop(first);
+    let mut again = None;
+    for _ in 0..50 {
+        if let Ok(ws) = open(s.port, &[]) {
+            again = Some(ws);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let mut ws = again.expect("the slot was given back");
+    let done = turn(&mut ws, create("Hi", json!({})));
+    assert_ne!(done.last().unwrap()["type"], "error");
+}
+
+/// A client that vanishes mid-stream: the turn's engine request ends with it (nothing left running or
+/// waiting), and the server goes on answering other connections. On the real `serve` (its metrics).
+#[test]
+fn a_client_gone_mid_stream_leaves_nothing_running() {
+    let s = common::Server::start(&[]);
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    send(
+        &mut ws,
+        json!({"type": "response.create", "input": "Write a very long story about a lighthouse keeper.",
+               "max_output_tokens": 4000, "temperature": 0.8}),
+    );
+    for _ in 0..6 {
+        next(&mut ws);
+    }
+    assert_eq!(s.metric("kvgate:num_requests_running"), 1.0, "the turn is running");
+    drop(ws);
+    let quiet = |s: &common::Server| {
+        s.metric("kvgate:num_requests_running") == 0.0 && s.metric("kvgate:num_requests_waiting") == 0.0
+    };
+    let t = std::time::Instant::now();
+    while !quiet(&s) {
+        // 4,000 tokens take this model over 10 s on 2 cores: only an aborted request is gone in 3
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(3),
+            "a request outlived its socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut other = open(s.port, &[]).expect("another connection");
+    let done = turn(&mut other, create("Hi", json!({})));
+    assert_ne!(done.last().unwrap()["type"], "error");
+}
