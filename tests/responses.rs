@@ -210,8 +210,8 @@ fn what_is_refused_is_named() {
         ),
         (
             json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
-            400,
-            "item references",
+            404,
+            "msg_1",
         ),
         (
             json!({"input": "hi", "tools": [{"type": "computer_use"}]}),
@@ -235,8 +235,94 @@ fn what_is_refused_is_named() {
         // the Open Responses schema's error: `code` a string
         assert!(r["error"]["code"].is_string(), "{body}: {r}");
     }
+    let (st, r) = s.post("/v1/responses", &json!({"input": "hi", "top_logprobs": 21}));
+    assert_eq!((st, r["error"]["param"].as_str()), (400, Some("top_logprobs")), "{r}");
+    // compaction names its model, as the spec requires
+    let (st, r) = s.post("/v1/responses/compact", &json!({"input": "hi"}));
+    assert_eq!((st, r["error"]["param"].as_str()), (400, Some("model")), "{r}");
     let (st, _, _) = s.raw("GET", "/v1/responses/resp_nope", &[], b"").unwrap();
     assert_eq!(st, 404);
     let (st, _, _) = s.post_with("/v1/responses/resp_nope/cancel", &[], &json!({}));
     assert_eq!(st, 404);
+}
+
+/// `top_logprobs` (or `include: ["message.output_text.logprobs"]`): each output-text delta carries its
+/// token's logprob with that many alternatives, and the text part holds them all — streamed or not,
+/// the same tokens.
+#[test]
+fn output_text_carries_its_logprobs() {
+    let s = server();
+    let body = json!({"input": "Say something.", "max_output_tokens": 6, "temperature": 0, "top_logprobs": 2});
+    let (st, r) = s.post("/v1/responses", &body);
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["top_logprobs"], 2);
+    let part = &r["output"][0]["content"][0];
+    let lps = part["logprobs"].as_array().unwrap();
+    assert!(!lps.is_empty(), "{r}");
+    for lp in lps {
+        assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(lp["top_logprobs"].as_array().unwrap().len(), 2, "{lp}");
+        assert!(lp["bytes"].is_array() && lp["token"].is_string(), "{lp}");
+    }
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events: Vec<Value> = s
+        .stream("/v1/responses", &streamed)
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .collect();
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .collect();
+    let from_deltas: Vec<Value> = deltas
+        .iter()
+        .flat_map(|d| d["logprobs"].as_array().unwrap().clone())
+        .collect();
+    assert_eq!(&from_deltas, lps, "the deltas' logprobs are the body's");
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.output_text.done")
+        .unwrap();
+    assert_eq!(done["logprobs"].as_array().unwrap(), lps);
+    // by `include`: the tokens' own logprobs, no alternatives
+    let (_, r) = s.post(
+        "/v1/responses",
+        &json!({"input": "Say something.", "max_output_tokens": 6, "temperature": 0,
+                "include": ["message.output_text.logprobs"]}),
+    );
+    let lps = r["output"][0]["content"][0]["logprobs"].as_array().unwrap().clone();
+    assert!(
+        !lps.is_empty() && lps.iter().all(|l| l["top_logprobs"].as_array().unwrap().is_empty()),
+        "{r}"
+    );
+    // and without either, none
+    let (_, r) = s.post(
+        "/v1/responses",
+        &json!({"input": "Say something.", "max_output_tokens": 6}),
+    );
+    assert_eq!(r["output"][0]["content"][0]["logprobs"], json!([]), "{r}");
+}
+
+/// An `item_reference` names an item of the previous response's output (or the conversation's) and
+/// reads as that item.
+#[test]
+fn item_references_name_the_previous_output() {
+    let s = server();
+    let (st, first) = s.post(
+        "/v1/responses",
+        &json!({"input": "Hello", "max_output_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{first}");
+    let msg_id = first["output"][0]["id"].as_str().unwrap().to_string();
+    let body = json!({"input": [{"type": "item_reference", "id": msg_id}, {"role": "user", "content": "Again"}],
+                      "previous_response_id": first["id"], "max_output_tokens": 4, "temperature": 0});
+    let (st, r) = s.post("/v1/responses", &body);
+    assert_eq!(st, 200, "{r}");
+    let (st, r) = s.post(
+        "/v1/responses",
+        &json!({"input": [{"type": "item_reference", "id": "msg_unknown"}], "previous_response_id": first["id"]}),
+    );
+    assert_eq!(st, 404, "{r}");
+    assert!(r["error"]["message"].as_str().unwrap().contains("msg_unknown"), "{r}");
 }

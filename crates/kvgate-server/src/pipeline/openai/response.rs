@@ -1,9 +1,10 @@
 //! The parts of OpenAI's response bodies every protocol shares, as serde structs: `usage`, vLLM's
-//! `stop_reason` and prompt logprobs. Each protocol's own bodies live with it (`protocols/chat/wire.rs`,
+//! `stop_reason`, a token's logprobs (chat's and Responses' shape) and prompt logprobs. Each protocol's own bodies live with it (`protocols/chat/wire.rs`,
 //! `protocols/completions/wire.rs`). Field order and nulls are OpenAI's (and vLLM's), so clients that
 //! compare shapes see what they expect.
 
-use kvgate_engine::{StopMatch, Usage};
+use kvgate_engine::{StopMatch, TokenLogprob, Usage};
+use kvgate_model::Tokenizer;
 use serde::Serialize;
 
 /// `usage`; `prompt_tokens_details.cached_tokens` always present.
@@ -107,4 +108,53 @@ impl Serialize for PromptLogprobMap {
 /// in its shortest form).
 pub fn to_json<T: Serialize>(t: &T) -> String {
     serde_json::to_string(t).unwrap_or_else(|e| serde_json::json!({"error": {"message": e.to_string()}}).to_string())
+}
+
+/// A logprobs entry's alternative.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One token's logprobs (chat's `logprobs.content`, Responses' `output_text.logprobs`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TokenLogprobOut {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its UTF-8 bytes.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives.
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+impl TokenLogprobOut {
+    /// `l` with its tokens as text (and their bytes), as chat and Responses write them.
+    pub fn of(tok: &Tokenizer, l: &TokenLogprob) -> TokenLogprobOut {
+        let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+        let s = text(l.token);
+        TokenLogprobOut {
+            bytes: s.as_bytes().to_vec(),
+            token: s,
+            logprob: l.logprob,
+            top_logprobs: l
+                .top
+                .iter()
+                .map(|&(id, lp)| {
+                    let s = text(id);
+                    TopLogprob {
+                        bytes: s.as_bytes().to_vec(),
+                        token: s,
+                        logprob: lp,
+                    }
+                })
+                .collect(),
+        }
+    }
 }

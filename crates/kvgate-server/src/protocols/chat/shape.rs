@@ -8,41 +8,18 @@ use kvgate_engine::{FinishReason, StopMatch, TokenLogprob, Usage};
 
 use super::wire::{
     AssistantMessage, ChatChoice, ChatChunk, ChatCompletion, ChatLogprobs, ChunkChoice, Delta, FunctionCallOut,
-    TokenLogprobOut, ToolCallOut, TopLogprob,
+    ToolCallOut,
 };
 use crate::http::state::AppState;
 use crate::pipeline::events::ChoiceOut;
 use crate::pipeline::openai::respond::{vllm_prompt_logprobs, PromptLogprobs, Shape};
-use crate::pipeline::openai::response::{StopReason, UsageOut};
+use crate::pipeline::openai::response::{StopReason, TokenLogprobOut, UsageOut};
 use crate::pipeline::reasoning::{ReasoningSplit, Split};
 use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};
 
 fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> ChatLogprobs {
-    let text = |id: u32| st.tokenizer().decode(&[id], false).unwrap_or_default();
-    let content = lps
-        .iter()
-        .map(|l| {
-            let s = text(l.token);
-            TokenLogprobOut {
-                bytes: s.as_bytes().to_vec(),
-                token: s,
-                logprob: l.logprob,
-                top_logprobs: l
-                    .top
-                    .iter()
-                    .map(|&(id, lp)| {
-                        let s = text(id);
-                        TopLogprob {
-                            bytes: s.as_bytes().to_vec(),
-                            token: s,
-                            logprob: lp,
-                        }
-                    })
-                    .collect(),
-            }
-        })
-        .collect();
+    let content = lps.iter().map(|l| TokenLogprobOut::of(st.tokenizer(), l)).collect();
     ChatLogprobs { content }
 }
 

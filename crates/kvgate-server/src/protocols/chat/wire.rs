@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::pipeline::openai::request::Int;
-use crate::pipeline::openai::response::{PromptLogprobMap, StopReason, UsageOut};
+use crate::pipeline::openai::response::{PromptLogprobMap, StopReason, TokenLogprobOut, UsageOut};
 use crate::pipeline::openai::surface::EndpointFields;
 use crate::pipeline::tools::Tool;
 
@@ -36,30 +36,6 @@ pub struct ChatFields {
 
 impl EndpointFields for ChatFields {
     const ADD_SPECIAL_TOKENS: bool = false;
-}
-
-/// A chat logprobs entry's alternative.
-#[derive(Debug, Clone, Serialize)]
-pub struct TopLogprob {
-    /// The token's text.
-    pub token: String,
-    /// Its logprob.
-    pub logprob: f32,
-    /// Its UTF-8 bytes.
-    pub bytes: Vec<u8>,
-}
-
-/// One token of chat `logprobs.content`.
-#[derive(Debug, Clone, Serialize)]
-pub struct TokenLogprobOut {
-    /// The token's text.
-    pub token: String,
-    /// Its logprob.
-    pub logprob: f32,
-    /// Its UTF-8 bytes.
-    pub bytes: Vec<u8>,
-    /// The most likely alternatives.
-    pub top_logprobs: Vec<TopLogprob>,
 }
 
 /// Chat `logprobs`.

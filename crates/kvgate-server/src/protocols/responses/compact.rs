@@ -263,7 +263,11 @@ pub async fn compact(
     let map = st.json_body(&headers, body)?;
     st.check_generates("/v1/responses/compact")?;
     let b: CompactBody = strict_body(map)?;
-    st.check_model(b.model.as_deref())?;
+    // the spec requires it here (a create may leave it out)
+    let Some(model) = b.model.as_deref() else {
+        return Err(SpecError::from(ApiError::param("model", "'model' is required")));
+    };
+    st.check_model(Some(model))?;
     if b.image.is_some() {
         return Err(SpecError::from(ApiError::param(
             "image",

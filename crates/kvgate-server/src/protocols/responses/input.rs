@@ -1,8 +1,9 @@
 //! A Responses request's input as a conversation: `instructions` first (as the system message), then
 //! the items in order — messages (`developer` reads as `system`), earlier function and custom tool
 //! calls folded into the assistant message they belong to, their outputs as `tool` messages, earlier
-//! reasoning dropped (the model re-reads the conversation). Images, files, audio and item references
-//! are refused with a 400 naming the item.
+//! reasoning dropped (the model re-reads the conversation), item references replaced by the items
+//! they name (the previous response's output or the conversation's). Images, files and audio are
+//! refused with a 400 naming the item.
 
 use kvgate_model::prompt::{Message, Role};
 use serde_json::Value;
@@ -120,10 +121,11 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
                     format!("{at}: a compaction item must be one /v1/responses/compact returned"),
                 ))
             }
+            // resolved by `resolve_references` before this
             Item::ItemReference { .. } => {
                 return Err(ApiError::param(
                     "input",
-                    format!("{at}: item references are not supported by kvgate; send the item itself or use previous_response_id"),
+                    format!("{at}: an item reference names an item of the previous response or the conversation"),
                 ))
             }
         }
@@ -132,6 +134,27 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
         return Err(ApiError::param("input", "'input' holds no message to answer"));
     }
     Ok(f.finish())
+}
+
+/// `items` with each `item_reference` replaced by the item it names among `referable` (the previous
+/// response's output items, or the stored conversation's); one it does not name is a 404 naming it.
+pub fn resolve_references(input: Vec<Item>, referable: &[Value]) -> Result<Vec<Item>, ApiError> {
+    input
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| match it {
+            Item::ItemReference { id } => {
+                let found = referable.iter().find(|v| v.get("id").and_then(Value::as_str) == Some(id.as_str()));
+                match found {
+                    Some(v) => Ok(items(&Value::Array(vec![v.clone()]))?.remove(0)),
+                    None => Err(ApiError::NotFound(format!(
+                        "input[{i}]: no item {id:?} in the previous response's output or the conversation (item references name those)"
+                    ))),
+                }
+            }
+            other => Ok(other),
+        })
+        .collect()
 }
 
 /// `items` with each `compaction` item replaced by its stored summary (an assistant message, the
@@ -195,9 +218,13 @@ mod tests {
             .and_then(|it| conversation(None, vec![], &it))
             .unwrap_err();
         assert!(e.to_string().contains("input[0].content[0]"), "{e}");
-        assert!(items(&json!([{"type": "item_reference", "id": "x"}]))
-            .and_then(|it| conversation(None, vec![], &it))
-            .is_err());
+        // a reference becomes the item it names, or a 404 naming it
+        let named = json!([{"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{}"}]);
+        let it = items(&json!([{"type": "item_reference", "id": "fc_1"}])).unwrap();
+        let resolved = resolve_references(it.clone(), named.as_array().unwrap()).unwrap();
+        assert!(matches!(&resolved[0], Item::FunctionCall { call_id, .. } if call_id == "c"));
+        let e = resolve_references(it, &[]).unwrap_err();
+        assert!(e.to_string().contains("fc_1"), "{e}");
         assert!(items(&json!(5)).is_err());
         assert!(items(&json!([{"type": "bogus"}]))
             .unwrap_err()

@@ -189,12 +189,6 @@ fn refuse(b: &ResponsesBody) -> Result<(), ApiError> {
             format!("'service_tier' must be auto, default, flex or priority, got {s:?}"),
         ));
     }
-    int_in("top_logprobs", b.top_logprobs, 0, 0).map_err(|_| {
-        ApiError::param(
-            "top_logprobs",
-            "'top_logprobs' on /v1/responses is not supported by kvgate (0 or absent)",
-        )
-    })?;
     int_in("max_tool_calls", b.max_tool_calls, 1, i64::MAX)?;
     Ok(())
 }
@@ -220,6 +214,16 @@ fn echo(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(x as f64)
 }
 
+/// What comes before the input.
+struct History {
+    /// A previous response's conversation.
+    messages: Vec<Message>,
+    /// A stored conversation's items.
+    items: Vec<Item>,
+    /// The items an `item_reference` may name: the previous response's output, or the conversation's.
+    referable: Vec<Value>,
+}
+
 /// The conversation before the input: a previous response's (one the connection keeps first, on a
 /// WebSocket), or a stored conversation's items.
 fn history(
@@ -227,21 +231,42 @@ fn history(
     tenant: Option<u32>,
     b: &ResponsesBody,
     chains: Option<&Chains>,
-) -> Result<(Vec<Message>, Vec<Item>), ApiError> {
+) -> Result<History, ApiError> {
     if let Some(id) = b.previous_response_id.as_deref() {
         if let Some(conv) = chains.and_then(|c| c.get(id)) {
-            return Ok((conv.clone(), vec![]));
+            return Ok(History {
+                messages: conv.clone(),
+                items: vec![],
+                referable: vec![],
+            });
         }
-        let conv = st.responses().get(tenant, id).map(|(_, c)| c).ok_or_else(|| {
+        let (response, conv) = st.responses().get(tenant, id).ok_or_else(|| {
             ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
         })?;
-        return Ok((conv, vec![]));
+        let referable = response
+            .output
+            .iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect();
+        return Ok(History {
+            messages: conv,
+            items: vec![],
+            referable,
+        });
     }
     if let Some(c) = &b.conversation {
-        let items = st.conversations().items(tenant, c.id())?;
-        return Ok((vec![], input::items(&Value::Array(items))?));
+        let stored = st.conversations().items(tenant, c.id())?;
+        return Ok(History {
+            messages: vec![],
+            items: input::items(&Value::Array(stored.clone()))?,
+            referable: stored,
+        });
     }
-    Ok((vec![], vec![]))
+    Ok(History {
+        messages: vec![],
+        items: vec![],
+        referable: vec![],
+    })
 }
 
 /// Reads `b` (already strictly parsed) for `tenant`: the generation to submit, the response object
@@ -257,12 +282,16 @@ pub(super) async fn prepare(
 ) -> Result<Prepared, ApiError> {
     refuse(b)?;
     let store = b.store.unwrap_or(true) && st.responses().enabled();
-    let (before, mut items) = history(st, tenant, b, chains)?;
+    let History {
+        messages: before,
+        mut items,
+        referable,
+    } = history(st, tenant, b, chains)?;
     let input = b
         .input
         .as_ref()
         .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
-    let own = input::items(input)?;
+    let own = input::resolve_references(input::items(input)?, &referable)?;
     let appended = match &b.conversation {
         // (`own` above is the same input, read and checked)
         Some(_) => crate::protocols::responses::conversations::items::stored(input),
@@ -303,6 +332,12 @@ pub(super) async fn prepare(
     let sf = sampling_fields(b);
     let mt = int_in("max_output_tokens", b.max_output_tokens, 1, i64::MAX)?;
     let mut c = sampling::read(&sf, st.defaults(), st.engine().limits().vocab_size, mt)?;
+    // the output text's tokens' logprobs: asked by `include` or by `top_logprobs` (0 to 20 alternatives)
+    let top = int_in("top_logprobs", b.top_logprobs, 0, 20)?.unwrap_or(0);
+    let logprobs = top > 0 || b.include.iter().flatten().any(|i| i == "message.output_text.logprobs");
+    if logprobs {
+        c.params.logprobs = Some(top as usize);
+    }
     // a compaction renders its own prompt (`compact::summarise`, cut to fit): the conversation it is
     // asked about is usually too long for the window, so it is neither rendered nor checked here
     let (ids, prompt_tail, breakpoints) = if trigger {
@@ -342,7 +377,7 @@ pub(super) async fn prepare(
         top_p: echo(c.params.top_p),
         presence_penalty: echo(c.params.presence_penalty),
         frequency_penalty: echo(c.params.frequency_penalty),
-        top_logprobs: 0,
+        top_logprobs: top,
         tool_choice: b.tool_choice.clone().unwrap_or_else(|| Value::String("auto".into())),
         tools: tools_echo,
         text: TextOptions {
@@ -380,6 +415,7 @@ pub(super) async fn prepare(
         tools: tool_spec,
         custom,
         prompt_tail,
+        logprobs,
         kept: Kept {
             tenant,
             store,

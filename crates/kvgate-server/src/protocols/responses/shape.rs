@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
+use kvgate_model::Tokenizer;
 use serde_json::Value;
 
 use super::finish::{Kept, Record};
@@ -22,7 +23,7 @@ use crate::http::error::ApiError;
 use crate::ids::item_id;
 use crate::pipeline::events::ChoiceOut;
 use crate::pipeline::openai::respond::{PromptLogprobs, Shape};
-use crate::pipeline::openai::response::UsageOut;
+use crate::pipeline::openai::response::{TokenLogprobOut, UsageOut};
 use crate::pipeline::reasoning::{ReasoningSplit, Split};
 use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};
@@ -36,6 +37,9 @@ pub struct Turn {
     pub custom: Vec<String>,
     /// The rendered prompt's end (a template may open the thinking there).
     pub prompt_tail: String,
+    /// Whether the output text carries its tokens' logprobs (`top_logprobs`, or `include`
+    /// `message.output_text.logprobs`).
+    pub logprobs: bool,
     /// What the turn leaves behind when it ends (`finish.rs`).
     pub kept: Kept,
 }
@@ -45,6 +49,8 @@ struct OpenText {
     index: usize,
     id: String,
     text: String,
+    /// Its tokens' logprobs, when asked.
+    logprobs: Vec<TokenLogprobOut>,
 }
 
 /// The shape of one response.
@@ -56,6 +62,10 @@ pub struct ResponsesShape {
     pub custom: Vec<String>,
     /// Where the turn ends (the stores: `finish.rs`).
     record: Record,
+    /// The tokenizer (a token's logprobs are written with its text), when logprobs are asked.
+    logprobs: Option<Arc<Tokenizer>>,
+    /// The logprobs of the token being written, until its text lands in the output text.
+    pending: Vec<TokenLogprobOut>,
     seq: usize,
     calls: CallStream,
     open: Option<OpenText>,
@@ -86,7 +96,7 @@ fn part(o: &OpenText, part: OutputText) -> WithPart {
     }
 }
 
-fn delta(o: &OpenText, delta: String, logprobs: Option<Vec<Value>>) -> TextDelta {
+fn delta(o: &OpenText, delta: String, logprobs: Option<Vec<TokenLogprobOut>>) -> TextDelta {
     TextDelta {
         sequence_number: 0,
         item_id: o.id.clone(),
@@ -97,7 +107,7 @@ fn delta(o: &OpenText, delta: String, logprobs: Option<Vec<Value>>) -> TextDelta
     }
 }
 
-fn done(o: &OpenText, logprobs: Option<Vec<Value>>) -> TextDone {
+fn done(o: &OpenText, logprobs: Option<Vec<TokenLogprobOut>>) -> TextDone {
     TextDone {
         sequence_number: 0,
         item_id: o.id.clone(),
@@ -115,14 +125,18 @@ impl ResponsesShape {
             tools,
             custom,
             prompt_tail,
+            logprobs,
             kept,
         } = turn;
+        let logprobs = logprobs.then(|| st.tokenizer().clone());
         ResponsesShape {
             split: ReasoningSplit::new(&prompt_tail),
             prompt_tail,
             thinking: None,
             reasoning_tokens: 0,
             record: Record::new(st, kept),
+            logprobs,
+            pending: vec![],
             response,
             tools,
             custom,
@@ -180,6 +194,7 @@ impl ResponsesShape {
             self.push(out, StreamEvent::ItemAdded(item(index, opened.clone())));
             self.response.output.push(opened);
             self.thinking = Some(OpenText {
+                logprobs: vec![],
                 index,
                 id,
                 text: String::new(),
@@ -239,6 +254,7 @@ impl ResponsesShape {
                 content: vec![],
             };
             let o = OpenText {
+                logprobs: vec![],
                 index,
                 id: opened.id().to_string(),
                 text: String::new(),
@@ -251,15 +267,22 @@ impl ResponsesShape {
         }
         let Some(o) = self.open.as_mut() else { return };
         o.text.push_str(&t);
-        let e = StreamEvent::TextDelta(delta(o, t, Some(vec![])));
+        let lps = std::mem::take(&mut self.pending);
+        o.logprobs.extend(lps.iter().cloned());
+        let e = StreamEvent::TextDelta(delta(o, t, Some(lps)));
         self.push(out, e);
     }
 
     /// Closes the open message item.
     fn close_text(&mut self, status: &'static str, out: &mut Vec<StreamEvent>) {
-        let Some(o) = self.open.take() else { return };
-        let whole = OutputText::of(o.text.clone());
-        self.push(out, StreamEvent::TextDone(done(&o, Some(vec![]))));
+        let Some(mut o) = self.open.take() else { return };
+        // tokens whose text was held back to the end (part of a character) belong to it too
+        o.logprobs.append(&mut self.pending);
+        let whole = OutputText {
+            logprobs: o.logprobs.clone(),
+            ..OutputText::of(o.text.clone())
+        };
+        self.push(out, StreamEvent::TextDone(done(&o, Some(o.logprobs.clone()))));
         self.push(out, StreamEvent::PartDone(part(&o, whole.clone())));
         let closed = OutputItem::Message {
             id: o.id,
@@ -389,12 +412,18 @@ impl Shape for ResponsesShape {
         out
     }
 
-    fn token(&mut self, _: usize, _: usize, _: u32, text: String, _: Option<TokenLogprob>) -> Vec<StreamEvent> {
+    fn token(&mut self, _: usize, _: usize, _: u32, text: String, lp: Option<TokenLogprob>) -> Vec<StreamEvent> {
         let mut out = vec![];
+        if let (Some(tok), Some(lp)) = (&self.logprobs, &lp) {
+            // (a token whose text is held back, part of a character, joins the next delta)
+            self.pending.push(TokenLogprobOut::of(tok, lp));
+        }
         let before = self.seq;
         let text = self.route(&text, false, &mut out);
         if text.is_empty() && (self.seq > before || self.thinking.is_some()) {
             self.reasoning_tokens += 1;
+            // the reasoning took it: none of it goes to the output text
+            self.pending.clear();
         }
         match self.tools.clone() {
             Some(spec) => {
@@ -494,6 +523,10 @@ impl Shape for ResponsesShape {
                 self.reasoning_tokens = (share * ch.tokens.len() as f64).round() as usize;
                 self.reason(r, &mut sink);
                 self.close_reasoning(&mut sink);
+            }
+            if let Some(tok) = &self.logprobs {
+                // (a whole answer: its text carries every token's logprobs)
+                self.pending = ch.logprobs.iter().map(|l| TokenLogprobOut::of(tok, l)).collect();
             }
             let ch = ChoiceOut { text: answer, ..ch };
             match self.tools.clone() {

@@ -2,9 +2,9 @@
 //! `{"type", "sequence_number", ...}`, and the bodies of the small routes (delete, cancel).
 
 use serde::Serialize;
-use serde_json::Value;
 
 use super::object::{OutputItem, OutputText, ResponseObject};
+use crate::pipeline::openai::response::TokenLogprobOut;
 
 /// A `response.created` / `.in_progress` / `.completed` / `.incomplete` / `.failed` event's body.
 #[derive(Debug, Clone, Serialize)]
@@ -41,7 +41,7 @@ pub struct TextDelta {
     pub content_index: usize,
     pub delta: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<Vec<Value>>,
+    pub logprobs: Option<Vec<TokenLogprobOut>>,
 }
 
 /// An item's content text, whole (`response.output_text.done`, `response.reasoning_text.done`).
@@ -53,7 +53,7 @@ pub struct TextDone {
     pub content_index: usize,
     pub text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<Vec<Value>>,
+    pub logprobs: Option<Vec<TokenLogprobOut>>,
 }
 
 /// A call's arguments (or custom input) delta.

@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::request::{Reasoning, TextOptions};
+use crate::pipeline::openai::response::TokenLogprobOut;
 
 /// `usage` of a response.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
@@ -117,7 +118,7 @@ pub struct OutputText {
     pub kind: &'static str,
     pub text: String,
     pub annotations: Vec<Value>,
-    pub logprobs: Vec<Value>,
+    pub logprobs: Vec<TokenLogprobOut>,
 }
 
 impl OutputText {

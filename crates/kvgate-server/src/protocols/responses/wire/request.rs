@@ -224,10 +224,9 @@ pub enum Item {
     /// Codex's remote compaction: the response is the conversation compacted into one `compaction`
     /// item ([`super::super::compact`]).
     CompactionTrigger {},
-    /// A reference to a stored item: refused.
+    /// A reference to an item of the previous response or the conversation.
     ItemReference {
         /// The item.
-        #[allow(dead_code)]
         id: String,
     },
 }
