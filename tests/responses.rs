@@ -188,11 +188,6 @@ fn what_is_refused_is_named() {
         ),
         (json!({"input": "hi", "frobnicate": 1}), 400, "frobnicate"),
         (
-            json!({"input": "hi", "background": true, "stream": true}),
-            400,
-            "'background' with 'stream'",
-        ),
-        (
             json!({"input": "hi", "background": true, "store": false}),
             400,
             "must be stored",
@@ -325,4 +320,83 @@ fn item_references_name_the_previous_output() {
     );
     assert_eq!(st, 404, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("msg_unknown"), "{r}");
+}
+
+/// SSE `data:` payloads of a body, as JSON.
+fn sse_events(body: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect()
+}
+
+/// A background response streams at create (`stream: true`) and later, from the start or resumed
+/// after an event (`GET /v1/responses/{id}?stream=true&starting_after=N`), always the same events.
+#[test]
+fn background_responses_stream_and_resume() {
+    let s = server();
+    let body = json!({"input": "Tell me something.", "max_output_tokens": 8, "temperature": 0, "background": true});
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let live: Vec<Value> = s
+        .stream("/v1/responses", &streamed)
+        .iter()
+        .filter_map(|e| serde_json::from_str(e).ok())
+        .collect();
+    assert_eq!(live.first().unwrap()["type"], "response.created", "{live:?}");
+    assert!(
+        matches!(
+            live.last().unwrap()["type"].as_str(),
+            Some("response.completed" | "response.incomplete")
+        ),
+        "{live:?}"
+    );
+    let id = live[0]["response"]["id"].as_str().unwrap().to_string();
+    // the whole stream again, then resumed after event 2
+    let (st, _, all) = s
+        .raw("GET", &format!("/v1/responses/{id}?stream=true"), &[], b"")
+        .unwrap();
+    assert_eq!(st, 200);
+    assert_eq!(sse_events(&all), live, "a replay is the live stream");
+    let (st, _, rest) = s
+        .raw(
+            "GET",
+            &format!("/v1/responses/{id}?stream=true&starting_after=2"),
+            &[],
+            b"",
+        )
+        .unwrap();
+    assert_eq!(st, 200);
+    let rest = sse_events(&rest);
+    assert_eq!(rest[..], live[3..], "resumed after sequence number 2");
+    assert_eq!(rest[0]["sequence_number"], 3);
+    // queued, then streamed while (or after) it runs
+    let (st, q) = s.post("/v1/responses", &body);
+    assert_eq!((st, q["status"].as_str()), (200, Some("queued")), "{q}");
+    let qid = q["id"].as_str().unwrap();
+    let (_, _, ev) = s
+        .raw("GET", &format!("/v1/responses/{qid}?stream=true"), &[], b"")
+        .unwrap();
+    let ev = sse_events(&ev);
+    assert!(
+        matches!(
+            ev.last().unwrap()["type"].as_str(),
+            Some("response.completed" | "response.incomplete")
+        ),
+        "{ev:?}"
+    );
+    let (_, stored) = s.get(&format!("/v1/responses/{qid}")).unwrap();
+    assert_eq!(stored["status"], ev.last().unwrap()["response"]["status"]);
+    // a response that did not run in the background has no stream; a resume needs one
+    let (_, plain) = s.post("/v1/responses", &json!({"input": "Hi", "max_output_tokens": 2}));
+    let pid = plain["id"].as_str().unwrap();
+    let (st, _, b) = s
+        .raw("GET", &format!("/v1/responses/{pid}?stream=true"), &[], b"")
+        .unwrap();
+    assert_eq!(st, 400, "{}", String::from_utf8_lossy(&b));
+    let (st, _, _) = s
+        .raw("GET", &format!("/v1/responses/{pid}?starting_after=1"), &[], b"")
+        .unwrap();
+    assert_eq!(st, 400);
 }

@@ -1,7 +1,8 @@
 //! Background responses (`background: true`): the request is answered at once with the response
-//! `queued` (stored, so `GET /v1/responses/{id}` polls it), and the generation runs detached to its
-//! end, stored as it ends — completed, incomplete, failed, or cancelled by
-//! `POST /v1/responses/{id}/cancel`. At most `--responses-store-entries` run at once (a 429 past it);
+//! `queued` (stored, so `GET /v1/responses/{id}` polls it) — or, with `stream: true`, with its events
+//! — and the generation runs detached to its end, stored as it ends: completed, incomplete, failed, or
+//! cancelled by `POST /v1/responses/{id}/cancel`. Its events are kept (`replay.rs`), so
+//! `GET /v1/responses/{id}?stream=true&starting_after=N` streams it from the start or resumes it. At most `--responses-store-entries` run at once (a 429 past it);
 //! a run's engine request is dropped with it, so its KV blocks go back however it ends.
 
 use std::sync::Arc;
@@ -10,13 +11,14 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::finish;
+use futures::StreamExt;
+
 use super::prepare::Prepared;
+use super::replay;
 use super::shape::ResponsesShape;
-use super::wire::ResponseError;
 use crate::http::error::ApiError;
 use crate::pipeline::generation::submit;
-use crate::pipeline::openai::respond::respond;
+use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
 use crate::protocols::responses::ResponsesState;
 
 /// Starts `p` in the background; answers with its `queued` snapshot.
@@ -37,10 +39,13 @@ pub(super) async fn start(st: Arc<ResponsesState>, headers: HeaderMap, p: Prepar
     let Prepared {
         generation,
         mut response,
-        turn,
+        mut turn,
+        prompt_len,
         ..
     } = p;
+    let stream = generation.sampling.stream;
     let tenant = turn.kept.tenant;
+    turn.kept.background = true;
     let tagged = submit(&st, &headers, tenant, generation).await?.tagged;
     let id = response.id.clone();
     let cancelled = st.responses().running(tenant, &id);
@@ -49,27 +54,31 @@ pub(super) async fn start(st: Arc<ResponsesState>, headers: HeaderMap, p: Prepar
     let queued = response.clone();
     response.status = "in_progress";
     let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
+    // every event is kept, so the run can be streamed (now or later) and resumed
+    let (recorder, replay) = replay::channel();
+    st.replays().put(tenant, &id, replay.clone());
     let run = st.clone();
     tokio::spawn(async move {
         let _slot = slot;
-        run.responses().put_running(tenant, response.clone());
-        tokio::select! {
-            r = respond(tagged, 1, None, shape) => {
-                // the shape stored the response as it ended; a failure is stored here
-                if let Err(e) = r {
-                    let mut failed = response;
-                    failed.status = "failed";
-                    failed.error = Some(ResponseError { code: "server_error".into(), message: e.to_string() });
-                    finish::unanswered(&run, tenant, failed, true);
-                }
-            }
-            _ = cancelled.notified() => {
-                let mut r = response;
-                r.status = "cancelled";
-                finish::unanswered(&run, tenant, r, true);
-            }
+        run.responses().put_running(tenant, response);
+        let usage = StreamUsage {
+            include: false,
+            continuous: false,
+            prompt_tokens: prompt_len,
+        };
+        // `POST /v1/responses/{id}/cancel` ends the events with the shape's cancelled ones, and the
+        // shape stores the response however it ends
+        let stop: Stop = Box::pin(async move { cancelled.notified().await });
+        let mut events = chunks(tagged, usage, shape, Some(stop));
+        while let Some(batch) = events.next().await {
+            recorder.push(batch);
         }
+        drop(events);
+        drop(recorder);
         run.responses().ended(&id);
     });
+    if stream {
+        return Ok(replay::stream(replay, None));
+    }
     Ok(Json(queued).into_response())
 }

@@ -31,6 +31,8 @@ pub(crate) struct Kept {
     /// On a WebSocket: where the answered response and its conversation go (the connection keeps
     /// the last response of each chain, stored or not).
     pub(crate) chain: Option<oneshot::Sender<(String, Vec<Message>)>>,
+    /// A background run: a failed response is stored too (its client polls for it).
+    pub(crate) background: bool,
 }
 
 /// A turn's way to its end: what it keeps, and the stores it ends in.
@@ -110,6 +112,14 @@ impl Record {
             }
         }
         turn
+    }
+
+    /// The turn failed with `response` (status `failed`, its error set): a background run's is
+    /// stored, so that a poll finds how it ended.
+    pub(crate) fn failed(&self, response: &ResponseObject) {
+        if self.kept.background {
+            unanswered(&self.st, self.kept.tenant, response.clone(), true);
+        }
     }
 
     /// The turn's registration for cancel ends (the stream ended, failed or was cancelled).

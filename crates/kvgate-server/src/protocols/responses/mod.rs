@@ -20,6 +20,7 @@ pub(crate) mod conversations;
 mod finish;
 mod input;
 mod prepare;
+mod replay;
 mod shape;
 pub(crate) mod socket;
 mod state;
@@ -126,12 +127,51 @@ impl Drop for Running {
     }
 }
 
-/// `GET /v1/responses/{id}`.
+/// `GET /v1/responses/{id}`'s query.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetQuery {
+    /// Stream a background response's events instead of its object.
+    #[serde(default)]
+    stream: Option<bool>,
+    /// With `stream`: only the events after this `sequence_number` (a resumed stream).
+    #[serde(default)]
+    starting_after: Option<usize>,
+    /// Accepted (kvgate's objects carry what `include` asks for on create).
+    #[serde(default)]
+    #[allow(dead_code)]
+    include: Option<String>,
+    /// Accepted (kvgate pads nothing).
+    #[serde(default)]
+    #[allow(dead_code)]
+    include_obfuscation: Option<bool>,
+}
+
+/// `GET /v1/responses/{id}`: the stored object, or (`stream=true`) a background response's events,
+/// from the start or after `starting_after`, followed until it ends.
 pub async fn get(
     State(st): State<Arc<ResponsesState>>,
     RequestTenant(tenant): RequestTenant,
     Path(id): Path<String>,
+    query: Result<axum::extract::Query<GetQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, SpecError> {
+    let axum::extract::Query(q) = query.map_err(|e| ApiError::bad(format!("invalid query: {e}")))?;
+    if q.stream == Some(true) {
+        return match st.replays().get(tenant, &id) {
+            Some(replay) => Ok(replay::stream(replay, q.starting_after)),
+            None if st.responses().get(tenant, &id).is_some() => Err(ApiError::param(
+                "stream",
+                format!(
+                    "response {id:?} was not created with background: true; only a background response can be streamed"
+                ),
+            )
+            .into()),
+            None => Err(not_found(&id).into()),
+        };
+    }
+    if q.starting_after.is_some() {
+        return Err(ApiError::param("starting_after", "'starting_after' goes with stream=true").into());
+    }
     match st.responses().get(tenant, &id) {
         Some((r, _)) => Ok(axum::Json(r).into_response()),
         None => Err(not_found(&id).into()),

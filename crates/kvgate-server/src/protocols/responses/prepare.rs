@@ -161,12 +161,6 @@ fn refuse(b: &ResponsesBody) -> Result<(), ApiError> {
             "'background' responses must be stored: 'store' cannot be false",
         ));
     }
-    if b.background == Some(true) && b.stream == Some(true) {
-        return Err(ApiError::param(
-            "background",
-            "'background' with 'stream' is not supported by kvgate: poll GET /v1/responses/{id}",
-        ));
-    }
     if b.prompt.is_some() {
         return Err(ApiError::param(
             "prompt",
@@ -423,6 +417,7 @@ pub(super) async fn prepare(
             conversation_id,
             appended,
             chain: None,
+            background: false,
         },
     };
     Ok(Prepared {

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::conversations::store::ConversationStore;
+use super::replay::{self, Replay};
 use super::store::ResponseStore;
 use super::Compaction;
 use crate::http::state::AppState;
@@ -23,6 +24,8 @@ pub(crate) struct ResponsesState {
     conversations: ConversationStore,
     /// Stored compactions (`POST /v1/responses/compact`), by reference.
     compactions: Bounded<Compaction>,
+    /// Background runs' events, by response id (`replay.rs`).
+    replays: Bounded<Replay>,
     /// WebSocket connections open (`socket.rs`).
     sockets: AtomicUsize,
 }
@@ -35,6 +38,7 @@ impl ResponsesState {
             responses: Arc::new(ResponseStore::new(entries, bytes)),
             conversations: ConversationStore::new(entries, bytes),
             compactions: Bounded::new(entries, bytes, Compaction::size),
+            replays: Bounded::new(entries, bytes, replay::size),
             sockets: AtomicUsize::new(0),
         }
     }
@@ -63,6 +67,11 @@ impl ResponsesState {
     /// Stored compactions.
     pub(crate) fn compactions(&self) -> &Bounded<Compaction> {
         &self.compactions
+    }
+
+    /// Background runs' events.
+    pub(crate) fn replays(&self) -> &Bounded<Replay> {
+        &self.replays
     }
 }
 

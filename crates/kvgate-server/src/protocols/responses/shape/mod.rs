@@ -8,6 +8,8 @@
 //! fragment cut off by the limit never becomes text). The shape writes; the finished response goes to
 //! the turn's [`Record`] (`finish.rs`), which stores it.
 
+mod open;
+
 use std::sync::Arc;
 
 use kvgate_engine::{EngineError, FinishReason, StopMatch, TokenLogprob, Usage};
@@ -17,7 +19,7 @@ use serde_json::Value;
 use super::finish::{Kept, Record};
 use super::wire::{
     ArgumentsDone, CallDelta, Incomplete, InputDone, OutputItem, OutputText, ReasoningText, ResponseError,
-    ResponseObject, ResponseUsage, StreamEvent, TextDelta, TextDone, WithItem, WithPart, WithResponse,
+    ResponseObject, ResponseUsage, StreamEvent, WithResponse,
 };
 use crate::http::error::ApiError;
 use crate::ids::item_id;
@@ -28,6 +30,7 @@ use crate::pipeline::reasoning::{ReasoningSplit, Split};
 use crate::pipeline::tools::stream::{CallStream, Piece};
 use crate::pipeline::tools::{call_id, ParsedCall, ToolSpec};
 use crate::protocols::responses::ResponsesState;
+use open::{delta, done, item, part, OpenText};
 
 /// What a request brings to its shape besides the response object.
 pub struct Turn {
@@ -42,15 +45,6 @@ pub struct Turn {
     pub logprobs: bool,
     /// What the turn leaves behind when it ends (`finish.rs`).
     pub kept: Kept,
-}
-
-/// The text item being streamed.
-struct OpenText {
-    index: usize,
-    id: String,
-    text: String,
-    /// Its tokens' logprobs, when asked.
-    logprobs: Vec<TokenLogprobOut>,
 }
 
 /// The shape of one response.
@@ -76,46 +70,6 @@ pub struct ResponsesShape {
     prompt_tail: String,
     thinking: Option<OpenText>,
     reasoning_tokens: usize,
-}
-
-fn item(output_index: usize, item: OutputItem) -> WithItem {
-    WithItem {
-        sequence_number: 0,
-        output_index,
-        item,
-    }
-}
-
-fn part(o: &OpenText, part: OutputText) -> WithPart {
-    WithPart {
-        sequence_number: 0,
-        item_id: o.id.clone(),
-        output_index: o.index,
-        content_index: 0,
-        part,
-    }
-}
-
-fn delta(o: &OpenText, delta: String, logprobs: Option<Vec<TokenLogprobOut>>) -> TextDelta {
-    TextDelta {
-        sequence_number: 0,
-        item_id: o.id.clone(),
-        output_index: o.index,
-        content_index: 0,
-        delta,
-        logprobs,
-    }
-}
-
-fn done(o: &OpenText, logprobs: Option<Vec<TokenLogprobOut>>) -> TextDone {
-    TextDone {
-        sequence_number: 0,
-        item_id: o.id.clone(),
-        output_index: o.index,
-        content_index: 0,
-        text: o.text.clone(),
-        logprobs,
-    }
 }
 
 impl ResponsesShape {
@@ -506,6 +460,7 @@ impl Shape for ResponsesShape {
             code: code_of(e).into(),
             message: ApiError::from(e.clone()).to_string(),
         });
+        self.record.failed(&self.response);
         self.record.ended(&self.response.id);
         let snap = self.snapshot();
         self.push(&mut out, StreamEvent::Failed(snap));
