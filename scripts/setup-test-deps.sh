@@ -8,7 +8,8 @@
 #     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs and tests/decisions_clients.rs, and langchain-openai for
 #     tests/structured_clients.rs, the OpenAI Agents SDK for tests/agents_sdk.rs and pydantic-ai for
 #     tests/pydantic_ai.rs, vllm-router with pyzmq and msgpack for tests/replicas.rs;
-#   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs, Codex CLI for tests/codex_cli.rs.
+#   - into .ci/node (npm): the Vercel AI SDK for tests/vercel_ai_sdk.rs, Codex CLI for tests/codex_cli.rs,
+#     openai-node with `ws` for tests/responses_socket_sdk.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -m pip --version >/dev/null 2>&1; then
@@ -87,12 +88,12 @@ if [ ! -x .ci/venv/bin/vllm-router ] || ! .ci/venv/bin/python -c "import zmq, ms
 fi
 # The Vercel AI SDK (tests/vercel_ai_sdk.rs: @ai-sdk/openai's default model API is /v1/responses) and
 # Codex CLI (tests/codex_cli.rs: it speaks only /v1/responses), from npm.
-if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ] || [ ! -x .ci/node/node_modules/.bin/codex ] || [ ! -d .ci/node/node_modules/openai ]; then
+if [ ! -d .ci/node/node_modules/@ai-sdk/openai ] || [ ! -d .ci/node/node_modules/ai ] || [ ! -x .ci/node/node_modules/.bin/codex ] || [ ! -d .ci/node/node_modules/openai ] || [ ! -d .ci/node/node_modules/ws ]; then
   if command -v npm >/dev/null 2>&1; then
-    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118, zod@4, @openai/codex@0.169.0 and openai@7.60.0 into .ci/node"
+    echo "setup: installing ai@7.0.173, @ai-sdk/openai@4.0.118, zod@4, @openai/codex@0.169.0, openai@7.60.0 and ws@8.23.1 into .ci/node"
     mkdir -p .ci/node
     [ -f .ci/node/package.json ] || echo '{"name": "kvgate-ci-clients", "private": true, "type": "module"}' > .ci/node/package.json
-    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4 @openai/codex@0.169.0 openai@7.60.0)
+    (cd .ci/node && npm install --silent --no-audit --no-fund ai@7.0.173 @ai-sdk/openai@4.0.118 zod@4 @openai/codex@0.169.0 openai@7.60.0 ws@8.23.1)
   else
     echo "setup: npm not found; tests/vercel_ai_sdk.rs will fail until Node.js (>= 18) is installed" >&2
   fi
