@@ -1,5 +1,7 @@
-//! The Open Responses compliance cases and the stateful Responses surfaces (background runs,
-//! compaction, conversations) on Qwen2.5-Coder-0.5B-Instruct, validated by tests/open_responses_check.py
+//! The Open Responses compliance cases, their WebSocket cases (`x-openresponses-websocket`: events as
+//! the stream's schemas, errors as `WebSocketErrorEvent`, a failed continuation evicted) and the
+//! stateful Responses surfaces (background runs, compaction, conversations) on
+//! Qwen2.5-Coder-0.5B-Instruct, validated by tests/open_responses_check.py
 //! against the spec's published OpenAPI document (the `openresponses-py` wheel carries it) and
 //! openai-python's generated types, driven partly by the OpenAI SDK. `KVGATE_CI_PYTHON` names the venv
 //! (scripts/test.sh sets it), `KVGATE_TEST_MODELS` the GGUFs; without them the test says so and checks

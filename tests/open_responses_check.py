@@ -7,7 +7,8 @@ exits non-zero on any failure.
 The cases are the suite's (basic, streaming, system prompt, tool calling, tool calling streamed, image
 input, multi-turn) — image input on a text-only model must get the spec's error object, a 400 naming
 `input` — then the stored response retrieved, the sampling fields echoed with the values used, a
-background response polled and one cancelled, and a compaction continued from."""
+background response polled and one cancelled, a compaction continued from, and the WebSocket mode's cases
+(events validated as the stream's, errors as WebSocketErrorEvent)."""
 import importlib.resources
 import json
 import sys
@@ -261,6 +262,65 @@ assert client.conversations.delete(conv.id).deleted
 gone = httpx.get(f"{BASE}/conversations/{conv.id}", timeout=60)
 assert gone.status_code == 404, gone.text
 print(f"conversations: {len(kinds)} items, turn 2 {warm:.0%} cached, update/items/delete ok")
+
+# WebSocket mode (x-openresponses-websocket): the suite's WebSocket cases over one connection — client
+# messages as WebSocketResponseCreateEvent, server events as the stream's schemas, failures as
+# WebSocketErrorEvent, the connection answering after each error
+from websockets.sync.client import connect as ws_connect
+
+WS_URL = BASE.replace("http://", "ws://", 1) + "/responses"
+
+
+def ws_turn(ws, body, what, valid=True):
+    msg = {"type": "response.create", "temperature": 0, "max_output_tokens": 64, **body}
+    if valid:
+        check("WebSocketResponseCreateEvent", msg, what + " (client message)")
+    ws.send(json.dumps(msg))
+    events = []
+    while True:
+        e = json.loads(ws.recv(timeout=600))
+        if e["type"] == "error":
+            check("WebSocketErrorEvent", e, what + " error")
+            return None, e
+        events.append(e)
+        if e["type"] in ("response.completed", "response.incomplete", "response.failed"):
+            return check_events(events, what), events
+
+
+with ws_connect(WS_URL, open_timeout=60) as ws:
+    r, events = ws_turn(ws, {"model": MODEL, "input": [user("Count from 1 to 5.")]}, "ws-basic")
+    assert r["status"] == "completed", r
+    print(f"ws-basic: {len(events)} events")
+    r, events = ws_turn(ws, weather, "ws-tool-calling")
+    call = next(i for i in r["output"] if i["type"] == "function_call")
+    assert any(e["type"] == "response.function_call_arguments.done" for e in events), events
+    r2, _ = ws_turn(ws, {"model": MODEL, "previous_response_id": r["id"], "store": False, "tools": [WEATHER],
+                         "input": [{"type": "function_call_output", "call_id": call["call_id"],
+                                    "output": "Sunny, 21 C"}]}, "ws-tool-output")
+    assert r2["previous_response_id"] == r["id"], r2
+    print("ws-tool-calling: call and output continued")
+    a, _ = ws_turn(ws, {"model": MODEL, "store": False, "input": [user("My name is Alice.")]}, "ws-multi-turn 1")
+    b, _ = ws_turn(ws, {"model": MODEL, "store": False, "previous_response_id": a["id"],
+                        "input": [user("What is my name?")]}, "ws-multi-turn 2")
+    assert b["previous_response_id"] == a["id"] and b["store"] is False, b
+    print("ws-multi-turn: store false continued on the connection")
+    _, e = ws_turn(ws, {"model": MODEL, "previous_response_id": "resp_missing", "input": [user("hi")]},
+                   "ws-previous-not-found")
+    assert e and e["status"] == 404 and e["error"]["code"] == "previous_response_not_found", e
+    # a failed continuation evicts what it continued: the chain's end no longer continues either
+    _, e = ws_turn(ws, {"model": MODEL, "previous_response_id": b["id"], "input": [user("x")],
+                        "max_output_tokens": 0}, "ws-failed-continuation", valid=False)
+    assert e and e["status"] == 400, e
+    _, e = ws_turn(ws, {"model": MODEL, "previous_response_id": b["id"], "input": [user("x")]},
+                   "ws-evicted")
+    assert e and e["error"]["code"] == "previous_response_not_found", e
+    ws.send("{not json")
+    e = json.loads(ws.recv(timeout=60))
+    assert e["type"] == "error" and e["status"] == 400, e
+    check("WebSocketErrorEvent", e, "ws-invalid-json error")
+    r, _ = ws_turn(ws, {"model": MODEL, "input": [user("Say hello.")]}, "ws-after-errors")
+    assert r["status"] == "completed", r
+    print("ws-errors: previous_response_not_found, eviction, invalid JSON; the connection goes on")
 
 if failures:
     print("\n".join(failures))

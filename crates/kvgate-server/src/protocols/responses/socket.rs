@@ -25,7 +25,8 @@ use axum::extract::ws::{close_code, CloseFrame, Message as WsMessage, WebSocket,
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::Response;
-use futures::StreamExt;
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
 use kvgate_model::prompt::Message;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -118,20 +119,66 @@ pub async fn connect(
 /// The connection was lost while a message was being sent.
 struct Gone;
 
+/// The connection: where events go, where messages come from, and the messages read while a turn
+/// streamed (pings are answered as they are read, so a turn longer than the client's keepalive does
+/// not look dead; a `response.create` sent meanwhile waits its turn).
+struct Conn {
+    sink: SplitSink<WebSocket, WsMessage>,
+    stream: SplitStream<WebSocket>,
+    inbox: VecDeque<WsMessage>,
+    closed: bool,
+}
+
+impl Conn {
+    /// The next message: one read during a turn first.
+    async fn next(&mut self) -> Option<Result<WsMessage, axum::Error>> {
+        if let Some(m) = self.inbox.pop_front() {
+            return Some(Ok(m));
+        }
+        if self.closed {
+            return None;
+        }
+        self.stream.next().await
+    }
+
+    /// Reads what arrives while a turn streams: pings are answered by the read itself; a close or a
+    /// lost connection ends the turn; anything else waits in the inbox.
+    fn took(&mut self, msg: Option<Result<WsMessage, axum::Error>>) -> Result<(), Gone> {
+        match msg {
+            Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => Ok(()),
+            Some(Ok(WsMessage::Close(_))) | Some(Err(_)) | None => {
+                self.closed = true;
+                Err(Gone)
+            }
+            Some(Ok(m)) => {
+                self.inbox.push_back(m);
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Answers the connection's turns until it closes, sits idle past `--websocket-idle-timeout` or
 /// outlives `--websocket-max-age` (both closed with 1001, "going away", between turns).
 async fn serve(
     st: Arc<ResponsesState>,
     headers: HeaderMap,
     tenant: Option<u32>,
-    mut socket: WebSocket,
+    socket: WebSocket,
     limits: SocketLimits,
 ) {
+    let (sink, stream) = socket.split();
+    let mut conn = Conn {
+        sink,
+        stream,
+        inbox: VecDeque::new(),
+        closed: false,
+    };
     let mut chains = Chains::default();
     let end_of_life = Instant::now() + limits.max_age;
     loop {
         let wake = (Instant::now() + limits.idle).min(end_of_life);
-        let msg = match tokio::time::timeout_at(wake, socket.recv()).await {
+        let msg = match tokio::time::timeout_at(wake, conn.next()).await {
             Ok(Some(msg)) => msg,
             Ok(None) => break,
             Err(_) => {
@@ -143,7 +190,7 @@ async fn serve(
                     code: close_code::AWAY,
                     reason: reason.into(),
                 };
-                let _ = socket.send(WsMessage::Close(Some(frame))).await;
+                let _ = conn.sink.send(WsMessage::Close(Some(frame))).await;
                 break;
             }
         };
@@ -151,7 +198,7 @@ async fn serve(
             Ok(WsMessage::Text(t)) => t,
             Ok(WsMessage::Binary(_)) => {
                 let e = ApiError::bad("send events as JSON text messages, not binary ones");
-                if send(&mut socket, e.socket_event(Some("invalid_event"))).await.is_err() {
+                if send(&mut conn, e.socket_event(Some("invalid_event"))).await.is_err() {
                     break;
                 }
                 continue;
@@ -159,7 +206,7 @@ async fn serve(
             Ok(WsMessage::Close(_)) | Err(_) => break,
             Ok(_) => continue,
         };
-        if turn(&st, &headers, tenant, text.as_str(), &mut chains, &mut socket)
+        if turn(&st, &headers, tenant, text.as_str(), &mut chains, &mut conn)
             .await
             .is_err()
         {
@@ -168,8 +215,8 @@ async fn serve(
     }
 }
 
-async fn send(socket: &mut WebSocket, text: String) -> Result<(), Gone> {
-    socket.send(WsMessage::Text(text.into())).await.map_err(|_| Gone)
+async fn send(conn: &mut Conn, text: String) -> Result<(), Gone> {
+    conn.sink.send(WsMessage::Text(text.into())).await.map_err(|_| Gone)
 }
 
 /// The body of a `response.create` event; an error event's error and code otherwise.
@@ -216,14 +263,14 @@ async fn turn(
     tenant: Option<u32>,
     text: &str,
     chains: &mut Chains,
-    socket: &mut WebSocket,
+    conn: &mut Conn,
 ) -> Result<(), Gone> {
     if st.settings().log_requests {
         tracing::info!(body = %text, "responses websocket event");
     }
     let b = match create_body(text) {
         Ok(b) => b,
-        Err((e, code)) => return send(socket, e.socket_event(Some(code))).await,
+        Err((e, code)) => return send(conn, e.socket_event(Some(code))).await,
     };
     let continued = b.previous_response_id.clone();
     let p = match start(st, tenant, &b, chains).await {
@@ -237,7 +284,7 @@ async fn turn(
             if let Some(prev) = &continued {
                 chains.evict(prev);
             }
-            return send(socket, e.socket_event(code)).await;
+            return send(conn, e.socket_event(code)).await;
         }
     };
     let Prepared {
@@ -252,7 +299,7 @@ async fn turn(
     let id = response.id.clone();
     let tagged = match submit(st, headers, tenant, generation).await {
         Ok(s) => s.tagged,
-        Err(e) => return send(socket, e.socket_event(None)).await,
+        Err(e) => return send(conn, e.socket_event(None)).await,
     };
     let shape = ResponsesShape::new(st.clone(), response, turn);
     // `POST /v1/responses/{id}/cancel` may stop it, as over HTTP
@@ -268,9 +315,17 @@ async fn turn(
         prompt_tokens: prompt_len,
     };
     let mut events = chunks(tagged, usage, shape, Some(stop));
-    while let Some(batch) = events.next().await {
+    loop {
+        let batch = tokio::select! {
+            batch = events.next() => batch,
+            msg = conn.stream.next(), if !conn.closed => {
+                conn.took(msg)?;
+                continue;
+            }
+        };
+        let Some(batch) = batch else { break };
         for (_, json) in batch {
-            send(socket, json).await?;
+            send(conn, json).await?;
         }
     }
     drop(events);
