@@ -7,6 +7,9 @@
 //! as the model's answer, never a 4xx or a broken stream). `KVGATE_CI_NODE`
 //! names the directory (scripts/test.sh sets it); without it the test says so and checks nothing.
 //!
+//! Over its WebSocket transport too (`supports_websockets = true` on the provider): the start-up
+//! prewarm (`generate: false`) and the turn go over `GET /v1/responses` upgraded, no 4xx.
+//!
 //! Then Codex compacting: a provider with `remote_compaction = "v2"` and an auto-compact limit of
 //! 1,000 tokens; a first turn, then `codex exec resume --last` — Codex compacts before the second
 //! turn (a `/v1/responses` input ending with `compaction_trigger`, answered with one `compaction`
@@ -81,6 +84,33 @@ fn codex_exec_completes_a_turn() {
     assert!(
         log.contains("route=/v1/responses status=200"),
         "no answered /v1/responses request:\n{log}"
+    );
+    assert!(!log.contains("status=4"), "a 4xx reached Codex:\n{log}");
+}
+
+#[test]
+fn codex_exec_completes_a_turn_over_its_websocket_transport() {
+    let Some(bin) = codex_bin() else { return };
+    let s = Server::start(&["--log-requests"]);
+    let (scratch, home, work) = setup(&s.url("/v1"), "websocket");
+    let cfg = home.join("config.toml");
+    let base = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{base}supports_websockets = true\n")).unwrap();
+    let (ok, text) = codex(&bin, &home, &work, &["exec", "--skip-git-repo-check", "Say hello."]);
+    let _ = std::fs::remove_dir_all(&scratch);
+    assert!(ok, "codex exec failed:\n{text}");
+    assert!(
+        !text.contains("prewarm setup failed"),
+        "the prewarm was refused:\n{text}"
+    );
+    let log = s.log_text();
+    assert!(
+        log.contains("route=/v1/responses status=101"),
+        "Codex did not upgrade to the WebSocket:\n{log}"
+    );
+    assert!(
+        log.contains("responses websocket event") && log.contains(r#""generate":false"#),
+        "no prewarm and turn over the socket:\n{log}"
     );
     assert!(!log.contains("status=4"), "a 4xx reached Codex:\n{log}");
 }

@@ -233,3 +233,30 @@ fn a_client_gone_mid_stream_leaves_nothing_running() {
     let done = turn(&mut other, create("Hi", json!({})));
     assert_ne!(done.last().unwrap()["type"], "error");
 }
+
+/// `generate: false` (Codex's start-up prewarm): the prompt is computed and kept, the response has no
+/// output, and the turn that continues it finds its prompt cached.
+#[test]
+fn a_warm_up_turn_computes_the_prompt_and_the_next_turn_finds_it() {
+    let s = InProcess::tiny(&["--block-size", "4"]);
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    let long = "Here is the repository's README, which the agent reads before it works. ".repeat(6);
+    let warm = turn(&mut ws, create(&long, json!({"generate": false, "store": false})));
+    let kinds: Vec<&str> = warm.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["response.created", "response.completed"], "{warm:?}");
+    let r = &warm[1]["response"];
+    assert_eq!(r["output"], json!([]));
+    assert_eq!(r["usage"]["output_tokens"], 0);
+    let prompt = r["usage"]["input_tokens"].as_u64().unwrap();
+    let next = turn(
+        &mut ws,
+        create("Now answer.", json!({"previous_response_id": r["id"], "store": false})),
+    );
+    let end = &next.last().unwrap()["response"];
+    let cached = end["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // all but the template's opening of the assistant's turn (and a partial block)
+    assert!(
+        cached + 16 >= prompt,
+        "the warmed prompt is cached: {cached} of {prompt}"
+    );
+}

@@ -137,8 +137,8 @@ pub(crate) fn unanswered(st: &ResponsesState, tenant: Option<u32>, response: Res
     }
 }
 
-/// A compaction turn (Codex's `compaction_trigger`): the response stored with the conversation it
-/// compacted, when it asked to be.
+/// A compaction turn (Codex's `compaction_trigger`) or a WebSocket warm-up (`generate: false`): the
+/// response stored with the conversation it read, when it asked to be.
 pub(crate) fn compacted(
     st: &ResponsesState,
     tenant: Option<u32>,

@@ -32,13 +32,15 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::finish;
 use super::prepare::{prepare, Prepared};
 use super::shape::ResponsesShape;
-use super::wire::ResponsesBody;
+use super::wire::{ResponseUsage, ResponsesBody, StreamEvent, WithResponse};
 use super::{ResponsesState, Running};
 use crate::http::error::{ApiError, SpecError};
 use crate::http::middleware::RequestTenant;
 use crate::http::settings::SocketLimits;
+use crate::pipeline::events::collect;
 use crate::pipeline::generation::submit;
 use crate::pipeline::openai::request::strict_body;
 use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
@@ -219,8 +221,9 @@ async fn send(conn: &mut Conn, text: String) -> Result<(), Gone> {
     conn.sink.send(WsMessage::Text(text.into())).await.map_err(|_| Gone)
 }
 
-/// The body of a `response.create` event; an error event's error and code otherwise.
-fn create_body(text: &str) -> Result<ResponsesBody, (ApiError, &'static str)> {
+/// The body of a `response.create` event and whether it generates (`generate: false`: a warm-up,
+/// Codex's start-up prewarm); an error event's error and code otherwise.
+fn create_body(text: &str) -> Result<(ResponsesBody, bool), (ApiError, &'static str)> {
     let invalid = |m: String| (ApiError::bad(m), "invalid_event");
     let v: Value = serde_json::from_str(text).map_err(|e| invalid(format!("the event is not valid JSON: {e}")))?;
     let Value::Object(mut map) = v else {
@@ -252,7 +255,18 @@ fn create_body(text: &str) -> Result<ResponsesBody, (ApiError, &'static str)> {
         ));
     }
     map.remove("background");
-    strict_body(map).map_err(|e| (e, "invalid_request_error"))
+    let generate = match map.remove("generate") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err((
+                ApiError::param("generate", "'generate' must be a boolean"),
+                "invalid_request_error",
+            ))
+        }
+    };
+    let body = strict_body(map).map_err(|e| (e, "invalid_request_error"))?;
+    Ok((body, generate))
 }
 
 /// One turn: the create event read and answered with its events. Only a lost connection is an
@@ -268,7 +282,7 @@ async fn turn(
     if st.settings().log_requests {
         tracing::info!(body = %text, "responses websocket event");
     }
-    let b = match create_body(text) {
+    let (b, generate) = match create_body(text) {
         Ok(b) => b,
         Err((e, code)) => return send(conn, e.socket_event(Some(code))).await,
     };
@@ -287,6 +301,9 @@ async fn turn(
             return send(conn, e.socket_event(code)).await;
         }
     };
+    if !generate {
+        return warm_up(st, headers, tenant, p, chains, continued.as_deref(), conn).await;
+    }
     let Prepared {
         generation,
         response,
@@ -352,4 +369,59 @@ async fn start(
         ));
     }
     Ok(p)
+}
+
+/// A `generate: false` turn (a warm-up): the prompt is computed into the cache (one token sampled and
+/// dropped) and retained for the turn that continues it; the response has no output. Its events are
+/// `response.created` and `response.completed`; the connection keeps it as a chain's end.
+async fn warm_up(
+    st: &Arc<ResponsesState>,
+    headers: &HeaderMap,
+    tenant: Option<u32>,
+    p: Prepared,
+    chains: &mut Chains,
+    continued: Option<&str>,
+    conn: &mut Conn,
+) -> Result<(), Gone> {
+    let Prepared {
+        mut generation,
+        mut response,
+        turn,
+        ..
+    } = p;
+    generation.sampling.params.max_tokens = 1;
+    generation.sampling.stream = false;
+    generation.guide = None;
+    let usage = match submit(st, headers, tenant, generation).await {
+        Ok(sub) => collect(sub.tagged, 1).await.map(|(_, _, u)| u),
+        Err(e) => Err(e),
+    };
+    let usage = match usage {
+        Ok(u) => u,
+        Err(e) => return send(conn, e.socket_event(None)).await,
+    };
+    let opened = response.clone();
+    response.status = "completed";
+    response.completed_at = Some(crate::ids::now_secs());
+    response.usage = Some(ResponseUsage::of(&kvgate_engine::Usage {
+        completion_tokens: 0,
+        ..usage
+    }));
+    finish::compacted(st, tenant, &response, turn.kept.conversation.clone());
+    chains.keep(response.id.clone(), turn.kept.conversation, continued);
+    let with = |response| WithResponse {
+        sequence_number: 0,
+        response,
+    };
+    for (i, mut e) in [
+        StreamEvent::Created(with(opened)),
+        StreamEvent::Completed(with(response)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        e.set_sequence(i);
+        send(conn, serde_json::to_string(&e).unwrap_or_default()).await?;
+    }
+    Ok(())
 }
