@@ -260,3 +260,40 @@ fn a_warm_up_turn_computes_the_prompt_and_the_next_turn_finds_it() {
         "the warmed prompt is cached: {cached} of {prompt}"
     );
 }
+
+/// The states a connection's turns retained are held by the connection: while it is open they stay
+/// (the next turn finds them), and when it closes they are let go at once (not at the end of the
+/// session window). On the real `serve` (its metrics).
+#[test]
+fn a_closing_socket_releases_what_it_retained() {
+    let s = common::Server::start(&[]);
+    let retained = |s: &common::Server| s.metric("kvgate:kv_cache_retained_blocks");
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    let long = "The agent reads the repository's README before it answers anything at all. ".repeat(8);
+    let done = turn(&mut ws, create(&long, json!({"store": false})));
+    assert_ne!(done.last().unwrap()["type"], "error");
+    let t = std::time::Instant::now();
+    while retained(&s) == 0.0 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "the turn's state was not retained"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    ws.close(None).unwrap();
+    let _ = ws.read(); // the close handshake
+    let t = std::time::Instant::now();
+    while retained(&s) > 0.0 {
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "the socket closed and its state stayed pinned"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // a plain HTTP session keeps its window
+    let body = json!({"input": long, "max_output_tokens": 2, "prompt_cache_key": "k"});
+    let (st, r) = s.post("/v1/responses", &body);
+    assert_eq!(st, 200, "{r}");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(retained(&s) > 0.0, "an HTTP session's state is retained for its window");
+}

@@ -50,6 +50,8 @@ pub(crate) enum Command {
     Admit(RequestId, Admit),
     Abort(RequestId),
     Stats(oneshot::Sender<EngineStats>),
+    /// Releases the retained states an owner holds (its connection closed).
+    ReleaseOwned(u64),
     /// Test hook: the next step panics (checks that a panic fails requests instead of the process).
     InjectPanic,
     /// Fail everything in flight and stop the engine thread.
@@ -242,6 +244,11 @@ impl EngineHandle {
     pub fn shutdown(&self) {
         let _ = self.tx.send(Command::Shutdown);
     }
+
+    /// Releases the retained states `owner` holds (their blocks stay cached, now evictable).
+    pub fn release_retained(&self, owner: u64) {
+        let _ = self.tx.send(Command::ReleaseOwned(owner));
+    }
 }
 
 impl Inference for EngineHandle {
@@ -267,6 +274,10 @@ impl Inference for EngineHandle {
 
     fn shutdown(&self) {
         EngineHandle::shutdown(self)
+    }
+
+    fn release_retained(&self, owner: u64) {
+        EngineHandle::release_retained(self, owner)
     }
 }
 

@@ -33,6 +33,10 @@ pub trait Inference: Send + Sync + 'static {
 
     /// Stops the engine (requests in flight fail, later ones get 503).
     fn shutdown(&self);
+
+    /// Releases the states retained for `owner` ([`crate::Retain::owner`]) before their window ends:
+    /// their blocks stay cached, now evictable. Nothing by default (a seam with no retention).
+    fn release_retained(&self, _owner: u64) {}
 }
 
 /// What a decision's reads found.

@@ -99,6 +99,8 @@ struct Pin {
     tenant: Option<u32>,
     kind: PinKind,
     blocks: Vec<BlockId>,
+    /// What holds it besides its deadline (a connection), released with it.
+    owner: Option<u64>,
 }
 
 /// Blocks held from eviction until a deadline, each pin one extra reference per block, oldest first.
@@ -127,7 +129,24 @@ impl Pins {
             tenant,
             kind,
             blocks,
+            owner: None,
         });
+    }
+
+    /// Gives the pin added last an owner.
+    pub(crate) fn own_last(&mut self, owner: u64) {
+        if let Some(p) = self.pins.last_mut() {
+            p.owner = Some(owner);
+        }
+    }
+
+    /// Removes and returns the pins `owner` holds.
+    pub(crate) fn take_owned(&mut self, owner: u64) -> Vec<Vec<BlockId>> {
+        let (gone, kept) = std::mem::take(&mut self.pins)
+            .into_iter()
+            .partition(|p| p.owner == Some(owner));
+        self.pins = kept;
+        gone.into_iter().map(|p: Pin| p.blocks).collect()
     }
 
     /// Removes and returns the pins whose deadline is `≤ now` (the caller drops their references).

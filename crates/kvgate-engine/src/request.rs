@@ -33,6 +33,9 @@ pub struct Retain {
     pub window: Duration,
     /// Whose (the API key's index when several keys are configured): counted against its own cap.
     pub tenant: Option<u32>,
+    /// What holds it besides the window (a WebSocket connection): when its holder goes,
+    /// [`crate::Inference::release_retained`] lets it go at once.
+    pub owner: Option<u64>,
 }
 
 /// One read of a decision: a prompt and, per label, the token ids whose probabilities are summed into

@@ -199,6 +199,9 @@ impl Engine {
                     draft: self.drafter.as_ref().map(Drafter::stats),
                 });
             }
+            Command::ReleaseOwned(owner) => {
+                self.sched.release_owned(owner);
+            }
             Command::InjectPanic => self.panic_next = true,
             Command::Shutdown => {
                 info!("engine shutting down");

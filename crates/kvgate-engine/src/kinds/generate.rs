@@ -296,8 +296,9 @@ impl GenState {
             self.choices.remove(&t);
             self.remaining -= 1;
             if let (0, Some(r)) = (self.remaining, self.retain) {
+                let until = (cx.pin_until)(r.window);
                 cx.update
-                    .pin(t, usize::MAX, (cx.pin_until)(r.window), r.tenant, PinKind::Session);
+                    .pin_owned(t, usize::MAX, until, r.tenant, PinKind::Session, r.owner);
             }
             if self.remaining == 0 {
                 let tenant = self.retain.and_then(|r| r.tenant);

@@ -431,6 +431,15 @@ impl Scheduler {
         done.len()
     }
 
+    /// Releases the pins `owner` holds (their blocks stay cached, now evictable); returns how many.
+    pub fn release_owned(&mut self, owner: u64) -> usize {
+        let gone = self.pins.take_owned(owner);
+        for b in &gone {
+            self.kv.unpin(b);
+        }
+        gone.len()
+    }
+
     /// Releases every pin.
     pub fn clear_pins(&mut self) {
         self.release_pins_until(u64::MAX);

@@ -24,6 +24,8 @@ pub(crate) enum SeqOp {
         tenant: Option<u32>,
         /// `keep_alive` or session retention.
         kind: PinKind,
+        /// What holds it besides its deadline (a connection).
+        owner: Option<u64>,
     },
     /// The sequence ends; its blocks are released.
     Finish,
@@ -48,6 +50,19 @@ impl StepUpdate {
 
     /// Records a pin of `seq`'s first `tokens` tokens.
     pub(crate) fn pin(&mut self, seq: SeqId, tokens: usize, until: u64, tenant: Option<u32>, kind: PinKind) {
+        self.pin_owned(seq, tokens, until, tenant, kind, None);
+    }
+
+    /// As [`StepUpdate::pin`], held by `owner` too (released when it goes).
+    pub(crate) fn pin_owned(
+        &mut self,
+        seq: SeqId,
+        tokens: usize,
+        until: u64,
+        tenant: Option<u32>,
+        kind: PinKind,
+        owner: Option<u64>,
+    ) {
         self.ops.push((
             seq,
             SeqOp::Pin {
@@ -55,6 +70,7 @@ impl StepUpdate {
                 until,
                 tenant,
                 kind,
+                owner,
             },
         ));
     }
@@ -103,8 +119,14 @@ impl Scheduler {
                     until,
                     tenant,
                     kind,
+                    owner,
                 } => {
-                    self.pin_prefix(seq, tokens, until, tenant, kind)?;
+                    // a pin is added (the last) exactly when blocks were pinned
+                    if self.pin_prefix(seq, tokens, until, tenant, kind)? > 0 {
+                        if let Some(o) = owner {
+                            self.pins.own_last(o);
+                        }
+                    }
                 }
                 SeqOp::Finish => self.finish_seq(seq)?,
                 SeqOp::Accept(n) => self.accept_draft(seq, n)?,
@@ -145,6 +167,26 @@ mod tests {
         assert!(s.update_from_output(bad).is_err());
         s.finish_group(g);
         s.clear_pins();
+        s.check_invariants();
+    }
+
+    /// A pin held by an owner (a connection) goes when the owner is released; others stay.
+    #[test]
+    fn an_owners_pins_go_with_it() {
+        let mut s = Scheduler::new(SchedulerConfig::new(8, 64, 4), 16);
+        for (prompt, owner) in [((0..12).collect::<Vec<u32>>(), Some(7)), ((100..112).collect(), None)] {
+            let (_, seq) = s.add_generate(prompt, "", false);
+            let plan = s.schedule().unwrap();
+            s.advance_step(&plan.chunks).unwrap();
+            let mut u = StepUpdate::default();
+            u.pin_owned(seq, usize::MAX, 1_000_000, None, PinKind::Session, owner);
+            u.finish(seq);
+            s.update_from_output(u).unwrap();
+        }
+        assert_eq!(s.pinned_blocks(), 6, "three full blocks each");
+        assert_eq!(s.release_owned(7), 1);
+        assert_eq!(s.pinned_blocks(), 3, "the unowned pin stays");
+        assert_eq!(s.release_owned(7), 0);
         s.check_invariants();
     }
 }

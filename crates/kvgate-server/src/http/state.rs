@@ -265,7 +265,11 @@ impl AppState {
     ) -> Option<kvgate_engine::Retain> {
         let hinted = prompt_cache_key.is_some_and(|k| !k.is_empty()) || headers.contains_key("x-session-id");
         let window = self.settings.session_window.filter(|_| hinted)?;
-        Some(kvgate_engine::Retain { window, tenant })
+        Some(kvgate_engine::Retain {
+            window,
+            tenant,
+            owner: None,
+        })
     }
 
     /// vLLM's `bad_words` as token sequences: each word as written and after a space (as it appears

@@ -63,6 +63,18 @@ pub(crate) async fn submit(
     tenant: Option<u32>,
     g: Generation,
 ) -> Result<Submitted, ApiError> {
+    submit_owned(st, headers, tenant, g, None).await
+}
+
+/// As [`submit`], the retained state held by `owner` too (a WebSocket connection: released when it
+/// closes, `Inference::release_retained`).
+pub(crate) async fn submit_owned(
+    st: &AppState,
+    headers: &HeaderMap,
+    tenant: Option<u32>,
+    g: Generation,
+    owner: Option<u64>,
+) -> Result<Submitted, ApiError> {
     let Generation {
         prompts,
         mut sampling,
@@ -79,6 +91,7 @@ pub(crate) async fn submit(
         None
     } else {
         st.retain_for(headers, session.as_deref(), tenant)
+            .map(|r| kvgate_engine::Retain { owner, ..r })
     };
     let prompt_tokens = prompts.iter().map(Vec::len).sum();
     let reqs = prompts

@@ -15,7 +15,8 @@
 //! are open (an upgrade past it gets 429), and a connection idle past `--websocket-idle-timeout` or
 //! older than `--websocket-max-age` is closed with 1001 between turns. Whatever way a connection ends — the
 //! client closes or vanishes mid-stream, the server shuts down — the turn's stream is dropped, which
-//! aborts its engine request, and the connection's memory goes with it.
+//! aborts its engine request, the connection's memory goes with it, and the KV states its turns
+//! retained are released (`Retain::owner`: the connection holds them).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -41,7 +42,7 @@ use crate::http::error::{ApiError, SpecError};
 use crate::http::middleware::RequestTenant;
 use crate::http::settings::SocketLimits;
 use crate::pipeline::events::collect;
-use crate::pipeline::generation::submit;
+use crate::pipeline::generation::submit_owned;
 use crate::pipeline::openai::request::strict_body;
 use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
 
@@ -125,6 +126,8 @@ struct Gone;
 /// streamed (pings are answered as they are read, so a turn longer than the client's keepalive does
 /// not look dead; a `response.create` sent meanwhile waits its turn).
 struct Conn {
+    /// Its id: the retained states of its turns are held by it, and let go when it closes.
+    id: u64,
     sink: SplitSink<WebSocket, WsMessage>,
     stream: SplitStream<WebSocket>,
     inbox: VecDeque<WsMessage>,
@@ -170,7 +173,9 @@ async fn serve(
     limits: SocketLimits,
 ) {
     let (sink, stream) = socket.split();
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let mut conn = Conn {
+        id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         sink,
         stream,
         inbox: VecDeque::new(),
@@ -215,6 +220,8 @@ async fn serve(
             break;
         }
     }
+    // however the connection ended, the states its turns retained go with it
+    st.engine().release_retained(conn.id);
 }
 
 async fn send(conn: &mut Conn, text: String) -> Result<(), Gone> {
@@ -314,7 +321,7 @@ async fn turn(
     let (tx, rx) = oneshot::channel();
     turn.kept.chain = Some(tx);
     let id = response.id.clone();
-    let tagged = match submit(st, headers, tenant, generation).await {
+    let tagged = match submit_owned(st, headers, tenant, generation, Some(conn.id)).await {
         Ok(s) => s.tagged,
         Err(e) => return send(conn, e.socket_event(None)).await,
     };
@@ -392,7 +399,7 @@ async fn warm_up(
     generation.sampling.params.max_tokens = 1;
     generation.sampling.stream = false;
     generation.guide = None;
-    let usage = match submit(st, headers, tenant, generation).await {
+    let usage = match submit_owned(st, headers, tenant, generation, Some(conn.id)).await {
         Ok(sub) => collect(sub.tagged, 1).await.map(|(_, _, u)| u),
         Err(e) => Err(e),
     };
