@@ -297,3 +297,41 @@ fn a_closing_socket_releases_what_it_retained() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(retained(&s) > 0.0, "an HTTP session's state is retained for its window");
 }
+
+/// Codex's remote compaction over the socket, as over HTTP: an input ending with `compaction_trigger`
+/// is answered with exactly one `compaction` item, and the compaction starts a new chain.
+#[test]
+fn a_compaction_trigger_over_the_socket() {
+    // (the summary's own prompt is longer than the default tiny context)
+    let s = InProcess::tiny_long(&[], 4096);
+    let mut ws = open(s.port, &[]).expect("upgrade");
+    let input = json!([
+        {"role": "user", "content": "Please look at the build failure in the parser module."},
+        {"role": "assistant", "content": "The parser fails on nested lists; I will fix the recursion."},
+        {"type": "compaction_trigger"}
+    ]);
+    let events = turn(
+        &mut ws,
+        json!({"type": "response.create", "input": input, "store": false}),
+    );
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.output_item.done",
+            "response.completed"
+        ],
+        "{events:?}"
+    );
+    let done = &events[4]["response"];
+    let out = done["output"].as_array().unwrap();
+    assert_eq!((out.len(), out[0]["type"].as_str()), (1, Some("compaction")), "{done}");
+    // the window continues from the compaction item, on the socket
+    let next = json!([{"type": "compaction", "encrypted_content": out[0]["encrypted_content"]},
+                      {"role": "user", "content": "Go on."}]);
+    let more = turn(&mut ws, create("", json!({"input": next})));
+    assert_ne!(more.last().unwrap()["type"], "error", "{more:?}");
+}

@@ -26,7 +26,7 @@ use serde_json::{Map, Value};
 use super::input;
 use super::prepare::{read_tools_spec, Prepared};
 use super::shape::ResponsesShape;
-use super::wire::{OutputItem, ResponseUsage, StreamEvent, WithItem, WithResponse};
+use super::wire::{OutputItem, ResponseObject, ResponseUsage, StreamEvent, WithItem, WithResponse};
 use crate::http::error::{ApiError, SpecError};
 use crate::http::middleware::RequestTenant;
 use crate::ids::{item_id, now_secs};
@@ -338,16 +338,34 @@ pub(super) async fn answer_trigger(
     headers: HeaderMap,
     p: Prepared,
 ) -> Result<Response, ApiError> {
-    let Prepared {
-        generation,
-        mut response,
-        turn,
-        ..
-    } = p;
+    let stream = p.generation.sampling.stream;
+    let (response, events, _) = trigger(&st, &headers, p).await?;
+    if !stream {
+        return Ok(Json(response).into_response());
+    }
+    let chunk = events
+        .iter()
+        .map(|e| (Some(e.kind()), serde_json::to_string(e).unwrap_or_default()))
+        .collect();
+    Ok(sse_named(
+        futures::stream::iter(vec![chunk]),
+        ResponsesShape::DONE_MARKER,
+    ))
+}
+
+/// The compaction a `compaction_trigger` asks for: the response (completed, one `compaction` item,
+/// stored when it asked to be), its events numbered, and the conversation it compacted (what a
+/// continuation of it reads) — for `POST /v1/responses` and the WebSocket mode alike.
+pub(super) async fn trigger(
+    st: &Arc<ResponsesState>,
+    headers: &HeaderMap,
+    p: Prepared,
+) -> Result<(ResponseObject, Vec<StreamEvent>, Vec<Message>), ApiError> {
+    let Prepared { mut response, turn, .. } = p;
     let session = response.prompt_cache_key.clone();
     let (cmp, _, usage) = summarise(
-        &st,
-        &headers,
+        st,
+        headers,
         turn.kept.tenant,
         &turn.kept.conversation,
         turn.tools.as_ref(),
@@ -364,10 +382,7 @@ pub(super) async fn answer_trigger(
     response.usage = Some(ResponseUsage::of(&usage));
     response.status = "completed";
     response.completed_at = Some(now_secs());
-    super::finish::compacted(&st, turn.kept.tenant, &response, turn.kept.conversation.clone());
-    if !generation.sampling.stream {
-        return Ok(Json(response).into_response());
-    }
+    super::finish::compacted(st, turn.kept.tenant, &response, turn.kept.conversation.clone());
     let with = |response| WithResponse {
         sequence_number: 0,
         response,
@@ -377,23 +392,15 @@ pub(super) async fn answer_trigger(
         output_index: 0,
         item,
     };
-    let mut events = [
+    let mut events = vec![
         StreamEvent::Created(with(opened.clone())),
         StreamEvent::InProgress(with(opened)),
         StreamEvent::ItemAdded(added.clone()),
         StreamEvent::ItemDone(added),
-        StreamEvent::Completed(with(response)),
+        StreamEvent::Completed(with(response.clone())),
     ];
-    let chunk = events
-        .iter_mut()
-        .enumerate()
-        .map(|(i, e)| {
-            e.set_sequence(i);
-            (Some(e.kind()), serde_json::to_string(e).unwrap_or_default())
-        })
-        .collect();
-    Ok(sse_named(
-        futures::stream::iter(vec![chunk]),
-        ResponsesShape::DONE_MARKER,
-    ))
+    for (i, e) in events.iter_mut().enumerate() {
+        e.set_sequence(i);
+    }
+    Ok((response, events, turn.kept.conversation))
 }

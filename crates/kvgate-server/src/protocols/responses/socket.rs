@@ -311,6 +311,18 @@ async fn turn(
     if !generate {
         return warm_up(st, headers, tenant, p, chains, continued.as_deref(), conn).await;
     }
+    if p.trigger {
+        // Codex's remote compaction, as over HTTP: one `compaction` item
+        let (response, events, conversation) = match super::compact::trigger(st, headers, p).await {
+            Ok(t) => t,
+            Err(e) => return send(conn, e.socket_event(None)).await,
+        };
+        chains.keep(response.id, conversation, continued.as_deref());
+        for e in events {
+            send(conn, serde_json::to_string(&e).unwrap_or_default()).await?;
+        }
+        return Ok(());
+    }
     let Prepared {
         generation,
         response,
@@ -368,14 +380,7 @@ async fn start(
 ) -> Result<Prepared, ApiError> {
     st.check_generates("/v1/responses")?;
     let model = st.check_model(b.model.as_deref())?;
-    let p = prepare(st, tenant, b, model, Some(chains)).await?;
-    if p.trigger {
-        return Err(ApiError::param(
-            "input",
-            "a compaction_trigger is not supported over a WebSocket; use POST /v1/responses/compact",
-        ));
-    }
-    Ok(p)
+    prepare(st, tenant, b, model, Some(chains)).await
 }
 
 /// A `generate: false` turn (a warm-up): the prompt is computed into the cache (one token sampled and
