@@ -101,6 +101,17 @@ pub struct StreamUsage {
     pub prompt_tokens: usize,
 }
 
+impl StreamUsage {
+    /// A stream that reports no usage of its own (its shape's closing event carries it).
+    pub fn bare(prompt_tokens: usize) -> StreamUsage {
+        StreamUsage {
+            include: false,
+            continuous: false,
+            prompt_tokens,
+        }
+    }
+}
+
 /// Answers the submitted prompts in `shape`: a body once all are done, or (with `stream`) SSE.
 pub async fn respond<S: Shape>(
     tagged: Vec<Tagged>,

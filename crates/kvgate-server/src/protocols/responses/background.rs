@@ -13,12 +13,13 @@ use axum::Json;
 
 use futures::StreamExt;
 
+use super::cancel_signal;
 use super::prepare::Prepared;
 use super::replay;
 use super::shape::ResponsesShape;
 use crate::http::error::ApiError;
 use crate::pipeline::generation::submit;
-use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
+use crate::pipeline::openai::respond::{chunks, StreamUsage};
 use crate::protocols::responses::ResponsesState;
 
 /// Starts `p` in the background; answers with its `queued` snapshot.
@@ -48,7 +49,9 @@ pub(super) async fn start(st: Arc<ResponsesState>, headers: HeaderMap, p: Prepar
     turn.kept.background = true;
     let tagged = submit(&st, &headers, tenant, generation).await?.tagged;
     let id = response.id.clone();
-    let cancelled = st.responses().running(tenant, &id);
+    // `POST /v1/responses/{id}/cancel` ends the events with the shape's cancelled ones (the shape
+    // stores the response however it ends); the registration goes with the run
+    let stop = cancel_signal(&st, tenant, &id);
     response.status = "queued";
     st.responses().put_running(tenant, response.clone());
     let queued = response.clone();
@@ -61,21 +64,10 @@ pub(super) async fn start(st: Arc<ResponsesState>, headers: HeaderMap, p: Prepar
     tokio::spawn(async move {
         let _slot = slot;
         run.responses().put_running(tenant, response);
-        let usage = StreamUsage {
-            include: false,
-            continuous: false,
-            prompt_tokens: prompt_len,
-        };
-        // `POST /v1/responses/{id}/cancel` ends the events with the shape's cancelled ones, and the
-        // shape stores the response however it ends
-        let stop: Stop = Box::pin(async move { cancelled.notified().await });
-        let mut events = chunks(tagged, usage, shape, Some(stop));
+        let mut events = chunks(tagged, StreamUsage::bare(prompt_len), shape, Some(stop));
         while let Some(batch) = events.next().await {
             recorder.push(batch);
         }
-        drop(events);
-        drop(recorder);
-        run.responses().ended(&id);
     });
     if stream {
         return Ok(replay::stream(replay, None));

@@ -136,15 +136,22 @@ pub fn conversation(instructions: Option<&str>, history: Vec<Message>, items: &[
     Ok(f.finish())
 }
 
-/// `items` with each `item_reference` replaced by the item it names among `referable` (the previous
-/// response's output items, or the stored conversation's); one it does not name is a 404 naming it.
-pub fn resolve_references(input: Vec<Item>, referable: &[Value]) -> Result<Vec<Item>, ApiError> {
+/// `items` with each `item_reference` replaced by the item it names among `referable()` (the
+/// previous response's output items, or the stored conversation's: read only when a reference is
+/// there); one it does not name is a 404 naming it.
+pub fn resolve_references(input: Vec<Item>, referable: impl FnOnce() -> Vec<Value>) -> Result<Vec<Item>, ApiError> {
+    if !input.iter().any(|i| matches!(i, Item::ItemReference { .. })) {
+        return Ok(input);
+    }
+    let referable = referable();
     input
         .into_iter()
         .enumerate()
         .map(|(i, it)| match it {
             Item::ItemReference { id } => {
-                let found = referable.iter().find(|v| v.get("id").and_then(Value::as_str) == Some(id.as_str()));
+                let found = referable
+                    .iter()
+                    .find(|v| v.get("id").and_then(Value::as_str) == Some(id.as_str()));
                 match found {
                     Some(v) => Ok(items(&Value::Array(vec![v.clone()]))?.remove(0)),
                     None => Err(ApiError::NotFound(format!(
@@ -221,9 +228,9 @@ mod tests {
         // a reference becomes the item it names, or a 404 naming it
         let named = json!([{"type": "function_call", "id": "fc_1", "call_id": "c", "name": "f", "arguments": "{}"}]);
         let it = items(&json!([{"type": "item_reference", "id": "fc_1"}])).unwrap();
-        let resolved = resolve_references(it.clone(), named.as_array().unwrap()).unwrap();
+        let resolved = resolve_references(it.clone(), || named.as_array().unwrap().clone()).unwrap();
         assert!(matches!(&resolved[0], Item::FunctionCall { call_id, .. } if call_id == "c"));
-        let e = resolve_references(it, &[]).unwrap_err();
+        let e = resolve_references(it, Vec::new).unwrap_err();
         assert!(e.to_string().contains("fc_1"), "{e}");
         assert!(items(&json!(5)).is_err());
         assert!(items(&json!([{"type": "bogus"}]))

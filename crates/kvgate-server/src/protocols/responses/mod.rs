@@ -90,36 +90,39 @@ pub async fn create(
     let tagged = submit(&st, &headers, tenant, generation).await?.tagged;
     let shape = ResponsesShape::new(st.clone(), response.clone(), turn);
     // `POST /v1/responses/{id}/cancel` may stop it, streamed or not
-    let cancelled = st.responses().running(tenant, &id);
+    let mut stop = cancel_signal(&st, tenant, &id);
     if stream {
-        let stream = StreamUsage {
-            include: false,
-            continuous: false,
-            prompt_tokens: prompt_len,
-        };
-        // the registration goes with the stream, however it ends (a client gone included)
-        let running = Running(st.clone(), id.clone());
-        let stop: Stop = Box::pin(async move {
-            let _running = running;
-            cancelled.notified().await
-        });
-        return Ok(respond_until(tagged, 1, Some(stream), shape, Some(stop)).await?);
+        let usage = StreamUsage::bare(prompt_len);
+        return Ok(respond_until(tagged, 1, Some(usage), shape, Some(stop)).await?);
     }
     let out = tokio::select! {
         r = respond(tagged, 1, None, shape) => r,
-        _ = cancelled.notified() => {
+        _ = &mut stop => {
             let mut r = response;
             r.status = "cancelled";
             finish::unanswered(&st, tenant, r.clone(), false);
             Ok(axum::Json(r).into_response())
         }
     };
-    st.responses().ended(&id);
+    // (the registration ends once the cancelled response is stored)
+    drop(stop);
     Ok(out?)
 }
 
-/// A streamed response's registration for cancel, dropped with its stream.
-struct Running(pub(super) Arc<ResponsesState>, pub(super) String);
+/// Registers response `id` of `tenant` for `POST /v1/responses/{id}/cancel`: the signal resolves
+/// when it is cancelled, and the registration ends when the signal is dropped — with the response's
+/// stream, however that ends (a client gone included).
+pub(super) fn cancel_signal(st: &Arc<ResponsesState>, tenant: Option<u32>, id: &str) -> Stop {
+    let cancelled = st.responses().running(tenant, id);
+    let running = Running(st.clone(), id.to_string());
+    Box::pin(async move {
+        let _running = running;
+        cancelled.notified().await
+    })
+}
+
+/// A response's registration for cancel, ended when dropped.
+struct Running(Arc<ResponsesState>, String);
 
 impl Drop for Running {
     fn drop(&mut self) {

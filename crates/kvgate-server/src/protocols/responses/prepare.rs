@@ -16,8 +16,8 @@ use super::input;
 use super::shape::Turn;
 use super::socket::Chains;
 use super::wire::{
-    ConversationRef, Item, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat, TextOptions,
-    ToolEcho,
+    ConversationRef, Item, OutputItem, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat,
+    TextOptions, ToolEcho,
 };
 use crate::http::error::ApiError;
 use crate::ids::{item_id, now_secs};
@@ -214,8 +214,28 @@ struct History {
     messages: Vec<Message>,
     /// A stored conversation's items.
     items: Vec<Item>,
-    /// The items an `item_reference` may name: the previous response's output, or the conversation's.
-    referable: Vec<Value>,
+    /// The items an `item_reference` may name.
+    referable: Referable,
+}
+
+/// The items an `item_reference` may name, read only when the input holds one.
+enum Referable {
+    /// The previous response's output items.
+    Output(Vec<OutputItem>),
+    /// The stored conversation's items.
+    Stored(Vec<Value>),
+    None,
+}
+
+impl Referable {
+    /// The items, as input items' JSON.
+    fn values(self) -> Vec<Value> {
+        match self {
+            Referable::Output(o) => o.iter().filter_map(|i| serde_json::to_value(i).ok()).collect(),
+            Referable::Stored(v) => v,
+            Referable::None => vec![],
+        }
+    }
 }
 
 /// The conversation before the input: a previous response's (one the connection keeps first, on a
@@ -231,35 +251,34 @@ fn history(
             return Ok(History {
                 messages: conv.clone(),
                 items: vec![],
-                referable: vec![],
+                referable: Referable::None,
             });
         }
         let (response, conv) = st.responses().get(tenant, id).ok_or_else(|| {
             ApiError::NotFound(format!("previous_response_id {id:?}: no stored response with that id (responses are stored with store: true, bounded by --responses-store-entries)"))
         })?;
-        let referable = response
-            .output
-            .iter()
-            .filter_map(|o| serde_json::to_value(o).ok())
-            .collect();
         return Ok(History {
             messages: conv,
             items: vec![],
-            referable,
+            referable: Referable::Output(response.output),
         });
     }
     if let Some(c) = &b.conversation {
-        let stored = st.conversations().items(tenant, c.id())?;
+        let stored = Value::Array(st.conversations().items(tenant, c.id())?);
+        let items = input::items(&stored)?;
+        let Value::Array(stored) = stored else {
+            unreachable!("built as an array above")
+        };
         return Ok(History {
             messages: vec![],
-            items: input::items(&Value::Array(stored.clone()))?,
-            referable: stored,
+            items,
+            referable: Referable::Stored(stored),
         });
     }
     Ok(History {
         messages: vec![],
         items: vec![],
-        referable: vec![],
+        referable: Referable::None,
     })
 }
 
@@ -285,7 +304,7 @@ pub(super) async fn prepare(
         .input
         .as_ref()
         .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
-    let own = input::resolve_references(input::items(input)?, &referable)?;
+    let own = input::resolve_references(input::items(input)?, || referable.values())?;
     let appended = match &b.conversation {
         // (`own` above is the same input, read and checked)
         Some(_) => crate::protocols::responses::conversations::items::stored(input),

@@ -37,14 +37,14 @@ use super::finish;
 use super::prepare::{prepare, Prepared};
 use super::shape::ResponsesShape;
 use super::wire::{ResponseUsage, ResponsesBody, StreamEvent, WithResponse};
-use super::{ResponsesState, Running};
+use super::{cancel_signal, ResponsesState};
 use crate::http::error::{ApiError, SpecError};
 use crate::http::middleware::RequestTenant;
 use crate::http::settings::SocketLimits;
 use crate::pipeline::events::collect;
 use crate::pipeline::generation::submit_owned;
 use crate::pipeline::openai::request::strict_body;
-use crate::pipeline::openai::respond::{chunks, Stop, StreamUsage};
+use crate::pipeline::openai::respond::{chunks, StreamUsage};
 
 /// Most chains one connection keeps (the oldest goes first).
 pub(crate) const MAX_CHAINS: usize = 64;
@@ -339,18 +339,8 @@ async fn turn(
     };
     let shape = ResponsesShape::new(st.clone(), response, turn);
     // `POST /v1/responses/{id}/cancel` may stop it, as over HTTP
-    let cancelled = st.responses().running(tenant, &id);
-    let running = Running(st.clone(), id);
-    let stop: Stop = Box::pin(async move {
-        let _running = running;
-        cancelled.notified().await
-    });
-    let usage = StreamUsage {
-        include: false,
-        continuous: false,
-        prompt_tokens: prompt_len,
-    };
-    let mut events = chunks(tagged, usage, shape, Some(stop));
+    let stop = cancel_signal(st, tenant, &id);
+    let mut events = chunks(tagged, StreamUsage::bare(prompt_len), shape, Some(stop));
     loop {
         let batch = tokio::select! {
             batch = events.next() => batch,
@@ -378,7 +368,6 @@ async fn start(
     b: &ResponsesBody,
     chains: &Chains,
 ) -> Result<Prepared, ApiError> {
-    st.check_generates("/v1/responses")?;
     let model = st.check_model(b.model.as_deref())?;
     prepare(st, tenant, b, model, Some(chains)).await
 }
