@@ -320,6 +320,58 @@ fn item_references_name_the_previous_output() {
     );
     assert_eq!(st, 404, "{r}");
     assert!(r["error"]["message"].as_str().unwrap().contains("msg_unknown"), "{r}");
+
+    // in a conversation, a reference is kept as the item it names: later turns read it as that item
+    let (st, conv) = s.post(
+        "/v1/conversations",
+        &json!({"items": [{"type": "function_call", "id": "fc_a", "call_id": "c1", "name": "f", "arguments": "{}", "echoed": 1}]}),
+    );
+    assert_eq!(st, 200, "{conv}");
+    let turn = |input: Value| {
+        let (st, r) = s.post(
+            "/v1/responses",
+            &json!({"input": input, "conversation": conv["id"], "max_output_tokens": 2, "temperature": 0}),
+        );
+        assert_eq!(st, 200, "{r}");
+    };
+    turn(
+        json!([{"type": "item_reference", "id": "fc_a"}, {"type": "function_call_output", "call_id": "c1", "output": "3"}]),
+    );
+    turn(json!("And then?"));
+    let (st, items) = s
+        .get(&format!(
+            "/v1/conversations/{}/items?order=asc",
+            conv["id"].as_str().unwrap()
+        ))
+        .unwrap();
+    assert_eq!(st, 200, "{items}");
+    let kinds: Vec<&str> = items["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "function_call",
+            "function_call",
+            "function_call_output",
+            "message",
+            "message",
+            "message"
+        ],
+        "{items}"
+    );
+    let first = &items["data"][0];
+    assert_eq!(
+        first["status"], "completed",
+        "typed and listed in the Responses shape: {first}"
+    );
+    assert!(
+        first.get("echoed").is_none(),
+        "fields kvgate does not read are not kept: {first}"
+    );
 }
 
 /// SSE `data:` payloads of a body, as JSON.

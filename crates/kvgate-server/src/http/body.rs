@@ -3,6 +3,7 @@
 //! wrong); and the JSON type names the hand-walked validators use in messages.
 
 use axum::http::{header, HeaderMap};
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
@@ -19,6 +20,29 @@ pub fn parse_object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
             kind(&other)
         ))),
     }
+}
+
+/// Reads `v` as `T`; a problem is a 400 naming `prefix` and the path inside `v`.
+pub(crate) fn at<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.path().to_string();
+        let param = match inner.as_str() {
+            "." | "" | "?" => prefix.to_string(),
+            p if p.starts_with('[') => format!("{prefix}{p}"),
+            p if prefix.is_empty() => p.to_string(),
+            p => format!("{prefix}.{p}"),
+        };
+        let msg = e.into_inner().to_string();
+        let msg = msg.replace(
+            "data did not match any variant of untagged enum",
+            "expected one of the forms of",
+        );
+        if param.is_empty() {
+            ApiError::bad(format!("invalid request: {msg}"))
+        } else {
+            ApiError::param(&param, format!("{param}: {msg}"))
+        }
+    })
 }
 
 /// The JSON type name of a value.

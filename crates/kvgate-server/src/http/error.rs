@@ -132,6 +132,15 @@ impl ApiError {
         }
     }
 
+    /// The same error; a 400 names `field` (a top-level field) as its param instead of the exact
+    /// path, which its message keeps — the OpenAI chat and Responses wires name the field.
+    pub fn in_field(self, field: &str) -> ApiError {
+        match self {
+            ApiError::BadRequest { message, .. } => ApiError::param(field, message),
+            other => other,
+        }
+    }
+
     /// A 400 without a specific parameter.
     pub fn bad(message: impl Into<String>) -> ApiError {
         ApiError::BadRequest {

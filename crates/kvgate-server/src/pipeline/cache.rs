@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use kvgate_model::prompt::Message;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::http::error::ApiError;
@@ -47,7 +47,7 @@ pub(crate) enum CacheMode {
 }
 
 /// A breakpoint's lifetime.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Ttl {
     /// Thirty minutes.
     #[serde(rename = "30m")]
@@ -68,19 +68,19 @@ impl Ttl {
 }
 
 /// `prompt_cache_breakpoint` on a content part.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Breakpoint {
     /// Always `explicit`.
     #[allow(dead_code)] // checked by its type
     pub mode: BreakpointMode,
     /// Its own lifetime (else the request's).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl: Option<Ttl>,
 }
 
 /// A breakpoint's mode.
-#[derive(Debug, Clone, Copy, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum BreakpointMode {
     /// The only one.

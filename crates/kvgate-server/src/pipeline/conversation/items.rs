@@ -2,15 +2,15 @@
 //! (`/v1/responses`, `/v1/decisions`): a function or custom tool call folds into the assistant turn it
 //! belongs to, its output becomes a `tool` turn naming the call, and a custom tool call reads as a
 //! function of one string `input`. The same items give the same messages, so the same rendered prefix,
-//! whichever door they came in by. Each wire types its items itself (Responses' are lenient, as its
-//! clients echo output items back with fields of their own; Decisions' deny unknown fields, as
-//! OpenAI's API does) and hands each one, in order, to the one [`Folder`], which also pairs every
-//! output with the call it answers (a wire decides whether an unpaired one is an error).
+//! whichever door they came in by. The typed items ([`super::item`]) are handed, in order, to the
+//! one [`Folder`] by [`super::fold`], which also pairs every output with the call it answers.
 
 use std::collections::HashMap;
 
 use kvgate_model::prompt::{FunctionCall, Message, Role, ToolCall, ToolCallKind};
 use serde_json::{json, Value};
+
+use crate::pipeline::cache::{Marked, Ttl};
 
 /// A plain turn.
 pub(crate) fn turn(role: Role, content: String) -> Message {
@@ -85,19 +85,19 @@ pub(crate) enum Pairing {
 }
 
 /// Items folded into a conversation, in order: messages as turns, calls into the assistant turn they
-/// belong to, outputs as `tool` turns; the messages a prompt-cache breakpoint closes (each with what
-/// the wire says of it, `M`: Responses' lifetime, nothing for Decisions); each call's id and kind, so
-/// that outputs are paired with their calls.
-pub(crate) struct Folder<M = ()> {
+/// belong to, outputs as `tool` turns; the messages a prompt-cache breakpoint closes (each with its
+/// own lifetime, if it names one); each call's id and kind, so that outputs are paired with their
+/// calls.
+pub(crate) struct Folder {
     msgs: Vec<Message>,
-    marks: Vec<(usize, M)>,
+    marks: Vec<(usize, Option<Ttl>)>,
     /// Call id → whether the call was a custom tool's.
     calls: HashMap<String, bool>,
 }
 
-impl<M> Folder<M> {
+impl Folder {
     /// A conversation that starts with `msgs`.
-    pub(crate) fn starting_with(msgs: Vec<Message>) -> Folder<M> {
+    pub(crate) fn starting_with(msgs: Vec<Message>) -> Folder {
         Folder {
             msgs,
             marks: vec![],
@@ -106,7 +106,7 @@ impl<M> Folder<M> {
     }
 
     /// A message; `mark` when it closes a reusable prefix.
-    pub(crate) fn message(&mut self, role: Role, text: String, mark: Option<M>) {
+    pub(crate) fn message(&mut self, role: Role, text: String, mark: Option<Option<Ttl>>) {
         self.msgs.push(turn(role, text));
         self.mark(mark);
     }
@@ -133,12 +133,12 @@ impl<M> Folder<M> {
 
     /// The output of the call `call_id`: a `tool` turn (whether it pairs is the wire's to check,
     /// [`Folder::pairs`]).
-    pub(crate) fn output(&mut self, call_id: &str, text: String, mark: Option<M>) {
+    pub(crate) fn output(&mut self, call_id: &str, text: String, mark: Option<Option<Ttl>>) {
         self.msgs.push(tool_output(call_id, text));
         self.mark(mark);
     }
 
-    fn mark(&mut self, mark: Option<M>) {
+    fn mark(&mut self, mark: Option<Option<Ttl>>) {
         if let Some(m) = mark {
             self.marks.push((self.msgs.len() - 1, m));
         }
@@ -150,7 +150,7 @@ impl<M> Folder<M> {
     }
 
     /// The conversation and the messages that close a reusable prefix.
-    pub(crate) fn finish(self) -> (Vec<Message>, Vec<(usize, M)>) {
+    pub(crate) fn finish(self) -> Marked {
         (self.msgs, self.marks)
     }
 }
@@ -161,8 +161,8 @@ mod tests {
 
     #[test]
     fn calls_fold_into_the_assistant_turn_and_outputs_pair_with_them() {
-        let mut f: Folder<&str> = Folder::starting_with(vec![turn(Role::System, "s".into())]);
-        f.message(Role::User, "weather?".into(), Some("ttl"));
+        let mut f = Folder::starting_with(vec![turn(Role::System, "s".into())]);
+        f.message(Role::User, "weather?".into(), Some(Some(Ttl::Hours12)));
         assert!(f.call("c1", "get", CallBody::Function("{\"city\":\"Oslo\"}")));
         assert!(f.call("c2", "patch", CallBody::Custom("diff")));
         assert!(
@@ -174,7 +174,7 @@ mod tests {
         assert_eq!(f.pairs("c2", true), Pairing::Paired);
         assert_eq!(f.pairs("c9", false), Pairing::NoCall);
         f.output("c1", "12C".into(), None);
-        f.output("c2", "ok".into(), Some("out"));
+        f.output("c2", "ok".into(), Some(None));
         let (msgs, marks) = f.finish();
         let roles: Vec<Role> = msgs.iter().map(|m| m.role).collect();
         assert_eq!(
@@ -187,12 +187,12 @@ mod tests {
         assert_eq!(calls[0].function.arguments, json!({"city": "Oslo"}));
         assert_eq!(calls[1].function.arguments, json!({"input": "diff"}));
         assert_eq!(msgs[4].tool_call_id.as_deref(), Some("c2"));
-        assert_eq!(marks, [(1, "ttl"), (4, "out")]);
+        assert_eq!(marks, [(1, Some(Ttl::Hours12)), (4, None)]);
     }
 
     #[test]
     fn a_call_after_a_tool_turn_opens_a_new_assistant_turn() {
-        let mut f: Folder = Folder::starting_with(vec![]);
+        let mut f = Folder::starting_with(vec![]);
         f.call("a", "f", CallBody::Function("not json"));
         f.output("a", "1".into(), None);
         f.call("b", "f", CallBody::Function("{}"));

@@ -6,6 +6,8 @@
 //! and renders it here, so the same messages give the same prompt, and the same warm prefix,
 //! whichever door they came in by.
 
+pub(crate) mod fold;
+pub(crate) mod item;
 pub(crate) mod items;
 mod wire;
 

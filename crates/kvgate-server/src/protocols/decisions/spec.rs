@@ -22,15 +22,16 @@
 use std::collections::HashSet;
 
 use kvgate_decide::spec::{Content as SpecContent, DecisionSpec, Question, State};
-use kvgate_model::prompt::{Message, Role as MsgRole};
+use kvgate_model::prompt::Message;
 use serde_json::Value;
 
-use super::wire::{
-    at, ChoiceValue, Content, DecisionBody, Input, InstructionPart, MessageItem, Part, QuestionIn, Role, ToolItem,
-};
+use super::wire::{ChoiceValue, Content, DecisionBody, Input, InstructionPart, QuestionIn};
+use crate::http::body::at;
 use crate::http::error::ApiError;
 use crate::pipeline::cache::{self, CacheMode, CacheOptions, Ttl};
-use crate::pipeline::conversation::items::{CallBody, Folder, Pairing};
+use crate::pipeline::conversation::fold::{fold, json_text, no_images, Rules};
+use crate::pipeline::conversation::item::{self, Unknown};
+use crate::pipeline::conversation::items::Folder;
 
 /// The most questions OpenAI accepts in one request.
 pub(crate) const MAX_QUESTIONS: usize = 400;
@@ -38,10 +39,6 @@ pub(crate) const MAX_QUESTIONS: usize = 400;
 const CHOICES: std::ops::RangeInclusive<usize> = 2..=255;
 /// Levels per score question.
 const LEVELS: std::ops::RangeInclusive<usize> = 2..=10;
-/// `input_json` limits: container depth, values, compact bytes.
-const JSON_DEPTH: usize = 32;
-const JSON_VALUES: usize = 10_000;
-const JSON_BYTES: usize = 256 * 1024;
 /// `safety_identifier` length.
 const SAFETY_ID_CHARS: usize = 128;
 
@@ -154,194 +151,18 @@ pub(crate) fn parse(body: Value, max_questions: usize) -> Result<Parsed, ApiErro
     })
 }
 
-/// The items as messages; records which message each explicit breakpoint closes. A call id is used
-/// once, and every output answers an earlier call of its kind.
+/// The items as messages, read strictly ([`fold`]); records which message each explicit breakpoint
+/// closes.
 fn conversation(items: Vec<Value>, breakpoints: &mut Vec<usize>) -> Result<Vec<Message>, ApiError> {
     if items.is_empty() {
         return Err(ApiError::param("input", "input: must be a string or at least one item"));
     }
-    let mut f: Folder = Folder::starting_with(vec![]);
-    for (i, v) in items.into_iter().enumerate() {
-        let p = format!("input[{i}]");
-        let is_message = v.get("role").is_some();
-        if is_message {
-            let m: MessageItem = at(v, &p)?;
-            if m.phase.is_some() && m.role != Role::Assistant {
-                return Err(ApiError::param(
-                    &format!("{p}.phase"),
-                    format!("{p}.phase: only an assistant message has a phase"),
-                ));
-            }
-            let (text, marked) = content_text(m.content, &p, m.role)?;
-            let role = match m.role {
-                Role::User => MsgRole::User,
-                Role::Developer | Role::System => MsgRole::System,
-                Role::Assistant => MsgRole::Assistant,
-            };
-            f.message(role, text, marked.then_some(()));
-            continue;
-        }
-        let call_param = format!("{p}.call_id");
-        let (call_id, fresh) = match at::<ToolItem>(v, &p)? {
-            ToolItem::FunctionCall {
-                call_id,
-                name,
-                arguments,
-                ..
-            } => {
-                let fresh = f.call(&call_id, &name, CallBody::Function(&arguments));
-                (call_id, fresh)
-            }
-            ToolItem::CustomToolCall {
-                call_id, name, input, ..
-            } => {
-                let fresh = f.call(&call_id, &name, CallBody::Custom(&input));
-                (call_id, fresh)
-            }
-            ToolItem::FunctionCallOutput { call_id, output, .. } => {
-                paired(f.pairs(&call_id, false), &call_id, false, &call_param)?;
-                let (text, marked) = content_text(output, &format!("{p}.output"), Role::User)?;
-                f.output(&call_id, text, marked.then_some(()));
-                continue;
-            }
-            ToolItem::CustomToolCallOutput { call_id, output, .. } => {
-                paired(f.pairs(&call_id, true), &call_id, true, &call_param)?;
-                let (text, marked) = content_text(output, &format!("{p}.output"), Role::User)?;
-                f.output(&call_id, text, marked.then_some(()));
-                continue;
-            }
-        };
-        if !fresh {
-            return Err(ApiError::param(
-                &call_param,
-                format!("{call_param}: the call id {call_id:?} is used by an earlier call"),
-            ));
-        }
-    }
+    let items = item::read_list(&Value::Array(items), "input", Unknown::Refuse)?;
+    let mut f = Folder::starting_with(vec![]);
+    fold(&mut f, items, "input", Rules { strict: true })?;
     let (msgs, marks) = f.finish();
-    breakpoints.extend(marks.into_iter().map(|(m, ())| m));
+    breakpoints.extend(marks.into_iter().map(|(m, _)| m));
     Ok(msgs)
-}
-
-/// An output's pairing as a 400 naming `param` unless it answers an earlier call of its kind.
-fn paired(pairing: Pairing, id: &str, custom: bool, param: &str) -> Result<(), ApiError> {
-    let (this, other) = if custom {
-        ("custom_tool_call", "function_call")
-    } else {
-        ("function_call", "custom_tool_call")
-    };
-    match pairing {
-        Pairing::Paired => Ok(()),
-        Pairing::OtherKind => Err(ApiError::param(
-            param,
-            format!("{param}: {id:?} names a {other}; a {this}_output answers a {this}"),
-        )),
-        Pairing::NoCall => Err(ApiError::param(
-            param,
-            format!("{param}: no earlier {this} has the call id {id:?}"),
-        )),
-    }
-}
-
-/// A message's (or tool output's, read as `User`) text and whether a part carries a breakpoint: parts
-/// joined as `/v1/responses` joins them (back to back), each part checked against what the role may
-/// carry.
-fn content_text(c: Content, p: &str, role: Role) -> Result<(String, bool), ApiError> {
-    let parts = match c {
-        Content::Text(s) => return Ok((s, false)),
-        Content::Parts(parts) => parts,
-    };
-    let mut out = String::new();
-    let mut marked = false;
-    for (j, v) in parts.into_iter().enumerate() {
-        let pp = format!("{p}.content[{j}]");
-        let part: Part = at(v, &pp)?;
-        let allowed: &[&str] = match role {
-            Role::User => &["input_text", "input_image", "input_json"],
-            Role::Developer | Role::System => &["input_text"],
-            Role::Assistant => &["output_text", "refusal"],
-        };
-        if !allowed.contains(&part.kind()) {
-            return Err(ApiError::param(
-                &pp,
-                format!(
-                    "{pp}: a part of type {:?} is not allowed here (allowed: {})",
-                    part.kind(),
-                    allowed.join(", ")
-                ),
-            ));
-        }
-        match part {
-            Part::InputText {
-                text,
-                prompt_cache_breakpoint,
-            } => {
-                out.push_str(&text);
-                marked |= prompt_cache_breakpoint.is_some();
-            }
-            Part::InputImage { .. } => return Err(no_images(&pp)),
-            Part::InputJson { data } => out.push_str(&json_text(&data, &format!("{pp}.data"))?),
-            Part::OutputText { text, .. } => out.push_str(&text),
-            Part::Refusal { refusal } => out.push_str(&refusal),
-        }
-    }
-    Ok((out, marked))
-}
-
-fn no_images(p: &str) -> ApiError {
-    ApiError::param(
-        p,
-        format!("{p}: this model does not support image input (kvgate serves text-only models)"),
-    )
-}
-
-/// `input_json` data as compact JSON text (keys in the order sent), within OpenAI's limits.
-fn json_text(data: &Value, p: &str) -> Result<String, ApiError> {
-    let objects = match data {
-        Value::Object(_) => true,
-        Value::Array(a) => a.iter().all(Value::is_object),
-        _ => false,
-    };
-    if !objects {
-        return Err(ApiError::param(
-            p,
-            format!("{p}: must be an object or an array of objects"),
-        ));
-    }
-    fn walk(v: &Value, depth: usize, max_depth: &mut usize, values: &mut usize) {
-        *values += 1;
-        let children: Box<dyn Iterator<Item = &Value>> = match v {
-            Value::Object(o) => Box::new(o.values()),
-            Value::Array(a) => Box::new(a.iter()),
-            _ => return,
-        };
-        *max_depth = (*max_depth).max(depth + 1);
-        for c in children {
-            walk(c, depth + 1, max_depth, values);
-        }
-    }
-    let (mut depth, mut values) = (0, 0);
-    walk(data, 0, &mut depth, &mut values);
-    if depth > JSON_DEPTH {
-        return Err(ApiError::param(
-            p,
-            format!("{p}: at most {JSON_DEPTH} nested levels, got {depth}"),
-        ));
-    }
-    if values > JSON_VALUES {
-        return Err(ApiError::param(
-            p,
-            format!("{p}: at most {JSON_VALUES} values, got {values}"),
-        ));
-    }
-    let text = data.to_string();
-    if text.len() > JSON_BYTES {
-        return Err(ApiError::param(
-            p,
-            format!("{p}: at most {JSON_BYTES} bytes of compact JSON, got {}", text.len()),
-        ));
-    }
-    Ok(text)
 }
 
 /// A question's instructions as text: a string, or parts joined by newlines.

@@ -1,39 +1,15 @@
 //! The `/v1/decisions` request as openai-python 3.60 defines it (`DecisionCreateParams`), as serde
 //! types: `null` reads as absent for every optional field, unknown fields are refused (the OpenAPI sets
 //! `additionalProperties: false`), and every problem is a 400 whose `param` is the exact JSON path
-//! (`questions[3].choices[1].value`, `input[2].content[0]`). Items and questions are typed one by one
-//! ([`at`]), so the path survives the `role`-or-`type` dispatch of items and the string-or-parts unions.
+//! (`questions[3].choices[1].value`, `input[2].content[0]`). Questions are typed one by one
+//! ([`crate::http::body::at`]), so the path survives the string-or-parts unions; the input items are
+//! the one typed item of every wire, read strictly ([`crate::pipeline::conversation::item`]).
 //! [`super::spec`] checks the limits and builds the decision's spec from these types.
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::http::error::ApiError;
 use crate::pipeline::cache::CacheMode;
-
-/// Reads `v` as `T`; a problem is a 400 naming `prefix` and the path inside `v`.
-pub(crate) fn at<T: DeserializeOwned>(v: Value, prefix: &str) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(v).map_err(|e| {
-        let inner = e.path().to_string();
-        let param = match inner.as_str() {
-            "." | "" | "?" => prefix.to_string(),
-            p if p.starts_with('[') => format!("{prefix}{p}"),
-            p if prefix.is_empty() => p.to_string(),
-            p => format!("{prefix}.{p}"),
-        };
-        let msg = e.into_inner().to_string();
-        let msg = msg.replace(
-            "data did not match any variant of untagged enum",
-            "expected one of the forms of",
-        );
-        if param.is_empty() {
-            ApiError::bad(format!("invalid request: {msg}"))
-        } else {
-            ApiError::param(&param, format!("{param}: {msg}"))
-        }
-    })
-}
 
 /// The body.
 #[derive(Debug, Deserialize)]
@@ -84,75 +60,7 @@ pub(crate) struct CacheOptions {
     pub ttl: Option<String>,
 }
 
-/// `prompt_cache_breakpoint` on a content part.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // `mode` is checked by its type
-pub(crate) struct Breakpoint {
-    /// Always `explicit`.
-    pub mode: BreakpointMode,
-}
-
-/// A breakpoint's mode.
-#[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum BreakpointMode {
-    /// The only one.
-    Explicit,
-}
-
-/// A message item's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Role {
-    /// The user.
-    User,
-    /// The developer (read as a system turn).
-    Developer,
-    /// The system.
-    System,
-    /// The assistant, earlier.
-    Assistant,
-}
-
-/// A message item (`type` optional: messages are told apart by `role`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[allow(dead_code)] // `type` is accepted, not used
-pub(crate) struct MessageItem {
-    /// Who speaks.
-    pub role: Role,
-    /// A string or parts (typed one by one).
-    pub content: Content,
-    /// `message`, when sent.
-    #[serde(default, rename = "type")]
-    pub kind: Option<MessageType>,
-    /// An assistant message's phase (`commentary` / `final_answer`), ignored.
-    #[serde(default)]
-    pub phase: Option<Phase>,
-}
-
-/// `type: "message"`.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum MessageType {
-    /// The one value.
-    Message,
-}
-
-/// An assistant message's phase.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum Phase {
-    /// Intermediate commentary.
-    Commentary,
-    /// The final answer.
-    FinalAnswer,
-}
-
-/// Content: a string or parts.
+/// A question's instructions: a string or parts.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub(crate) enum Content {
@@ -160,148 +68,6 @@ pub(crate) enum Content {
     Text(String),
     /// Parts.
     Parts(Vec<Value>),
-}
-
-/// A content part of any message or tool output (which role may carry which is checked after).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-#[allow(dead_code)] // accepted fields kvgate does not use (ids, statuses, image details)
-pub(crate) enum Part {
-    /// Text, possibly closing a reusable prefix.
-    InputText {
-        /// The text.
-        text: String,
-        /// Ends a reusable prefix here.
-        #[serde(default)]
-        prompt_cache_breakpoint: Option<Breakpoint>,
-    },
-    /// An image (refused on a text-only model).
-    InputImage {
-        /// A data URL or an HTTP(S) URL.
-        image_url: String,
-        /// `low`, `high`, `auto` or `original`.
-        #[serde(default)]
-        detail: Option<String>,
-        /// Ends a reusable prefix here.
-        #[serde(default)]
-        prompt_cache_breakpoint: Option<Breakpoint>,
-    },
-    /// JSON data, rendered as compact JSON text (at most 32 levels, 10,000 values, 256 KiB).
-    InputJson {
-        /// An object or an array of objects.
-        data: Value,
-    },
-    /// Text the assistant wrote.
-    OutputText {
-        /// The text.
-        text: String,
-        /// Echoed from a Responses output item, ignored.
-        #[serde(default)]
-        annotations: Option<Value>,
-        /// Echoed from a Responses output item, ignored.
-        #[serde(default)]
-        logprobs: Option<Value>,
-    },
-    /// A refusal the assistant wrote.
-    Refusal {
-        /// Its text.
-        refusal: String,
-    },
-}
-
-impl Part {
-    /// The wire name of the part's type.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Part::InputText { .. } => "input_text",
-            Part::InputImage { .. } => "input_image",
-            Part::InputJson { .. } => "input_json",
-            Part::OutputText { .. } => "output_text",
-            Part::Refusal { .. } => "refusal",
-        }
-    }
-}
-
-/// A tool call or its output (the items that are not messages).
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
-#[allow(dead_code)] // accepted fields kvgate does not use (ids, statuses, image details)
-pub(crate) enum ToolItem {
-    /// A function call the model made.
-    FunctionCall {
-        /// Pairs it with its output.
-        call_id: String,
-        /// The function.
-        name: String,
-        /// Its arguments (JSON text).
-        arguments: String,
-        /// Ignored.
-        #[serde(default)]
-        id: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        namespace: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        status: Option<ItemStatus>,
-    },
-    /// A function's result.
-    FunctionCallOutput {
-        /// The call it answers.
-        call_id: String,
-        /// Text or `input_text` / `input_image` parts.
-        output: Content,
-        /// Ignored.
-        #[serde(default)]
-        id: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        status: Option<ItemStatus>,
-    },
-    /// A custom (free-form) tool call.
-    CustomToolCall {
-        /// Pairs it with its output.
-        call_id: String,
-        /// The tool.
-        name: String,
-        /// Its input.
-        input: String,
-        /// Ignored.
-        #[serde(default)]
-        id: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        namespace: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        status: Option<ItemStatus>,
-    },
-    /// A custom tool's result.
-    CustomToolCallOutput {
-        /// The call it answers.
-        call_id: String,
-        /// Text or parts.
-        output: Content,
-        /// Ignored.
-        #[serde(default)]
-        id: Option<String>,
-        /// Ignored.
-        #[serde(default)]
-        status: Option<ItemStatus>,
-    },
-}
-
-/// An item's status.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[allow(dead_code)]
-pub(crate) enum ItemStatus {
-    /// Running.
-    InProgress,
-    /// Done.
-    Completed,
-    /// Cut short.
-    Incomplete,
 }
 
 /// A question.

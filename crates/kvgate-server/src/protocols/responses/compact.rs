@@ -297,7 +297,7 @@ pub async fn compact(
         )));
     }
     let items = input::resolve_compactions(items, |r| st.compactions().get(tenant, r).map(|c| c.summary))?;
-    let (conversation, _) = input::conversation(b.instructions.as_deref(), before, &items)?;
+    let (conversation, _) = input::conversation(b.instructions.as_deref(), before, items)?;
     let tools: Option<ToolSpec> = read_tools_spec(b.tools.as_deref().unwrap_or_default(), b.parallel_tool_calls)?;
 
     let (cmp, users, usage) =

@@ -9,11 +9,11 @@
 use std::sync::Arc;
 
 use kvgate_model::prompt::{Message, Role};
-use serde_json::Value;
 use tokio::sync::oneshot;
 
 use super::wire::{OutputItem, ResponseObject};
 use super::ResponsesState;
+use crate::pipeline::conversation::item::InputItem;
 use crate::pipeline::conversation::items::{custom_call, function_call};
 
 /// What a turn leaves behind besides its response, kept from the request until the turn ends.
@@ -27,7 +27,7 @@ pub(crate) struct Kept {
     /// The stored conversation (`/v1/conversations`) the items are added to, until they are.
     pub(crate) conversation_id: Option<String>,
     /// The input's items as the conversation keeps them.
-    pub(crate) appended: Vec<Value>,
+    pub(crate) appended: Vec<InputItem>,
     /// On a WebSocket: where the answered response and its conversation go (the connection keeps
     /// the last response of each chain, stored or not).
     pub(crate) chain: Option<oneshot::Sender<(String, Vec<Message>)>>,
@@ -54,7 +54,7 @@ impl Record {
         let k = &mut self.kept;
         if let Some(id) = k.conversation_id.take() {
             let mut items = std::mem::take(&mut k.appended);
-            items.extend(response.output.iter().filter_map(|i| serde_json::to_value(i).ok()));
+            items.extend(response.output.iter().filter_map(OutputItem::as_input));
             // (a conversation deleted meanwhile keeps nothing)
             let _ = self.st.conversations().append(k.tenant, &id, items);
         }

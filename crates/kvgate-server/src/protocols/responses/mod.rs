@@ -50,12 +50,6 @@ pub(crate) use state::ResponsesState;
 use store::Cancel;
 use wire::{Deleted, ResponsesBody, Stub};
 
-/// `input` (a string or a list of items) read as `/v1/responses` reads it: a bad item is a 400
-/// naming its index.
-pub(crate) fn parse_items(input: &Value) -> Result<(), ApiError> {
-    input::items(input).map(|_| ())
-}
-
 /// `POST /v1/responses`.
 pub async fn create(
     State(st): State<Arc<ResponsesState>>,

@@ -16,11 +16,12 @@ use super::input;
 use super::shape::Turn;
 use super::socket::Chains;
 use super::wire::{
-    ConversationRef, Item, OutputItem, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat,
+    ConversationRef, OutputItem, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat,
     TextOptions, ToolEcho,
 };
 use crate::http::error::ApiError;
 use crate::ids::{item_id, now_secs};
+use crate::pipeline::conversation::item::InputItem;
 use crate::pipeline::conversation::render_with_tools;
 use crate::pipeline::generation::Generation;
 use crate::pipeline::openai::request::SamplingFields;
@@ -213,7 +214,7 @@ struct History {
     /// A previous response's conversation.
     messages: Vec<Message>,
     /// A stored conversation's items.
-    items: Vec<Item>,
+    items: Vec<InputItem>,
     /// The items an `item_reference` may name.
     referable: Referable,
 }
@@ -223,15 +224,15 @@ enum Referable {
     /// The previous response's output items.
     Output(Vec<OutputItem>),
     /// The stored conversation's items.
-    Stored(Vec<Value>),
+    Stored(Vec<InputItem>),
     None,
 }
 
 impl Referable {
-    /// The items, as input items' JSON.
-    fn values(self) -> Vec<Value> {
+    /// The items, as input items.
+    fn items(self) -> Vec<InputItem> {
         match self {
-            Referable::Output(o) => o.iter().filter_map(|i| serde_json::to_value(i).ok()).collect(),
+            Referable::Output(o) => o.iter().filter_map(OutputItem::as_input).collect(),
             Referable::Stored(v) => v,
             Referable::None => vec![],
         }
@@ -264,14 +265,10 @@ fn history(
         });
     }
     if let Some(c) = &b.conversation {
-        let stored = Value::Array(st.conversations().items(tenant, c.id())?);
-        let items = input::items(&stored)?;
-        let Value::Array(stored) = stored else {
-            unreachable!("built as an array above")
-        };
+        let stored = st.conversations().items(tenant, c.id())?;
         return Ok(History {
             messages: vec![],
-            items,
+            items: stored.clone(),
             referable: Referable::Stored(stored),
         });
     }
@@ -304,16 +301,15 @@ pub(super) async fn prepare(
         .input
         .as_ref()
         .ok_or_else(|| ApiError::param("input", "'input' is required"))?;
-    let own = input::resolve_references(input::items(input)?, || referable.values())?;
+    let own = input::resolve_references(input::items(input)?, || referable.items())?;
     let appended = match &b.conversation {
-        // (`own` above is the same input, read and checked)
-        Some(_) => crate::protocols::responses::conversations::items::stored(input),
+        Some(_) => own.iter().cloned().map(InputItem::stored).collect(),
         None => vec![],
     };
-    let trigger = matches!(own.last(), Some(Item::CompactionTrigger {}));
+    let trigger = matches!(own.last(), Some(InputItem::CompactionTrigger(_)));
     items.extend(own);
     let items = input::resolve_compactions(items, |r| st.compactions().get(tenant, r).map(|c| c.summary))?;
-    let (conversation, marked) = input::conversation(b.instructions.as_deref(), before, &items)?;
+    let (conversation, marked) = input::conversation(b.instructions.as_deref(), before, items)?;
     let writes = crate::pipeline::cache::select(&marked, b.prompt_cache_options.as_ref());
     let (tool_list, custom, tools_echo) = read_tools(b.tools.as_deref().unwrap_or_default())?;
     let choice = tool_choice(b.tool_choice.as_ref())?;

@@ -5,7 +5,6 @@
 //! response ends, and the conversation's state is retained as a session's (keyed by its id unless a
 //! `prompt_cache_key` is given) so the next turn finds it warm.
 
-pub(crate) mod items;
 pub mod store;
 mod wire;
 
@@ -21,6 +20,7 @@ use serde_json::{Map, Value};
 
 use crate::http::error::{ApiError, SpecError};
 use crate::http::middleware::RequestTenant;
+use crate::pipeline::conversation::item::{self, InputItem, Unknown};
 use crate::pipeline::openai::request::strict_body;
 use crate::protocols::responses::ResponsesState;
 
@@ -68,8 +68,9 @@ fn check_metadata(m: &Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Checked items of a body's `items` (at most 20).
-fn read_items(items: &Value) -> Result<Vec<Value>, ApiError> {
+/// A body's `items` (at most 20), read as `/v1/responses` reads input items (a bad one is refused
+/// here, not on a later turn), as the conversation keeps them ([`InputItem::stored`]).
+fn read_items(items: &Value) -> Result<Vec<InputItem>, ApiError> {
     let n = items.as_array().map(Vec::len).unwrap_or(1);
     if n > MAX_ITEMS {
         return Err(ApiError::param(
@@ -80,10 +81,8 @@ fn read_items(items: &Value) -> Result<Vec<Value>, ApiError> {
     if !items.is_array() {
         return Err(ApiError::param("items", "'items' must be a list of items"));
     }
-    items::normalized(items).map_err(|e| match e {
-        ApiError::BadRequest { message, .. } => ApiError::param("items", message.replacen("input[", "items[", 1)),
-        other => other,
-    })
+    let read = item::read_list(items, "items", Unknown::Ignore).map_err(|e| e.in_field("items"))?;
+    Ok(read.into_iter().map(InputItem::stored).collect())
 }
 
 /// The body as `T`, strictly (an unknown field is a 400 naming it, as on every route).
@@ -151,15 +150,11 @@ pub async fn delete(
     .into_response())
 }
 
-fn item_of(v: &Value) -> Option<&str> {
-    v.get("id").and_then(Value::as_str)
-}
-
-fn page(data: Vec<Value>, has_more: bool) -> ItemList {
+fn page(data: Vec<InputItem>, has_more: bool) -> ItemList {
     ItemList {
         object: "list",
-        first_id: data.first().and_then(item_of).map(str::to_string),
-        last_id: data.last().and_then(item_of).map(str::to_string),
+        first_id: data.first().and_then(InputItem::id).map(str::to_string),
+        last_id: data.last().and_then(InputItem::id).map(str::to_string),
         data,
         has_more,
     }
@@ -195,7 +190,7 @@ pub async fn list_items(
     if let Some(after) = q.after.as_deref() {
         let at = items
             .iter()
-            .position(|i| item_of(i) == Some(after))
+            .position(|i| i.id() == Some(after))
             .ok_or_else(|| ApiError::param("after", format!("conversation {id:?} has no item {after:?}")))?;
         items.drain(..=at);
     }
@@ -227,7 +222,7 @@ pub async fn get_item(
     let items = st.conversations().items(tenant, &id)?;
     let found = items
         .into_iter()
-        .find(|i| item_of(i) == Some(item.as_str()))
+        .find(|i| i.id() == Some(item.as_str()))
         .ok_or_else(|| ApiError::NotFound(format!("conversation {id:?} has no item {item:?}")))?;
     Ok(Json(found).into_response())
 }

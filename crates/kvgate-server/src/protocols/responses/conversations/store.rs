@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 use crate::http::error::ApiError;
 use crate::ids::{item_id, now_secs};
 use crate::pipeline::bounded::Bounded;
+use crate::pipeline::conversation::item::InputItem;
 
 /// One conversation.
 #[derive(Debug, Clone)]
@@ -16,16 +17,12 @@ pub struct Conversation {
     pub id: String,
     pub created_at: u64,
     pub metadata: Map<String, Value>,
-    pub items: Vec<Value>,
+    pub items: Vec<InputItem>,
 }
 
 fn size(c: &Conversation) -> usize {
-    256 + c
-        .items
-        .iter()
-        .chain(c.metadata.values())
-        .map(|v| v.to_string().len())
-        .sum::<usize>()
+    let items: usize = c.items.iter().map(|i| i.to_json().to_string().len()).sum();
+    256 + items + c.metadata.values().map(|v| v.to_string().len()).sum::<usize>()
 }
 
 /// The store.
@@ -52,7 +49,7 @@ impl ConversationStore {
         &self,
         tenant: Option<u32>,
         metadata: Map<String, Value>,
-        items: Vec<Value>,
+        items: Vec<InputItem>,
     ) -> Result<Conversation, ApiError> {
         if !self.map.enabled() {
             return Err(ApiError::param(
@@ -81,12 +78,12 @@ impl ConversationStore {
     }
 
     /// The items of conversation `id`, oldest first.
-    pub fn items(&self, tenant: Option<u32>, id: &str) -> Result<Vec<Value>, ApiError> {
+    pub fn items(&self, tenant: Option<u32>, id: &str) -> Result<Vec<InputItem>, ApiError> {
         self.get(tenant, id).map(|c| c.items)
     }
 
     /// Adds `items` at the end of conversation `id`.
-    pub fn append(&self, tenant: Option<u32>, id: &str, items: Vec<Value>) -> Result<(), ApiError> {
+    pub fn append(&self, tenant: Option<u32>, id: &str, items: Vec<InputItem>) -> Result<(), ApiError> {
         self.map
             .update(tenant, id, |c| c.items.extend(items))
             .ok_or_else(|| missing(id))
@@ -118,7 +115,7 @@ impl ConversationStore {
             .map
             .update(tenant, id, |c| {
                 let before = c.items.len();
-                c.items.retain(|i| i.get("id").and_then(Value::as_str) != Some(item));
+                c.items.retain(|i| i.id() != Some(item));
                 (before != c.items.len()).then(|| c.clone())
             })
             .ok_or_else(|| missing(id))?;

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::pipeline::conversation::item::InputItem;
+
 /// `POST /v1/conversations`.
 #[derive(Debug, Default, Deserialize)]
 pub struct CreateBody {
@@ -51,7 +53,7 @@ pub struct ConversationObject {
 #[derive(Debug, Clone, Serialize)]
 pub struct ItemList {
     pub object: &'static str,
-    pub data: Vec<Value>,
+    pub data: Vec<InputItem>,
     pub first_id: Option<String>,
     pub last_id: Option<String>,
     pub has_more: bool,

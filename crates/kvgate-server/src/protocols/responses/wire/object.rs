@@ -5,6 +5,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::request::{Reasoning, TextOptions};
+use crate::pipeline::conversation::item::{self, InputItem, Unknown};
 use crate::pipeline::openai::response::TokenLogprobOut;
 
 /// `usage` of a response.
@@ -91,6 +92,12 @@ pub enum OutputItem {
 }
 
 impl OutputItem {
+    /// The item as input (what a conversation keeps of it, what an `item_reference` names).
+    pub(crate) fn as_input(&self) -> Option<InputItem> {
+        let v = serde_json::to_value(self).ok()?;
+        item::read(v, "output", Unknown::Ignore).ok()
+    }
+
     /// The item's id.
     pub fn id(&self) -> &str {
         match self {
