@@ -2,7 +2,7 @@
 //! make (benches/data/decisions-labeled.jsonl: 200 items; noul: shell-command safety, urgency, task
 //! done, document relevance; choice of 2, 3, 5 and 12 options: team and tool routing, sentiment,
 //! intent, language; score of 3–5 levels: urgency, frustration, relevance). For each read method
-//! (`x_read`: `plain`, `ordered`, `calibrated`, `ordered+calibrated`; `DQ_METHODS` picks some, `METHOD@k`
+//! (`x_read`: `plain`, `ordered`, `calibrated`, `ordered+calibrated`, `set`, `set+calibrated`; `DQ_METHODS` picks some, `METHOD@k`
 //! with `x_orders` k) it reports accuracy, expected calibration error (10 equal-width bins
 //! of the predicted class's probability), Brier score (summed over classes) and, for choices, the
 //! order-flip rate (the answer changes when the options are listed in reverse); and the generative
@@ -275,7 +275,8 @@ fn main() {
         .collect();
     println!("decision quality on {} ({} items)\n", model.display(), all.len());
     let mut table: BTreeMap<(String, String), Tally> = BTreeMap::new();
-    let methods = std::env::var("DQ_METHODS").unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated".into());
+    let methods = std::env::var("DQ_METHODS")
+        .unwrap_or_else(|_| "plain,ordered,calibrated,ordered+calibrated,set,set+calibrated".into());
     // per method: (type, distribution, labeled answer) of every item, for the temperature fit
     let mut raw: BTreeMap<String, Vec<(String, Vec<f64>, usize)>> = BTreeMap::new();
     // DQ_DUMP=path: every item's distribution appended as a JSON line (method, task, type, p, want)

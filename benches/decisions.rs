@@ -4,7 +4,9 @@
 //! answer) then the follow-up completion, versus `/v1/systemone` then the same follow-up.
 //! `cargo bench --bench decisions` prints a table; `KVGATE_BENCH_QUICK=1` stops after the first section
 //! (decision latency for 1, 8 and 32 questions, cold and warm); `DECISIONS_CHOICE=1` runs only the choice
-//! section, and stops after it.
+//! section, and stops after it; `DECISIONS_MODEL` (a GGUF path) serves that model instead. The choice
+//! section compares every read method's cost to a plain read over a warm state: rotations (`ordered`)
+//! and branches (`set`, tree attention), with and without calibration, for 3, 6, 8 and 26 options.
 
 use std::time::Instant;
 
@@ -14,7 +16,10 @@ use common::{post, Serve};
 use serde_json::{json, Value};
 
 fn start() -> Serve {
-    common::start(&["--kv-cache-memory", "2GiB"])
+    match std::env::var_os("DECISIONS_MODEL") {
+        Some(m) => common::start_model(std::path::Path::new(&m), "bench", &["--kv-cache-memory", "2GiB"]),
+        None => common::start(&["--kv-cache-memory", "2GiB"]),
+    }
 }
 
 fn state_text() -> String {
@@ -93,14 +98,14 @@ fn main() {
     // each one more forked read of the question), on a warm state: what order-invariance costs. And
     // calibrated on top: its content-free prior read alongside (a question shape never seen), or taken
     // from the prior cache (the question asked before over another state, as an agent loop does).
-    for n in [3usize, 8] {
+    for n in [3usize, 6, 8, 26] {
         let criteria: serde_json::Map<String, Value> = (0..n)
             .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
             .collect();
         let mut cost = vec![];
         // orders 0: the request leaves `x_orders` out (the served model's default: one order on the
         // default model)
-        let methods: [(&str, usize, bool); 8] = [
+        let methods: [(&str, usize, bool); 11] = [
             ("plain", 1, false),
             ("ordered", 8, false),
             ("ordered", 2, false),
@@ -109,6 +114,9 @@ fn main() {
             ("ordered+calibrated", 2, true),
             ("ordered+calibrated", 0, false),
             ("ordered+calibrated", 0, true),
+            ("set", 0, false),
+            ("set+calibrated", 0, false),
+            ("set+calibrated", 0, true),
         ];
         for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
             // a new question each time over the same (warm) state: the question's tokens are computed
@@ -142,6 +150,9 @@ fn main() {
             "ordered+calibrated, 2 orders, question asked before",
             "ordered+calibrated (default orders), new question shape",
             "ordered+calibrated (default orders), question asked before",
+            "set (the options as branches of one read)",
+            "set+calibrated, new question shape",
+            "set+calibrated, question asked before",
         ];
         for (i, name) in names.iter().enumerate() {
             rows.push((

@@ -215,6 +215,7 @@ fn run() {
                         q: &q,
                         rows: &rows,
                         tables: &tables,
+                        masks: &[],
                     },
                     &p,
                     &mut out,
@@ -275,6 +276,7 @@ fn one_stream_attention() {
                 q: &q,
                 rows: &rows,
                 tables: &tables,
+                masks: &[],
             };
             let step = || {
                 for layer in 0..LAYERS {
@@ -324,6 +326,7 @@ fn prefill_attention() {
                 q: &q,
                 rows: &rows,
                 tables: &tables,
+                masks: &[],
             };
             CpuAttention.attend(&cache, 0, &query, &p, &mut out)
         },
@@ -337,6 +340,7 @@ fn prefill_attention() {
                     q: &q[r * row_len..(r + 1) * row_len],
                     rows: &one,
                     tables: &tables,
+                    masks: &[],
                 };
                 CpuAttention.attend(&cache, 0, &query, &p, &mut out[r * row_len..(r + 1) * row_len])
             }

@@ -154,6 +154,7 @@ impl AttnCase {
             q: &self.q,
             rows: &self.rows,
             tables: &tables,
+            masks: &[],
         };
         let (t0, mut n) = (Instant::now(), 0);
         while t0.elapsed().as_secs_f64() < secs {

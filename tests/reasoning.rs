@@ -41,6 +41,7 @@ impl Inference for Thinker {
             vocab_size: 300,
             hidden_size: 8,
             window_blocks: None,
+            tree_attention: false,
         }
     }
 

@@ -34,6 +34,7 @@ impl Inference for Stalls {
             vocab_size: 300,
             hidden_size: 8,
             window_blocks: None,
+            tree_attention: false,
         }
     }
 

@@ -380,6 +380,7 @@ fn scripted(refuse: Option<EngineError>, fail_with: Option<EngineError>) -> InPr
         vocab_size: 300,
         hidden_size: 8,
         window_blocks: None,
+        tree_attention: false,
     };
     InProcess::with_engine(
         &[],

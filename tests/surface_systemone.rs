@@ -217,8 +217,31 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
         v
     };
     let first_ordered = ask(listed[0].clone(), Some("ordered"));
+    // set: the options as parallel branches of one read (tree attention), exact to the bit
+    let first_set = ask(listed[0].clone(), Some("set"));
+    let first_set_cal = ask(listed[0].clone(), Some("set+calibrated"));
+    assert_eq!(
+        (
+            first_set["diagnostics"]["q"]["x_read"].as_str(),
+            first_set["diagnostics"]["q"]["x_orders"].as_u64()
+        ),
+        (Some("set"), Some(1)),
+        "{first_set}"
+    );
+    assert_eq!(first_set_cal["diagnostics"]["q"]["x_read"], "set+calibrated");
+    assert_ne!(
+        probs(&first_set),
+        probs(&first_ordered),
+        "a set read is not the rotations' average"
+    );
     for l in &listed[1..] {
-        for (read, want) in [(None, &first), (Some("ordered"), &first_ordered)] {
+        let reads = [
+            (None, &first),
+            (Some("ordered"), &first_ordered),
+            (Some("set"), &first_set),
+            (Some("set+calibrated"), &first_set_cal),
+        ];
+        for (read, want) in reads {
             let r = ask(l.clone(), read);
             assert_eq!(
                 probs(&r),

@@ -2,6 +2,8 @@
 //! table per sequence, what each output row needs back, and how exactly each sequence must be computed;
 //! plus the block copies a step makes first, and the one check every backend runs before it computes.
 
+use kvgate_kv::RowMask;
+
 use crate::error::{BackendError, BatchError};
 
 /// A block-table entry of a block that lies outside every layer's attention window (released by a
@@ -61,9 +63,24 @@ pub struct Batch {
     pub outputs: Vec<Output>,
     /// Per sequence (index as `tables`): how exactly its rows are computed; empty for all exact.
     pub precision: Vec<Precision>,
+    /// Per row, its RoPE position when it is not `positions` (a tree row's: the options of a `set`
+    /// decision all start at one position); empty when every row's is its position.
+    pub rope: Vec<u32>,
+    /// Per row, the tree mask of a tree row (the positions of its sequence it sees); empty when every
+    /// row is causal. Only for a backend with [`crate::Backend::tree_attention`].
+    pub masks: Vec<Option<RowMask>>,
 }
 
 impl Batch {
+    /// The RoPE position of each row.
+    pub fn rope_positions(&self) -> &[u32] {
+        if self.rope.is_empty() {
+            &self.positions
+        } else {
+            &self.rope
+        }
+    }
+
     /// Number of token rows.
     pub fn len(&self) -> usize {
         self.tokens.len()
@@ -107,8 +124,33 @@ impl Batch {
                 })
                 .collect(),
             precision: Vec::new(),
+            rope: Vec::new(),
+            masks: Vec::new(),
         }
     }
+}
+
+/// The tree parts of a batch: `rope` and `masks` empty or one per row; a mask decides no position
+/// past its row's and sees the row's own.
+fn check_tree(b: &Batch) -> Result<(), BackendError> {
+    let n = b.tokens.len();
+    for (what, len) in [("rope", b.rope.len()), ("masks", b.masks.len())] {
+        if len != 0 && len != n {
+            return Err(BatchError::Tree(format!("{what} has {len} entries for {n} rows")).into());
+        }
+    }
+    for (row, m) in b.masks.iter().enumerate() {
+        let Some(m) = m else { continue };
+        let pos = b.positions[row] as usize;
+        if m.base as usize > pos || !m.sees(pos) {
+            return Err(BatchError::Tree(format!(
+                "row {row} (position {pos}): its mask from {} must see its own position",
+                m.base
+            ))
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Copy block `src` over block `dst` in every layer (copy-on-write), as plain block indices.
@@ -189,6 +231,7 @@ pub fn check_batch(
             .into());
         }
     }
+    check_tree(b)?;
     for o in &b.outputs {
         if o.row >= n {
             return Err(BatchError::OutputRow { row: o.row, rows: n }.into());
@@ -275,6 +318,8 @@ mod tests {
                 want: Want::Logits,
             }],
             precision: vec![],
+            rope: Vec::new(),
+            masks: Vec::new(),
         };
         assert_eq!(check_batch(&b, 5, 4, 10, Some(5)), Ok(()));
         assert!(

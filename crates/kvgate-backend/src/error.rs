@@ -41,6 +41,9 @@ pub enum BatchError {
         /// Blocks in its table.
         blocks: usize,
     },
+    /// A tree part (`rope`, `masks`) does not fit the rows.
+    #[error("tree rows: {0}")]
+    Tree(String),
     /// An output names a row the batch does not have.
     #[error("output row {row} of {rows} rows")]
     OutputRow {

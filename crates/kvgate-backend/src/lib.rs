@@ -30,6 +30,7 @@ pub use error::{BackendError, BatchError};
 pub use output::{log_sum_exp, logprobs_of, StepOutput};
 
 use kvgate_kv::CacheShape;
+pub use kvgate_kv::RowMask;
 
 /// Storage plus compute for one model on one device.
 pub trait Backend: Send {
@@ -67,6 +68,12 @@ pub trait Backend: Send {
     /// `"int8-activations"`), or `None` when it computes every row exactly. Blocks computed on that
     /// path must never be shared with exactly computed ones, so the engine keys them apart by it.
     fn fast_path(&self) -> Option<&'static str>;
+
+    /// Whether it computes tree rows ([`Batch::rope`], [`Batch::masks`]): the engine sends a tree only
+    /// to a backend that does (a decision's `set` read falls back to option orders otherwise).
+    fn tree_attention(&self) -> bool {
+        false
+    }
 
     /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;

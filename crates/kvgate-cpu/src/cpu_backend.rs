@@ -222,6 +222,10 @@ impl Backend for CpuBackend {
         self.model.config().hidden_size
     }
 
+    fn tree_attention(&self) -> bool {
+        true
+    }
+
     fn max_positions(&self) -> usize {
         self.model.max_positions()
     }

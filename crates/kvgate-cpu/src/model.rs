@@ -153,7 +153,7 @@ impl Model {
             return Ok(ForwardOut::default());
         }
         let (hd, nh, nkv, d) = (c.head_dim, c.num_heads, c.num_kv_heads, c.hidden_size);
-        for (&t, &p) in b.tokens.iter().zip(&b.positions) {
+        for (&t, &p) in b.tokens.iter().zip(b.rope_positions()) {
             if t as usize >= c.vocab_size {
                 return Err(ModelError::Invalid(format!(
                     "token id {t} is outside the vocabulary of {}",
@@ -205,8 +205,8 @@ impl Model {
                 (Some(r), true) => r,
                 _ => &self.rope,
             };
-            rope.apply(&mut q, &b.positions, nh);
-            rope.apply(&mut k, &b.positions, nkv);
+            rope.apply(&mut q, b.rope_positions(), nh);
+            rope.apply(&mut k, b.rope_positions(), nkv);
             if let Some(a) = amax_out.as_deref_mut() {
                 a.k.push(amax(&k));
                 a.v.push(amax(&v));
@@ -224,6 +224,7 @@ impl Model {
                 q: &q,
                 rows: &rows,
                 tables: &tables,
+                masks: &b.masks,
             };
             attn.attend(cache, li, &query, &params, &mut attn_out);
             let mut o = l.o.forward_rows(&attn_out, n, &int8)?;

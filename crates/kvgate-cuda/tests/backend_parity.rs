@@ -133,6 +133,8 @@ fn decode_row(token: u32, pos: usize, want: Want) -> Batch {
         tables: vec![(0..(pos + 1).div_ceil(4) as u32).collect()],
         outputs: vec![Output { row: 0, want }],
         precision: vec![],
+        rope: Vec::new(),
+        masks: Vec::new(),
     }
 }
 

@@ -209,6 +209,7 @@ fn paged_attention_matches_the_cpu() {
                 q: &q,
                 rows: &rows,
                 tables: &trefs,
+                masks: &[],
             },
             &p,
             &mut want,

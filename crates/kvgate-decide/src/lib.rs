@@ -16,6 +16,7 @@ pub mod priors;
 mod reads;
 pub mod render;
 pub mod service;
+pub mod set;
 pub mod spec;
 pub mod temperature;
 pub mod trie;

@@ -28,14 +28,21 @@ pub struct ReadMethod {
     pub ordered: bool,
     /// Content-free calibration of every question's label prior.
     pub calibrated: bool,
+    /// The options (a choice's, up to 26; a score's levels) read once as parallel branches of one
+    /// read — each attends to the state and the question and to itself, not to the others, all
+    /// starting at one position — so no option comes first (tree attention; on a backend without
+    /// it, read `ordered` instead).
+    pub set: bool,
 }
 
-/// The wire names, in `(ordered, calibrated)` order.
-const NAMES: [(&str, bool, bool); 4] = [
-    ("plain", false, false),
-    ("ordered", true, false),
-    ("calibrated", false, true),
-    ("ordered+calibrated", true, true),
+/// The wire names, in `(ordered, calibrated, set)` order.
+const NAMES: [(&str, bool, bool, bool); 6] = [
+    ("plain", false, false, false),
+    ("ordered", true, false, false),
+    ("calibrated", false, true, false),
+    ("ordered+calibrated", true, true, false),
+    ("set", false, false, true),
+    ("set+calibrated", false, true, true),
 ];
 
 impl ReadMethod {
@@ -43,27 +50,40 @@ impl ReadMethod {
     pub const PLAIN: ReadMethod = ReadMethod {
         ordered: false,
         calibrated: false,
+        set: false,
     };
     /// The default (chosen by measurement, see the module doc).
     pub const DEFAULT: ReadMethod = ReadMethod {
         ordered: true,
         calibrated: true,
+        set: false,
     };
 
     /// The wire name.
     pub fn name(self) -> &'static str {
         NAMES
             .iter()
-            .find(|n| (n.1, n.2) == (self.ordered, self.calibrated))
+            .find(|n| (n.1, n.2, n.3) == (self.ordered, self.calibrated, self.set))
             .map_or("plain", |n| n.0)
     }
 
-    /// The method of a wire name (`plain`, `ordered`, `calibrated`, `ordered+calibrated`).
+    /// The method of a wire name (`plain`, `ordered`, `calibrated`, `ordered+calibrated`, `set`,
+    /// `set+calibrated`).
     pub fn from_name(name: &str) -> Option<ReadMethod> {
         NAMES.iter().find(|n| n.0 == name).map(|n| ReadMethod {
             ordered: n.1,
             calibrated: n.2,
+            set: n.3,
         })
+    }
+
+    /// The method a backend without tree attention reads instead (`set` → `ordered`).
+    pub fn without_trees(self) -> ReadMethod {
+        ReadMethod {
+            ordered: self.ordered || self.set,
+            set: false,
+            ..self
+        }
     }
 }
 
@@ -73,7 +93,7 @@ impl ReadMethod {
 /// `k ≥ n`).
 pub fn option_orders(names: &[String], method: ReadMethod, k: usize) -> Vec<Vec<usize>> {
     let n = names.len();
-    if !method.ordered || n <= 1 {
+    if !(method.ordered || method.set) || n <= 1 {
         return vec![(0..n).collect()];
     }
     let mut canon: Vec<usize> = (0..n).collect();
@@ -81,7 +101,11 @@ pub fn option_orders(names: &[String], method: ReadMethod, k: usize) -> Vec<Vec<
         let (x, y) = (names[a].trim().to_lowercase(), names[b].trim().to_lowercase());
         x.cmp(&y).then_with(|| names[a].cmp(&names[b]))
     });
-    let k = if n > 26 { 1 } else { n.min(k.clamp(1, MAX_ORDERS)) };
+    let k = if n > 26 || method.set {
+        1
+    } else {
+        n.min(k.clamp(1, MAX_ORDERS))
+    };
     if k == 2 {
         let rev = canon.iter().rev().copied().collect();
         return vec![canon, rev];

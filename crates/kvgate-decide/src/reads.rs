@@ -7,13 +7,14 @@
 
 use std::time::Duration;
 
-use kvgate_engine::{metrics as m, DecideRequest, DecisionOutcome, DecisionRead, ReadResult, Usage};
+use kvgate_engine::{metrics as m, DecideRequest, DecisionOutcome, DecisionRead, ReadResult, ReadTree, Usage};
 
 use crate::error::DecideError;
 use crate::labels::LabelSet;
 use crate::orders::{combine, option_orders, ReadMethod};
-use crate::render::{choice_labels, messages, template_kwargs};
+use crate::render::{self, choice_labels, messages, messages_with, template_kwargs};
 use crate::service::{DecisionService, Diagnostics};
+use crate::set;
 use crate::spec::{DecisionSpec, Question, State};
 use crate::temperature::temper;
 use crate::trie::LabelTrie;
@@ -103,6 +104,7 @@ async fn read_trie(
         .map(|(prefix, next)| DecisionRead {
             prompt: prompt.iter().chain(prefix).copied().collect(),
             labels: next.iter().map(|&t| vec![t]).collect(),
+            tree: None,
         })
         .collect();
     let DecisionOutcome {
@@ -144,18 +146,34 @@ struct Planned {
     order: Option<Vec<usize>>,
     labels: Labels,
     prompt: Vec<u32>,
+    /// A set read's branches.
+    tree: Option<ReadTree>,
+}
+
+/// The method `req` is read with on this engine (`set` needs tree attention, else `ordered`).
+fn read_method(st: &DecisionService, req: &DecisionSpec) -> ReadMethod {
+    match st.engine.limits().tree_attention {
+        true => req.read,
+        false => req.read.without_trees(),
+    }
 }
 
 /// The reads of `req` (one per question, or per option order of a choice), rendered and checked
 /// against the context length.
 fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Planned>, DecideError> {
     let kwargs = template_kwargs();
+    let method = read_method(st, req);
+    let encode = |text: &str| {
+        st.tokenizer
+            .encode(text, false)
+            .map_err(|e| DecideError::field("state", e.to_string()))
+    };
     let mut plan: Vec<Planned> = vec![];
     for (qi, (id, q)) in req.questions.iter().enumerate() {
         let variants: Vec<(Option<Vec<usize>>, Question)> = match q {
             Question::Choice { instructions, options } => {
                 let names: Vec<String> = options.iter().map(|(n, _)| n.clone()).collect();
-                option_orders(&names, req.read, req.orders.unwrap_or(st.orders))
+                option_orders(&names, method, req.orders.unwrap_or(st.orders))
                     .into_iter()
                     .map(|order| {
                         let listed = order.iter().map(|&i| options[i].clone()).collect();
@@ -171,11 +189,19 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
         };
         for (order, vq) in variants {
             let labels = labels_for(st, id, &vq)?;
-            let text = st.render(&messages(req, &vq), &kwargs)?;
-            let prompt = st
-                .tokenizer
-                .encode(&text, false)
-                .map_err(|e| DecideError::field("state", e.to_string()))?;
+            // a set read: the options as branches (the plain read of the canonical order when the
+            // question has no option lines or the template moved the markers)
+            let branched = match render::set_text(&vq).filter(|_| method.set) {
+                Some((question, lines)) => {
+                    let text = st.render(&messages_with(req, question), &kwargs)?;
+                    set::prompt(&text, &lines, encode)?
+                }
+                None => None,
+            };
+            let (prompt, tree) = match branched {
+                Some((p, t)) => (p, Some(t)),
+                None => (encode(&st.render(&messages(req, &vq), &kwargs)?)?, None),
+            };
             let longest = match &labels {
                 Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
                 Labels::Single(_) => 0,
@@ -195,6 +221,7 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
                 order,
                 labels,
                 prompt,
+                tree,
             });
         }
         if count {
@@ -269,6 +296,7 @@ async fn execute(
                 .map(|p| DecisionRead {
                     prompt: p.prompt.clone(),
                     labels: p.labels.first_read(),
+                    tree: p.tree.clone(),
                 })
                 .collect(),
             cache_salt: salt.clone(),
@@ -381,12 +409,17 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         let mut cf = req.clone();
         cf.state = State::Text(CONTENT_FREE.to_string());
         let prior_plan = plan(st, &cf, false)?;
+        // a set read's prior is kept apart from a causal read's of the same tokens
+        let prior_salt = match read_method(st, req).set {
+            true => Some(format!("{}\u{0}set", req.cache_salt.as_deref().unwrap_or(""))),
+            false => req.cache_salt.clone(),
+        };
         let shapes: Vec<_> = (0..n)
             .map(|qi| {
                 let reads = prior_plan.iter().filter(|r| r.question == qi);
                 let labels: Vec<Vec<Vec<u32>>> = reads.clone().map(|r| r.labels.first_read()).collect();
                 st.priors.shape(
-                    req.cache_salt.as_deref(),
+                    prior_salt.as_deref(),
                     reads.zip(&labels).map(|(r, l)| (r.prompt.as_slice(), l.as_slice())),
                 )
             })
@@ -444,7 +477,8 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
     for (qi, (p, mass)) in answers.iter_mut().enumerate() {
         let first = main.iter().find(|r| r.question == qi);
         let orders = main.iter().filter(|r| r.question == qi).count();
-        let ordered = first.is_some_and(|r| r.order.is_some()) && req.read.ordered;
+        let set = first.is_some_and(|r| r.tree.is_some());
+        let ordered = first.is_some_and(|r| r.order.is_some()) && read_method(st, req).ordered && !set;
         let (prior, cached) = &priors[qi];
         if let Some(pr) = prior {
             *p = calibrate(p, pr);
@@ -454,6 +488,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         let method = ReadMethod {
             ordered,
             calibrated: prior.is_some(),
+            set,
         }
         .name();
         diagnostics.push(Diagnostics {

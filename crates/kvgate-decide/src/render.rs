@@ -26,6 +26,42 @@ pub fn choice_labels(n: usize) -> Vec<String> {
 
 /// The question text of one read, with its labels (`yes`/`no`, `A`… or `01`…, `0`…).
 pub fn question_text(q: &Question) -> String {
+    text(q, false)
+}
+
+/// The marker standing for option line `k` in a `set` read's text ([`set_text`]).
+pub fn marker(k: usize) -> String {
+    format!("\u{E000}{k}\u{E001}")
+}
+
+/// A `set` read's question text: each option line (a choice's up to 26, a score's levels) replaced by
+/// its [`marker`] (the line's newline kept after it), and the lines themselves, newline included, in
+/// label order; `None` for a question without option lines to branch (a predicate, a choice beyond 26
+/// options).
+pub fn set_text(q: &Question) -> Option<(String, Vec<String>)> {
+    let lines: Vec<String> = match q {
+        Question::Choice { options, .. } if options.len() <= 26 => {
+            let labels = choice_labels(options.len());
+            options.iter().zip(&labels).map(|(o, l)| option_line(l, o)).collect()
+        }
+        Question::Score { levels, .. } => levels.iter().enumerate().map(|(i, l)| level_line(i, l)).collect(),
+        _ => return None,
+    };
+    Some((text(q, true), lines.into_iter().map(|l| l + "\n").collect()))
+}
+
+fn option_line(label: &str, (name, desc): &(String, Option<Content>)) -> String {
+    match desc {
+        Some(d) => format!("{label}: {name} ({})", d.text()),
+        None => format!("{label}: {name}"),
+    }
+}
+
+fn level_line(i: usize, l: &Value) -> String {
+    format!("{i}: {}", Content(l.clone()).text())
+}
+
+fn text(q: &Question, marked: bool) -> String {
     let mut out = String::new();
     let line = |out: &mut String, s: &str| {
         if !s.is_empty() {
@@ -49,11 +85,8 @@ pub fn question_text(q: &Question) -> String {
         Question::Choice { instructions, options } => {
             line(&mut out, &instructions.text());
             let labels = choice_labels(options.len());
-            for ((name, desc), label) in options.iter().zip(&labels) {
-                match desc {
-                    Some(d) => line(&mut out, &format!("{label}: {name} ({})", d.text())),
-                    None => line(&mut out, &format!("{label}: {name}")),
-                }
+            for (k, (o, label)) in options.iter().zip(&labels).enumerate() {
+                line(&mut out, &if marked { marker(k) } else { option_line(label, o) });
             }
             out.push_str(if options.len() <= 26 {
                 "Answer with the letter of one option only."
@@ -64,7 +97,7 @@ pub fn question_text(q: &Question) -> String {
         Question::Score { instructions, levels } => {
             line(&mut out, &instructions.text());
             for (i, l) in levels.iter().enumerate() {
-                line(&mut out, &format!("{i}: {}", Content(l.clone()).text()));
+                line(&mut out, &if marked { marker(i) } else { level_line(i, l) });
             }
             out.push_str("Answer with the number of one level only.");
         }
@@ -74,15 +107,20 @@ pub fn question_text(q: &Question) -> String {
 
 /// The chat messages of one read (rendered by the model's template with the generation prompt).
 pub fn messages(req: &DecisionSpec, q: &Question) -> Vec<Message> {
+    messages_with(req, question_text(q))
+}
+
+/// [`messages`] with the question's text given.
+pub fn messages_with(req: &DecisionSpec, question: String) -> Vec<Message> {
     let mut msgs: Vec<Message> = vec![];
     if let Some(i) = &req.instructions {
         msgs.push(Message::text(Role::System, i.text()));
     }
     match &req.state {
-        State::Text(s) => msgs.push(Message::text(Role::User, format!("{s}\n\n{}", question_text(q)))),
+        State::Text(s) => msgs.push(Message::text(Role::User, format!("{s}\n\n{question}"))),
         State::Conversation(c) => {
             msgs.extend(c.iter().cloned());
-            msgs.push(Message::text(Role::User, question_text(q)));
+            msgs.push(Message::text(Role::User, question));
         }
     }
     msgs

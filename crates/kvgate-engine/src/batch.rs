@@ -6,6 +6,7 @@
 
 use kvgate_backend::{Batch, Output, Precision, Want};
 
+use crate::request::ReadTree;
 use crate::scheduler::{Chunk, Logits};
 
 /// What one chunk needs back from the forward pass.
@@ -39,8 +40,14 @@ impl ChunkWant {
     }
 }
 
-/// Flattens the chunks of a plan into one batch; `wants` and `precision` are per chunk.
-pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precision]) -> Batch {
+/// Flattens the chunks of a plan into one batch; `wants`, `precision` and `trees` (the tree a
+/// chunk's rows belong to: their RoPE positions and masks) are per chunk.
+pub(crate) fn build(
+    chunks: &[Chunk],
+    wants: &[ChunkWant],
+    precision: &[Precision],
+    trees: &[Option<&ReadTree>],
+) -> Batch {
     let rows: usize = chunks.iter().map(|c| c.len).sum();
     let mut b = Batch {
         tokens: Vec::with_capacity(rows),
@@ -54,7 +61,10 @@ pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precisio
         } else {
             Vec::new()
         },
+        rope: Vec::new(),
+        masks: Vec::new(),
     };
+    let mut tree_rows = vec![];
     for (c, want) in chunks.iter().zip(wants) {
         let t = b.tables.len() as u32;
         // A released block is outside every query's window, so attention never reads its entry.
@@ -87,11 +97,23 @@ pub(crate) fn build(chunks: &[Chunk], wants: &[ChunkWant], precision: &[Precisio
                 }));
             }
         }
+        let tree = trees.get(b.tables.len() - 1).copied().flatten();
         for i in 0..c.len {
+            if let Some(row) = tree.and_then(|t| t.row(c.start + i)) {
+                tree_rows.push((b.tokens.len(), row));
+            }
             b.tokens.push(c.tokens[i]);
             b.positions.push((c.start + i) as u32);
             b.slots.push(c.slots[i]);
             b.seq_of_row.push(t);
+        }
+    }
+    if !tree_rows.is_empty() {
+        b.rope = b.positions.clone();
+        b.masks = vec![None; b.tokens.len()];
+        for (r, (rope, mask)) in tree_rows {
+            b.rope[r] = rope;
+            b.masks[r] = Some(mask);
         }
     }
     b
@@ -110,7 +132,7 @@ mod tests {
         let (_, b) = s.add_generate((20..23).collect(), "", true);
         let plan = s.schedule().unwrap();
         let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| ChunkWant::Logits(c.logits)).collect();
-        let batch = build(&plan.chunks, &wants, &[Precision::Exact; 2]);
+        let batch = build(&plan.chunks, &wants, &[Precision::Exact; 2], &[]);
         assert_eq!(batch.tokens, [10, 11, 12, 13, 14, 15, 20, 21, 22]);
         assert_eq!(batch.positions, [0, 1, 2, 3, 4, 5, 0, 1, 2]);
         assert_eq!(batch.seq_of_row, [0, 0, 0, 0, 0, 0, 1, 1, 1]);
@@ -119,7 +141,7 @@ mod tests {
         assert!(batch.precision.is_empty(), "all exact");
         // a read wants its label ids at its last row, a prefix nothing
         let wants = [ChunkWant::Logprobs(vec![7, 9]), ChunkWant::Nothing];
-        let read = build(&plan.chunks, &wants, &[Precision::Fast, Precision::Exact]);
+        let read = build(&plan.chunks, &wants, &[Precision::Fast, Precision::Exact], &[]);
         assert_eq!(
             read.outputs,
             [Output {
@@ -159,7 +181,7 @@ mod tests {
         for _ in 0..3 {
             let plan = s.schedule().unwrap();
             let wants: Vec<ChunkWant> = plan.chunks.iter().map(|c| ChunkWant::Logits(c.logits)).collect();
-            let b = build(&plan.chunks, &wants, &[Precision::Exact; 2][..plan.chunks.len()]);
+            let b = build(&plan.chunks, &wants, &[Precision::Exact; 2][..plan.chunks.len()], &[]);
             let c = plan.chunks.iter().find(|c| c.seq == all).unwrap();
             rows.push((c.len, b.outputs.len()));
             // the other sequence is not capped: its whole prompt runs in the first step

@@ -56,6 +56,7 @@ pub fn start_encoder(
         vocab_size: model.vocab_size(),
         hidden_size: model.hidden_size(),
         window_blocks: None,
+        tree_attention: false,
     };
     let (tx, rx) = mpsc::channel::<Option<Job>>();
     let (queued, alive) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(true)));

@@ -186,9 +186,22 @@ impl EngineHandle {
         for r in &req.reads {
             self.check_tokens(&r.prompt)?;
             l.check_read(r.prompt.len())?;
+            if let Some(t) = &r.tree {
+                if !l.tree_attention {
+                    return Err(EngineError::Unsupported(
+                        "this backend does not compute tree rows (a set read)".into(),
+                    ));
+                }
+                t.check(r.prompt.len()).map_err(EngineError::Unsupported)?;
+            }
         }
         let prompts: Vec<&[u32]> = req.reads.iter().map(|r| r.prompt.as_slice()).collect();
-        let layout = DecisionLayout::of(&prompts);
+        let plain: Vec<usize> = req
+            .reads
+            .iter()
+            .map(|r| r.tree.as_ref().map_or(usize::MAX, |t| t.start))
+            .collect();
+        let layout = DecisionLayout::of_reads(&prompts, &plain);
         let lens = prompts.iter().map(|p| p.len());
         let needed = if layout.forks {
             blocks_for_reads(l.block_size, layout.shared, lens)
@@ -295,6 +308,7 @@ mod tests {
             vocab_size: 100,
             hidden_size: 8,
             window_blocks: None,
+            tree_attention: false,
         };
         assert!(l.fits(10) && !l.fits(11));
         // a completion needs room for one output token; a decision read only for its prompt

@@ -98,6 +98,8 @@ pub struct Limits {
     /// Blocks one sequence holds at most when every layer's attention is windowed (the window plus a
     /// step's chunk; slid-out blocks are given back), `None` when a sequence keeps all its blocks.
     pub window_blocks: Option<usize>,
+    /// Whether the backend computes tree rows (a decision read's [`crate::ReadTree`]).
+    pub tree_attention: bool,
 }
 
 impl Limits {

@@ -66,6 +66,12 @@ impl SeqBlocks {
         self.released
     }
 
+    /// Leading blocks registered (or found) in the prefix cache.
+    #[cfg(test)]
+    pub fn registered(&self) -> usize {
+        self.registered
+    }
+
     /// The table as the model reads it: `None` for a released block (never read: outside every
     /// layer's window).
     pub fn table(&self) -> Vec<Option<BlockId>> {

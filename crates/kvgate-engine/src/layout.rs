@@ -42,11 +42,26 @@ impl DecisionLayout {
     }
 }
 
+impl DecisionLayout {
+    /// The layout of reads whose tokens from `plain_upto[i]` on are tree tokens: the shared prefix
+    /// stops before the first tree token of any read (it is computed causally, once).
+    pub fn of_reads<P: AsRef<[u32]>>(prompts: &[P], plain_upto: &[usize]) -> DecisionLayout {
+        let l = DecisionLayout::of(prompts);
+        let shared = l.shared.min(plain_upto.iter().copied().min().unwrap_or(usize::MAX));
+        DecisionLayout {
+            shared,
+            forks: prompts.len() > 1 && shared > 0,
+        }
+    }
+}
+
 /// A decision group's own state in the scheduler.
 #[derive(Debug, Clone)]
 pub(crate) struct DecisionState {
     /// One prompt per read.
     pub(crate) prompts: Vec<Vec<u32>>,
+    /// Per read: its tokens before its first tree token (`usize::MAX`: no tree).
+    pub(crate) plain_upto: Vec<usize>,
     /// Its layout.
     pub(crate) layout: DecisionLayout,
     /// Whether the read sequences exist (always, for a layout that does not fork).
@@ -54,10 +69,11 @@ pub(crate) struct DecisionState {
 }
 
 impl DecisionState {
-    pub(crate) fn new(prompts: Vec<Vec<u32>>) -> DecisionState {
+    pub(crate) fn new(prompts: Vec<Vec<u32>>, plain_upto: Vec<usize>) -> DecisionState {
         DecisionState {
-            layout: DecisionLayout::of(&prompts),
+            layout: DecisionLayout::of_reads(&prompts, &plain_upto),
             prompts,
+            plain_upto,
             forked: false,
         }
     }

@@ -58,7 +58,7 @@ pub use kvgate_backend::{kv_scale, Backend, BackendError, BlockCopy, Device, Enc
 pub use registry::SchedError;
 pub use request::{
     DecideRequest, DecisionRead, EmbedOutcome, EmbedRequest, Event, FinishReason, GenerateRequest, Pooling, ReadResult,
-    RequestId, Retain, StopMatch, Usage,
+    ReadTree, RequestId, Retain, StopMatch, TreeRow, Usage,
 };
 pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;

@@ -87,6 +87,9 @@ pub(crate) struct Seq {
     pub(crate) blocks: SeqBlocks,
     /// Logits for every prompt row (prompt logprobs; disables prefix matching).
     pub(crate) all_logits: bool,
+    /// Its tokens before the first tree token (a decision read's [`crate::ReadTree`]): only blocks
+    /// wholly before it are matched or registered in the prefix cache (`usize::MAX`: all).
+    pub(crate) plain_upto: usize,
     /// Whether it produces logits at all (a decision's shared prefix does not).
     pub(crate) wants_logits: bool,
     /// For a decision's question sequence: the index of its read.
@@ -258,6 +261,7 @@ impl Registry {
                 read: None,
                 matched: false,
                 spec: SeqSpec::default(),
+                plain_upto: usize::MAX,
             },
         );
         id

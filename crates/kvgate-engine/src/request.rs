@@ -46,6 +46,64 @@ pub struct DecisionRead {
     pub prompt: Vec<u32>,
     /// Per label: its alias token ids.
     pub labels: Vec<Vec<u32>>,
+    /// The prompt's tail as a tree (a `set` read's options as parallel branches), when it is one.
+    pub tree: Option<ReadTree>,
+}
+
+/// The tail of a read's prompt laid out as a tree: from `start` on, each token has a RoPE position
+/// (`start + offset`: the branches of a `set` read all start at one position) and sees the prompt
+/// before `start` and the tree tokens whose bits are set (bit `j` of `seen` for the `start + j`-th
+/// token; its own always). Only for a backend with tree attention ([`crate::Limits::tree_attention`]).
+/// Blocks holding tree tokens are never registered in the prefix cache, nor matched from it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReadTree {
+    /// The first tree token.
+    pub start: usize,
+    /// Per tree token: its RoPE offset from `start` and what it sees.
+    pub rows: Vec<TreeRow>,
+}
+
+/// One token of a [`ReadTree`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TreeRow {
+    /// RoPE position minus the tree's start.
+    pub offset: u32,
+    /// Bit `j`: it sees the tree's `j`-th token.
+    pub seen: Vec<u64>,
+}
+
+impl ReadTree {
+    /// The RoPE position and mask of the prompt's token at `pos` (`None` for a plain causal token).
+    pub fn row(&self, pos: usize) -> Option<(u32, kvgate_backend::RowMask)> {
+        let r = self.rows.get(pos.checked_sub(self.start)?)?;
+        Some((
+            (self.start as u32).saturating_add(r.offset),
+            kvgate_backend::RowMask {
+                base: self.start as u32,
+                seen: r.seen.clone(),
+            },
+        ))
+    }
+
+    /// Checks it against a prompt of `len` tokens: one row per token from `start` to the end, each
+    /// seeing only tree tokens up to its own (its own included).
+    pub fn check(&self, len: usize) -> Result<(), String> {
+        if self.start + self.rows.len() != len || self.start == 0 {
+            return Err(format!(
+                "a tree of {} rows from token {} does not end a prompt of {len} tokens after a prefix",
+                self.rows.len(),
+                self.start
+            ));
+        }
+        for (j, r) in self.rows.iter().enumerate() {
+            let bit = |i: usize| r.seen.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1);
+            let beyond = r.seen.len() * 64 > j + 1 && (j + 1..r.seen.len() * 64).any(bit);
+            if !bit(j) || beyond {
+                return Err(format!("tree row {j} must see itself and no later row"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A decision request: reads that are evaluated together, forked from their shared prefix.

@@ -10,7 +10,7 @@
 //! Half the runs speculate: decode chunks carry proposed tokens (the simulation writes their K/V as
 //! the chunk's own tokens, keeps a random-length agreeing prefix as a verifier would, and gives the
 //! rest back), so the same checks prove that a rejected proposal's K/V is never read as a sequence's
-//! own and that speculation leaks no block.
+//! own and that speculation leaks no block (decisions with tree reads among them).
 //!
 //! Half the runs put a second tier (host memory, sometimes a spill file) behind the pool: the
 //! simulation carries out each plan's spills (reading the simulated block) and restores (writing it)
@@ -175,7 +175,15 @@ impl Sim {
             if need > self.s.pool().total() {
                 return;
             }
-            let g = self.s.add_decision(prompts, &salt);
+            // some reads end in a tree (a set read): its tokens never enter the prefix cache
+            let plain: Vec<usize> = prompts
+                .iter()
+                .map(|p| match self.rng.random_bool(0.3) {
+                    true => self.rng.random_range(1..=p.len()),
+                    false => usize::MAX,
+                })
+                .collect();
+            let g = self.s.add_decision_reads(prompts, plain, &salt);
             self.kind.insert(g, (true, k, 0, salt));
         }
     }

@@ -126,6 +126,7 @@ fn reads_ask_for_label_logprobs_and_completions_for_logits() {
                 reads: vec![DecisionRead {
                     prompt: prompt.clone(),
                     labels: labels.clone(),
+                    tree: None,
                 }],
                 cache_salt: Some("seam".into()),
                 keep_alive: None,
@@ -233,6 +234,7 @@ fn a_dropped_decision_frees_its_blocks_and_a_kept_one_answers_once() {
     let read = |text: &str| DecisionRead {
         prompt: tok.encode(text, false).unwrap(),
         labels: vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()],
+        tree: None,
     };
     let ask = |reads: Vec<DecisionRead>| DecideRequest {
         reads,

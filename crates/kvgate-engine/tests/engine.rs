@@ -196,7 +196,11 @@ fn int8_activations_are_batch_invariant_and_cached_one_way() {
         let decide_on = |h: &EngineHandle, prompt: Vec<u32>| {
             let labels = vec![tok.encode("yes", false).unwrap(), tok.encode("no", false).unwrap()];
             let s = h.decide(DecideRequest {
-                reads: vec![DecisionRead { prompt, labels }],
+                reads: vec![DecisionRead {
+                    prompt,
+                    labels,
+                    tree: None,
+                }],
                 cache_salt: None,
                 keep_alive: None,
                 tenant: None,

@@ -36,6 +36,7 @@ fn decisions_are_bitwise_identical_alone_in_a_batch_and_warm() {
                 DecisionRead {
                     prompt: p,
                     labels: vec![vec![yes], vec![no]],
+                    tree: None,
                 }
             })
             .collect();
@@ -102,6 +103,7 @@ fn decision_prefix_is_computed_once() {
                 DecisionRead {
                     prompt: p,
                     labels: vec![vec![5], vec![6]],
+                    tree: None,
                 }
             })
             .collect();

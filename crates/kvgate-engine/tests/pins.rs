@@ -73,7 +73,11 @@ async fn pinned_decision_of(
     prompt.extend(tok.encode(" Is it fine? Answer:", false).unwrap());
     let labels = vec![tok.encode(" yes", false).unwrap(), tok.encode(" no", false).unwrap()];
     h.decide(DecideRequest {
-        reads: vec![DecisionRead { prompt, labels }],
+        reads: vec![DecisionRead {
+            prompt,
+            labels,
+            tree: None,
+        }],
         cache_salt: None,
         keep_alive: Some(Duration::from_secs(3600)),
         tenant,

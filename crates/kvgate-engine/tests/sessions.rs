@@ -58,7 +58,11 @@ async fn turn(h: EngineHandle, tok: Arc<Tokenizer>, i: usize) -> (usize, usize) 
     read.extend(tok.encode(" Is it urgent? Answer:", false).unwrap());
     let labels = vec![tok.encode(" yes", false).unwrap(), tok.encode(" no", false).unwrap()];
     h.decide(DecideRequest {
-        reads: vec![DecisionRead { prompt: read, labels }],
+        reads: vec![DecisionRead {
+            prompt: read,
+            labels,
+            tree: None,
+        }],
         cache_salt: None,
         keep_alive: None,
         tenant: None,

@@ -18,7 +18,9 @@ mod layout;
 pub mod quant;
 mod storage;
 
-pub use attention::{dot, dot_fused, exp_in_place, AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention};
+pub use attention::{
+    dot, dot_fused, exp_in_place, AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention, RowMask,
+};
 pub use dtype::{KvDtype, NVFP4_GROUP};
 pub use error::KvError;
 pub use layout::CacheShape;

@@ -259,6 +259,11 @@ impl CudaBackend {
             }
             .into());
         }
+        // tree rows are not in the CUDA kernels yet (`Backend::tree_attention` is false): refused,
+        // never computed causally
+        if !b.rope.is_empty() || b.masks.iter().any(Option::is_some) {
+            return Err(BatchError::Tree("the CUDA backend does not compute tree rows".into()).into());
+        }
         Ok(())
     }
 

@@ -326,7 +326,12 @@ impl Engine {
                 _ => Precision::Exact,
             })
             .collect();
-        let batch = batch::build(&plan.chunks, &wants, &precision);
+        let trees: Vec<_> = plan
+            .chunks
+            .iter()
+            .map(|c| self.reqs.get(&c.group).and_then(|a| a.kind.tree(c)))
+            .collect();
+        let batch = batch::build(&plan.chunks, &wants, &precision, &trees);
         if let Some(how) = self.calibration.take() {
             self.calibrate(&how, &batch)?;
         }

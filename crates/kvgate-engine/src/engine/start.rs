@@ -91,6 +91,7 @@ pub fn start_with_draft(
         window_blocks: backend
             .attention_span()
             .map(|w| (w + cfg.max_num_batched_tokens).div_ceil(block_size) + 2),
+        tree_attention: backend.tree_attention(),
     };
     let shared = Arc::new(Shared {
         queued: AtomicUsize::new(0),

@@ -45,7 +45,12 @@ pub(crate) fn admit(
     env.rec.decision_request();
     let session_window = env.session_window;
     let prompts: Vec<Vec<u32>> = req.reads.iter().map(|r| r.prompt.clone()).collect();
-    let g = sched.add_decision(prompts, req.cache_salt.as_deref().unwrap_or(""));
+    let plain = req
+        .reads
+        .iter()
+        .map(|r| r.tree.as_ref().map_or(usize::MAX, |t| t.start))
+        .collect();
+    let g = sched.add_decision_reads(prompts, plain, req.cache_salt.as_deref().unwrap_or(""));
     let shared_len = sched.decision_layout(g).map_or(0, |l| l.shared);
     let n = req.reads.len();
     let state = DecState {
@@ -67,6 +72,10 @@ pub(crate) fn admit(
 }
 
 impl RequestKind for DecState {
+    fn tree(&self, c: &Chunk) -> Option<&crate::request::ReadTree> {
+        c.read.and_then(|qi| self.reads.get(qi)).and_then(|r| r.tree.as_ref())
+    }
+
     fn want(&self, c: &Chunk) -> ChunkWant {
         if !c.at_end || c.logits == Logits::None {
             return ChunkWant::Nothing;

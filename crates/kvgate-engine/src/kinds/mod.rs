@@ -50,6 +50,11 @@ pub(crate) trait RequestKind: Send {
     /// What chunk `c` (one of this request's) needs back from the forward pass.
     fn want(&self, c: &Chunk) -> ChunkWant;
 
+    /// The tree chunk `c`'s rows are part of, if any (a decision's `set` read).
+    fn tree(&self, _c: &Chunk) -> Option<&crate::request::ReadTree> {
+        None
+    }
+
     /// Whether its rows may take the backend's fast path (completions; decisions never).
     fn may_be_fast(&self) -> bool {
         false

@@ -16,9 +16,17 @@ impl Scheduler {
     /// Queues a decision: one read per prompt (each non-empty), laid out by
     /// [`crate::layout::DecisionLayout`]: a shared prefix computed once and forked per read, or plain
     /// sequences.
+    #[cfg(test)]
     pub fn add_decision(&mut self, prompts: Vec<Vec<u32>>, salt: &str) -> GroupId {
+        let plain = vec![usize::MAX; prompts.len()];
+        self.add_decision_reads(prompts, plain, salt)
+    }
+
+    /// [`Scheduler::add_decision`] of reads whose tokens from `plain_upto[i]` on are tree tokens
+    /// (never matched or registered in the prefix cache, never in the shared prefix).
+    pub fn add_decision_reads(&mut self, prompts: Vec<Vec<u32>>, plain_upto: Vec<usize>, salt: &str) -> GroupId {
         let g = self.reg.add_group(
-            GroupKind::Decide(DecisionState::new(prompts)),
+            GroupKind::Decide(DecisionState::new(prompts, plain_upto)),
             salt.to_string(),
             self.now,
         );
@@ -45,14 +53,16 @@ impl Scheduler {
     /// (Re)creates a decision's sequences: the shared-prefix sequence, or one plain sequence per read.
     pub(super) fn init_decision(&mut self, g: GroupId) -> Result<()> {
         let d = self.decision(g)?;
-        let (prompts, layout) = (d.prompts.clone(), d.layout);
+        let (prompts, layout, plain) = (d.prompts.clone(), d.layout, d.plain_upto.clone());
         let seqs = if layout.forks {
             vec![self.reg.add_seq(g, prompts[0][..layout.shared].to_vec(), false, false)]
         } else {
             let mut ids = Vec::with_capacity(prompts.len());
             for (i, p) in prompts.into_iter().enumerate() {
                 let id = self.reg.add_seq(g, p, false, true);
-                self.reg.seq_mut(id)?.read = Some(i);
+                let s = self.reg.seq_mut(id)?;
+                s.read = Some(i);
+                s.plain_upto = plain.get(i).copied().unwrap_or(usize::MAX);
                 ids.push(id);
             }
             ids
@@ -69,7 +79,7 @@ impl Scheduler {
             if d.forked {
                 continue;
             }
-            let (prompts, shared) = (d.prompts.clone(), d.layout.shared);
+            let (prompts, shared, plain) = (d.prompts.clone(), d.layout.shared, d.plain_upto.clone());
             let Some(&prefix) = self.group_seqs(g).first() else {
                 continue;
             };
@@ -80,6 +90,7 @@ impl Scheduler {
             let bs = self.cfg.block_size;
             for (i, p) in prompts.into_iter().enumerate() {
                 let id = self.reg.add_seq(g, p, false, true);
+                self.reg.seq_mut(id)?.plain_upto = plain.get(i).copied().unwrap_or(usize::MAX);
                 // A read computed before (the same question over the same state, asked again) is in
                 // the prefix cache beyond the shared prefix: it takes those blocks (their K/V are the
                 // same bits whatever batch computed them) and computes only the rest; otherwise it

@@ -280,7 +280,8 @@ impl Scheduler {
         let salt = grp.salt.clone();
         let decision = matches!(grp.kind, GroupKind::Decide(_));
         let s = self.reg.seq_mut(c.seq)?;
-        self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
+        self.kv
+            .commit(&mut s.blocks, &s.tokens, s.computed.min(s.plain_upto), &salt, decision);
         if let Some(w) = self.cfg.release_window {
             self.kv.release_slid(&mut s.blocks, s.computed, w);
         }
@@ -469,6 +470,8 @@ impl Scheduler {
             }
             assert!(s.computed <= s.tokens.len());
             assert!(s.blocks.len() >= s.computed.div_ceil(self.cfg.block_size));
+            // no block holding a tree token is in the prefix cache under this sequence's chain
+            assert!(s.blocks.registered() <= s.plain_upto / self.cfg.block_size);
             if s.spec.draft.is_empty() {
                 // rejected proposals' blocks went back
                 assert!(s.blocks.len() <= s.tokens.len().div_ceil(self.cfg.block_size));

@@ -244,7 +244,8 @@ impl Scheduler {
         let grp = self.reg.group(g)?;
         let (salt, decision) = (grp.salt.clone(), matches!(grp.kind, GroupKind::Decide(_)));
         let s = self.reg.seq_mut(seq)?;
-        self.kv.commit(&mut s.blocks, &s.tokens, s.computed, &salt, decision);
+        self.kv
+            .commit(&mut s.blocks, &s.tokens, s.computed.min(s.plain_upto), &salt, decision);
         if let Some(w) = self.cfg.release_window {
             self.kv.release_slid(&mut s.blocks, s.computed, w);
         }

@@ -78,13 +78,15 @@ impl Scheduler {
     /// recomputed so there are logits to read (none when every row's logits are wanted); a decision
     /// prefix has no logits and may match every full block.
     pub(super) fn matchable_blocks(&self, s: &Seq) -> usize {
-        if s.all_logits {
+        let n = if s.all_logits {
             0
         } else if s.wants_logits {
             s.tokens.len().saturating_sub(1) / self.cfg.block_size
         } else {
             s.tokens.len() / self.cfg.block_size
-        }
+        };
+        // a block holding tree tokens is never matched (their K/V are not a causal prefix's)
+        n.min(s.plain_upto / self.cfg.block_size)
     }
 
     fn unmatch_seq(&mut self, sid: SeqId) -> Result<()> {

@@ -6,7 +6,9 @@
 //! SIMD lane structure), so a row's output is bitwise the same whatever else is in the batch, however
 //! the rows are tiled ([`tiles`]: consecutive rows of one sequence share each K/V block read) and
 //! however the work is split across threads. The caller writes a step's new K/V into the cache before calling
-//! [`AttentionBackend::attend`], so rows of a prefill chunk see their own and earlier tokens.
+//! [`AttentionBackend::attend`], so rows of a prefill chunk see their own and earlier tokens. A tree
+//! row ([`RowMask`]) sees the positions its mask names instead; its position is where its K/V lives,
+//! its RoPE position is the model's business.
 
 mod group;
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
@@ -30,6 +32,28 @@ pub struct AttnRow {
     pub table: u32,
     /// Position of the query token; the row attends to positions `0..=pos` (or the window's tail).
     pub pos: u32,
+}
+
+/// The positions of its own sequence a tree row sees (tree attention: a decision's options read as
+/// parallel branches, a token tree of speculation): every position before `base` (the shared
+/// prefix), and from `base` on those whose bit is set — bit `p − base` of `seen` (the row's own
+/// position is always among them). A row without one sees `0..=pos`, causally.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RowMask {
+    /// The first position the mask decides.
+    pub base: u32,
+    /// From `base` on, one bit per position.
+    pub seen: Vec<u64>,
+}
+
+impl RowMask {
+    /// Whether the row sees position `p`.
+    pub fn sees(&self, p: usize) -> bool {
+        let Some(i) = p.checked_sub(self.base as usize) else {
+            return true;
+        };
+        self.seen.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1)
+    }
 }
 
 /// Per-layer attention parameters.
@@ -59,6 +83,8 @@ pub struct AttnQuery<'a> {
     pub rows: &'a [AttnRow],
     /// Block tables of the sequences in the batch.
     pub tables: &'a [&'a [u32]],
+    /// Per row, the tree mask of a tree row (empty when every row is causal).
+    pub masks: &'a [Option<RowMask>],
 }
 
 /// What an attention implementation provides to the model's layers: store a step's K/V into its cache
@@ -193,6 +219,7 @@ mod tests {
                     q: &q,
                     rows: &rows,
                     tables: &trefs,
+                    masks: &[],
                 };
                 CpuAttention.attend(&cache, 0, &query, &p, &mut out);
                 for (r, row) in rows.iter().enumerate() {
@@ -294,6 +321,7 @@ mod tests {
                 q: &q,
                 rows: &one,
                 tables: &tables,
+                masks: &[],
             },
             &p,
             &mut alone,
@@ -317,6 +345,7 @@ mod tests {
                 q: &big_q,
                 rows: &rows,
                 tables: &tables,
+                masks: &[],
             },
             &p,
             &mut out,
@@ -363,6 +392,7 @@ mod tests {
                     q: &q,
                     rows: &rows,
                     tables: &tables,
+                    masks: &[],
                 },
                 &p,
                 &mut out,
@@ -437,6 +467,7 @@ mod tests {
                     q: &q,
                     rows: &rows,
                     tables: &tables,
+                    masks: &[],
                 };
                 CpuAttention.attend(&c, 0, &query, &p, &mut out);
                 out
@@ -463,3 +494,7 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "tree_tests.rs"]
+mod tree_tests;

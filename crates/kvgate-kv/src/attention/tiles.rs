@@ -300,10 +300,24 @@ fn partition(
     }
     for (i, r) in range.iter().enumerate() {
         let Some((a, b)) = *r else { continue };
-        let n = b + 1 - a / 8 * 8;
+        let a8 = a / 8 * 8;
+        let n = b + 1 - a8;
+        // a tree row: the positions it does not see score −∞ (weight 0, as the padding before `a`)
+        let mask = cx.query.masks.get(r0 + i).and_then(Option::as_ref);
         for g in 0..group {
             let s = &mut scores[at[i] + g * n..at[i] + (g + 1) * n];
+            if let Some(mk) = mask {
+                s.iter_mut()
+                    .enumerate()
+                    .filter(|&(j, _)| !mk.sees(a8 + j))
+                    .for_each(|(_, x)| *x = f32::NEG_INFINITY);
+            }
             let m = max_of(s);
+            if m == f32::NEG_INFINITY {
+                // nothing seen in this partition: weights 0, and `m` −∞ folds as nothing
+                s.fill(0.0);
+                continue;
+            }
             out.m[i * group + g] = m;
             out.l[i * group + g] = exp_sum_inplace(s, m);
         }
@@ -355,10 +369,12 @@ fn ranges(span: &[(usize, usize)], part: usize) -> Vec<Option<(usize, usize)>> {
 }
 
 /// Whether tile `r0..r1` takes the lanes path: a prefill tile (a decode row's query heads fill few
-/// lanes: even Qwen2.5's seven per KV head measured slower there than the row path).
+/// lanes: even Qwen2.5's seven per KV head measured slower there than the row path) of plain causal
+/// rows (tree rows take the row path, which masks).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-fn lanes_path((r0, r1): (usize, usize), hd: usize) -> bool {
-    super::lanes::eligible(hd) && r1 - r0 > SPREAD_ROWS
+fn lanes_path(query: &AttnQuery, (r0, r1): (usize, usize), hd: usize) -> bool {
+    let tree = query.masks.get(r0..r1).is_some_and(|m| m.iter().any(Option::is_some));
+    super::lanes::eligible(hd) && r1 - r0 > SPREAD_ROWS && !tree
 }
 
 /// The partitions tile `r0..r1` reads.
@@ -476,7 +492,7 @@ fn attend_in_cache_basis(
         .map_init(Scratch::default, |sc, (ti, kvh, run)| {
             let (tile, span) = (&tiles[*ti].0, &tiles[*ti].1);
             #[cfg(all(target_arch = "x86_64", target_feature = "avx2", target_feature = "fma"))]
-            let nqp = match lanes_path(*tile, hd) {
+            let nqp = match lanes_path(query, *tile, hd) {
                 true => Some(super::lanes::transpose_queries(&cx, *tile, *kvh, &mut sc.lanes)),
                 false => None,
             };

@@ -45,6 +45,7 @@ fn tiled_rows_equal_rows_alone() {
                 q: &q,
                 rows: &rows,
                 tables: &tables,
+                masks: &[],
             };
             CpuAttention.attend(&cache, 0, &query, &p, &mut out);
             for (r, row) in rows.iter().enumerate() {
@@ -55,6 +56,7 @@ fn tiled_rows_equal_rows_alone() {
                     q: qr,
                     rows: &one,
                     tables: &tables,
+                    masks: &[],
                 };
                 CpuAttention.attend(&cache, 0, &query, &p, &mut alone);
                 assert_eq!(
@@ -113,6 +115,7 @@ fn partitions_fold_the_same_however_they_are_split() {
                 q,
                 rows,
                 tables: &tables,
+                masks: &[],
             };
             CpuAttention.attend(&cache, 0, &query, &p, &mut out);
             out

@@ -20,7 +20,9 @@ use crate::http::error::Detail;
 
 /// Parses `x_read` (absent or null: the default, `ordered+calibrated`).
 fn read_method(v: Option<&Value>) -> Result<ReadMethod, String> {
-    let expected = || "Input should be 'plain', 'ordered', 'calibrated' or 'ordered+calibrated'".to_string();
+    let expected = || {
+        "Input should be 'plain', 'ordered', 'calibrated', 'ordered+calibrated', 'set' or 'set+calibrated'".to_string()
+    };
     match v {
         None | Some(Value::Null) => Ok(ReadMethod::DEFAULT),
         Some(Value::String(s)) => ReadMethod::from_name(s).ok_or_else(expected),
