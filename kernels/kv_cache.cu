@@ -569,9 +569,19 @@ __device__ void write_row(float* __restrict__ orow, const float* parts, int coun
     }
 }
 
+// Whether a tree row sees position t of its sequence: every position before `base`, and from it on those
+// whose bit is set in its mask words (`off`: the row's first word in `words`; −1: a causal row, all).
+__device__ __forceinline__ bool tree_sees(int t, int base, int off, const unsigned long long* __restrict__ words) {
+    if (off < 0 || t < base) return true;
+    int i = t - base;
+    return ((words[off + (i >> 6)] >> (i & 63)) & 1ull) != 0;
+}
+
 // out, q: [nrows, nh, hd] f32; tables: [nseq, max_blocks]; rows: [nrows, 3] = (sequence, first position,
 // end position) of each query row, which attends to positions first .. end-1 of its sequence (a decode row:
-// 0 .. ctx; a prefill row at position p: 0 .. p+1, or its window's tail). Grid (nh, nrows), WARPS * 32
+// 0 .. ctx; a prefill row at position p: 0 .. p+1, or its window's tail). With has_masks, mrows: [nrows, 2]
+// = (base, first word in mwords or −1) of each row: a tree row attends only to the positions it sees
+// (tree_sees); a causal row's bits are unchanged. Grid (nh, nrows), WARPS * 32
 // threads, dynamic shared memory (hd + WARPS * (hd + 2)) floats. Each warp takes UNROLL (4 or 8) consecutive
 // tokens at a time (their K and V loads in flight together) with an online softmax; lane l owns elements
 // l*per .. l*per+per-1; the warps' partial results are merged at the end.
@@ -581,10 +591,12 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
                                 const int* __restrict__ rows, int nh, int nkv, int hd, int bs, float scale,
                                 float k_scale, float v_scale, int rotate, int fine, float norm,
                                 const float* __restrict__ v_offsets, int has_offsets, float softcap,
-                                int split_len, float* __restrict__ partial) {
+                                int split_len, float* __restrict__ partial, int has_masks,
+                                const int* __restrict__ mrows, const unsigned long long* __restrict__ mwords) {
     DYNAMIC_SHARED(smem);
     int head = blockIdx.x, row = blockIdx.y;
     int seq = rows[3 * row], first = rows[3 * row + 1], n = rows[3 * row + 2];
+    int mbase = has_masks ? mrows[2 * row] : 0, moff = has_masks ? mrows[2 * row + 1] : -1;
     // split-K: this CTA takes split_len positions of the row from first + blockIdx.z · split_len (a row
     // shorter than that has nothing for it: the whole CTA leaves before any barrier)
     if (split_len > 0) {
@@ -633,16 +645,21 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
             s[u] = warp_sum(d);
             if (softcap > 0.0f) s[u] = softcap * tanhf(s[u] / softcap);
         }
+        // the positions this row reads: inside its range and, for a tree row, seen
+        bool ok[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) ok[u] = t0 + u < n && tree_sees(t0 + u, mbase, moff, mwords);
         float m_new = m;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++)
-            if (t0 + u < n) m_new = fmaxf(m_new, s[u]);
-        float c = expf(m - m_new);
+            if (ok[u]) m_new = fmaxf(m_new, s[u]);
+        // nothing seen yet (a tree row's unseen run): nothing to rescale
+        float c = m_new == -KV_INF ? 1.0f : expf(m - m_new);
         float p[UNROLL];
         l *= c;
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
-            p[u] = (t0 + u < n) ? expf(s[u] - m_new) : 0.0f;
+            p[u] = ok[u] ? expf(s[u] - m_new) : 0.0f;
             l += p[u];
         }
 #pragma unroll
@@ -656,7 +673,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
             float a = acc[i] * c;
 #pragma unroll
             for (int u = 0; u < UNROLL; u++)
-                if (t0 + u < n) a += p[u] * buf[u][i];
+                if (ok[u]) a += p[u] * buf[u][i];
             acc[i] = a;
         }
         m = m_new;
@@ -688,7 +705,7 @@ __device__ void paged_attention(float* __restrict__ out, const float* __restrict
     case P:                                                                                                   \
         paged_attention<DT, P>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale, k_scale,     \
                                v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap, split_len,       \
-                               partial);                                                                      \
+                               partial, has_masks, mrows, mwords);                                            \
         break;
 
 // head_dim is below 32 or a multiple of 32 up to 256 (checked by the host): one instantiation per
@@ -700,7 +717,9 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                          const int* __restrict__ rows, int nh, int nkv, int hd, int bs,
                                          float scale, float k_scale, float v_scale, int rotate, int fine,
                                          float norm, const float* __restrict__ v_offsets, int has_offsets,
-                                         float softcap, int split_len, float* __restrict__ partial) {
+                                         float softcap, int split_len, float* __restrict__ partial,
+                                         int has_masks, const int* __restrict__ mrows,
+                                         const unsigned long long* __restrict__ mwords) {
     switch (hd / 32) {
         case 0:  // head_dim below 32: one element per lane
         PA_CASE(1)
@@ -723,10 +742,12 @@ __device__ void paged_attention_dispatch(float* __restrict__ out, const float* _
                                     const int* __restrict__ rows, int nh, int nkv, int hd, int bs,           \
                                     float scale, float k_scale, float v_scale, int rotate, int fine,         \
                                     float norm, const float* __restrict__ v_offsets, int has_offsets,        \
-                                    float softcap, int split_len, float* __restrict__ partial) {             \
+                                    float softcap, int split_len, float* __restrict__ partial,               \
+                                    int has_masks, const int* __restrict__ mrows,                            \
+                                    const unsigned long long* __restrict__ mwords) {                         \
         paged_attention_dispatch<DT>(out, q, kc, vc, tables, max_blocks, rows, nh, nkv, hd, bs, scale,      \
                                      k_scale, v_scale, rotate, fine, norm, v_offsets, has_offsets, softcap,   \
-                                     split_len, partial);                                                     \
+                                     split_len, partial, has_masks, mrows, mwords);                           \
     }
 
 PAGED_ATTENTION_ENTRY(paged_attention_f32, DT_F32)

@@ -5,7 +5,7 @@
 //! through a bad id (the contract the safe API promises).
 
 use cudarc::driver::CudaSlice;
-use kvgate_kv::{KvDtype, KvQuant};
+use kvgate_kv::{KvDtype, KvQuant, RowMask};
 
 use crate::{CudaError, Dims};
 
@@ -40,6 +40,9 @@ pub struct BlockTables {
     pub(crate) max_block: Option<usize>,
     /// The most positions any row attends to (what split-K divides).
     pub(crate) max_span: usize,
+    /// Tree rows: per row `(base, first mask word or −1)`, and the mask words; `None` when every row
+    /// is causal.
+    pub(crate) masks: Option<(CudaSlice<i32>, CudaSlice<u64>)>,
 }
 
 impl BlockTables {
@@ -97,6 +100,37 @@ pub(crate) fn max_row_block(
         }
     }
     Ok(max)
+}
+
+/// The tree masks of `rows` as the kernel reads them: per row `(base, first word or −1)` and the
+/// words; each mask checked to decide only positions inside its row's range (`base < end`) and to
+/// hold a bit for every one of them (the kernel reads no word past them).
+pub(crate) fn tree_masks(rows: &[QueryRow], masks: &[Option<RowMask>]) -> Result<(Vec<i32>, Vec<u64>), CudaError> {
+    if masks.len() != rows.len() {
+        return Err(bad(format!("{} masks for {} rows", masks.len(), rows.len())));
+    }
+    let mut desc = Vec::with_capacity(2 * rows.len());
+    let mut words = vec![];
+    for (r, (q, m)) in rows.iter().zip(masks).enumerate() {
+        let Some(m) = m else {
+            desc.extend([0, -1]);
+            continue;
+        };
+        let base = m.base as usize;
+        if base >= q.end || m.seen.len() * 64 < q.end - base || words.len() > i32::MAX as usize {
+            return Err(bad(format!(
+                "row {r}: a mask from position {base} of {} words does not cover positions up to {}",
+                m.seen.len(),
+                q.end
+            )));
+        }
+        desc.extend([m.base as i32, words.len() as i32]);
+        words.extend_from_slice(&m.seen);
+    }
+    if words.is_empty() {
+        words.push(0);
+    }
+    Ok((desc, words))
 }
 
 fn bad(msg: String) -> CudaError {

@@ -219,6 +219,8 @@ impl Gpu {
             return Ok(());
         }
         let max_span = tables.max_span;
+        let masks = tables.masks.as_ref();
+        let has_masks = i32::from(masks.is_some());
         let (tables, row_info) = (&tables.tables, &tables.rows);
         let name = match dtype {
             KvDtype::F32 => "paged_attention_f32",
@@ -290,8 +292,15 @@ impl Gpu {
             Some(p) => b.arg(p),
             None => b.arg(&self.absent),
         };
+        b.arg(&has_masks);
+        // a causal batch passes stand-ins the kernel never reads
+        match masks {
+            Some((desc, words)) => b.arg(desc).arg(words),
+            None => b.arg(&self.absent).arg(&self.absent),
+        };
         // SAFETY: arguments match the kernel's signature; every block in use was checked above to be
-        // inside both caches, q/out hold every row, and partial every (row, head, split) when splitting.
+        // inside both caches, q/out hold every row, partial every (row, head, split) when splitting,
+        // and the masks a word for every position a tree row's range holds from its base.
         unsafe { b.launch(cfg) }.map_err(drv)?;
         if let Some(partial) = &partial {
             let merge = self.func("attention_merge")?;

@@ -298,6 +298,7 @@ impl Gpu {
             block_size,
             max_block,
             max_span: ctx_lens.iter().copied().max().unwrap_or(0),
+            masks: None,
         })
     }
 
@@ -311,7 +312,27 @@ impl Gpu {
         rows: &[QueryRow],
         block_size: usize,
     ) -> Result<BlockTables, CudaError> {
+        self.upload_tree_rows(tables, max_blocks, rows, &[], block_size)
+    }
+
+    /// [`Gpu::upload_rows`] with a tree mask per row (`masks` empty: every row causal): a tree row
+    /// attends only to the positions of its range its mask sees.
+    pub fn upload_tree_rows(
+        &self,
+        tables: &[i32],
+        max_blocks: usize,
+        rows: &[QueryRow],
+        masks: &[Option<kvgate_kv::RowMask>],
+        block_size: usize,
+    ) -> Result<BlockTables, CudaError> {
         let max_block = checked::max_row_block(tables, max_blocks, rows, block_size)?;
+        let masks = match masks.iter().any(Option::is_some) {
+            true => {
+                let (desc, words) = checked::tree_masks(rows, masks)?;
+                Some((self.upload(&desc)?, self.upload(&words)?))
+            }
+            false => None,
+        };
         let flat: Vec<i32> = rows
             .iter()
             .flat_map(|r| [r.seq as i32, r.first as i32, r.end as i32])
@@ -325,6 +346,7 @@ impl Gpu {
             block_size,
             max_block,
             max_span: rows.iter().map(|r| r.end - r.first).max().unwrap_or(0),
+            masks,
         })
     }
 

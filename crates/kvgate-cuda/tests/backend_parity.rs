@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device as CDevice, Tensor};
-use kvgate_backend::{Backend, BackendError, Batch, KvMemory, Output, Want};
+use kvgate_backend::{Backend, BackendError, Batch, KvMemory, Output, RowMask, Want};
 use kvgate_cpu::{prepare, CpuBackend, CpuLayout, CpuSettings};
 use kvgate_cuda::{CudaBackend, CudaSettings, DevMatrix, Gpu, WeightFormat};
 use kvgate_kv::{KvDtype, KvQuant};
@@ -232,8 +232,31 @@ fn parity(name: &str, m: &StoredModel, dtype: KvDtype, quant: KvQuant, tol: f32)
     for (x, y) in la.logprobs[0].iter().zip(&lb.logprobs[0]) {
         assert!((x - y).abs() <= 1e-3, "{name}: logprob {x} vs {y}");
     }
+    // tree rows (a set read): rows 11–13 and 14–16 two branches at the same RoPE positions, each
+    // seeing the prefix and itself, rows 17–18 seeing everything
+    let mut tree = Batch::single_sequence(&ids, 4);
+    let bits = |idx: &[usize]| vec![idx.iter().fold(0u64, |w, &i| w | 1 << i)];
+    tree.rope = (0..19u32).map(|p| if p >= 14 { p - 3 } else { p }).collect();
+    tree.masks = (0..19usize)
+        .map(|p| {
+            let seen: Vec<usize> = match p {
+                0..=10 => return None,
+                11..=13 => (0..=p - 11).collect(),
+                14..=16 => (3..=p - 11).collect(),
+                _ => (0..=p - 11).collect(),
+            };
+            Some(RowMask {
+                base: 11,
+                seen: bits(&seen),
+            })
+        })
+        .collect();
+    let a = gpu.forward(&tree).unwrap();
+    let b = cpu.forward(&tree).unwrap();
+    let dt = rel_diff(&a.logits, &b.logits, vocab);
+    assert!(dt <= tol, "{name} {dtype} {}: tree logits differ by {dt}", quant.name());
     eprintln!(
-        "{name} {dtype} {}: prefill within {d:.2e}, {steps} greedy tokens equal",
+        "{name} {dtype} {}: prefill within {d:.2e}, {steps} greedy tokens equal, tree rows within {dt:.2e}",
         quant.name()
     );
 }

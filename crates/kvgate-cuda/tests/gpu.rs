@@ -14,10 +14,10 @@
 
 mod host;
 
-use kvgate_cuda::{CudaError, Dims, Gpu};
+use kvgate_cuda::{CudaError, Dims, Gpu, QueryRow};
 use kvgate_kv::Which;
 use kvgate_kv::{
-    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant,
+    AttentionBackend, AttnParams, AttnQuery, AttnRow, CacheShape, CpuAttention, KvCache, KvDtype, KvQuant, RowMask,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -242,6 +242,55 @@ fn paged_attention_matches_the_cpu() {
         assert!(
             worst < 2e-4,
             "{dtype} {m} head_dim {hd}: paged attention differs from the CPU by {worst}"
+        );
+        // the same rows as tree rows: each sees the first half of its sequence and a random half of
+        // the rest (its own position always), split-K included
+        let masks: Vec<Option<RowMask>> = lens
+            .iter()
+            .map(|&l| {
+                let base = l / 2;
+                let mut seen = vec![0u64; (l - base).div_ceil(64)];
+                for i in 0..l - base {
+                    if i + 1 == l - base || rng.random_bool(0.5) {
+                        seen[i / 64] |= 1 << (i % 64);
+                    }
+                }
+                Some(RowMask {
+                    base: base as u32,
+                    seen,
+                })
+            })
+            .collect();
+        CpuAttention.attend(
+            &cpu,
+            0,
+            &AttnQuery {
+                q: &q,
+                rows: &rows,
+                tables: &trefs,
+                masks: &masks,
+            },
+            &p,
+            &mut want,
+        );
+        let qrows: Vec<QueryRow> = lens
+            .iter()
+            .enumerate()
+            .map(|(s, &l)| QueryRow {
+                seq: s,
+                first: 0,
+                end: l,
+            })
+            .collect();
+        let dt = g.upload_tree_rows(&flat, max_blocks, &qrows, &masks, bs).unwrap();
+        g.paged_attention(dtype, quant, dvo, &mut dout, &dq, &dk, &dv, &dt, dims, p.scale, ks, vs)
+            .unwrap();
+        let got = g.download(&dout).unwrap();
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("{dtype} {m} head_dim {hd}, tree rows: max |GPU − CPU| = {worst:.2e}");
+        assert!(
+            worst < 2e-4,
+            "{dtype} {m} head_dim {hd}: tree rows differ from the CPU by {worst}"
         );
     }
 }

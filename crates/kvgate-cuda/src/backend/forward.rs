@@ -111,8 +111,8 @@ fn means(x: &[f32], width: usize) -> Vec<f32> {
     acc.into_iter().map(|a| (a / rows as f64) as f32).collect()
 }
 
-/// The block tables of the batch (`RELEASED_BLOCK` and padding as −1, never read: checked) and its
-/// rows' ranges under `window`.
+/// The block tables of the batch (`RELEASED_BLOCK` and padding as −1, never read: checked), its
+/// rows' ranges under `window` and its tree rows' masks.
 fn tables(gpu: &Gpu, b: &Batch, block_size: usize, window: Option<usize>) -> Result<BlockTables, CudaError> {
     let max_blocks = b.tables.iter().map(Vec::len).max().unwrap_or(0).max(1);
     let mut flat = vec![-1i32; b.tables.len() * max_blocks];
@@ -138,7 +138,7 @@ fn tables(gpu: &Gpu, b: &Batch, block_size: usize, window: Option<usize>) -> Res
             }
         })
         .collect();
-    gpu.upload_rows(&flat, max_blocks, &rows, block_size)
+    gpu.upload_tree_rows(&flat, max_blocks, &rows, &b.masks, block_size)
 }
 
 /// Runs `b` (checked by the caller against the cache, the vocabulary and the positions) over `cache`;
@@ -165,7 +165,8 @@ pub(crate) fn run(
     let (eps, p1) = (c.rms_eps, c.norm_plus_one);
     let interleaved = c.rope_style == RopeStyle::Interleaved;
     let tokens = gpu.upload(&b.tokens)?;
-    let pos = gpu.upload(&b.positions)?;
+    // RoPE at each row's own position (a tree row's may repeat); K/V at its place in the table
+    let pos = gpu.upload(b.rope_positions())?;
     let slots = gpu.upload_slots(&b.slots)?;
     let bs = cache.shape.block_size();
     // one set of ranges per distinct window (full layers: none)

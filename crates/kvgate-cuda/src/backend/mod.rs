@@ -259,10 +259,12 @@ impl CudaBackend {
             }
             .into());
         }
-        // tree rows are not in the CUDA kernels yet (`Backend::tree_attention` is false): refused,
-        // never computed causally
-        if !b.rope.is_empty() || b.masks.iter().any(Option::is_some) {
-            return Err(BatchError::Tree("the CUDA backend does not compute tree rows".into()).into());
+        if let Some(&p) = b.rope.iter().find(|&&p| p as usize >= self.model.max_positions) {
+            return Err(BatchError::Beyond {
+                position: p as usize,
+                max: self.model.max_positions,
+            }
+            .into());
         }
         Ok(())
     }
@@ -334,6 +336,10 @@ impl Backend for CudaBackend {
 
     fn fast_path(&self) -> Option<&'static str> {
         None
+    }
+
+    fn tree_attention(&self) -> bool {
+        true
     }
 
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError> {

@@ -104,7 +104,8 @@ static void th_store_quant(void** p) {
         kv::name(A(0, float*), A(1, const float*), A(2, const kv::u8*), A(3, const kv::u8*), A(4, const int*), \
                  A(5, int), A(6, const int*), A(7, int), A(8, int), A(9, int), A(10, int), A(11, float),      \
                  A(12, float), A(13, float), A(14, int), A(15, int), A(16, float), A(17, const float*),       \
-                 A(18, int), A(19, float), A(20, int), A(21, float*));                                      \
+                 A(18, int), A(19, float), A(20, int), A(21, float*), A(22, int), A(23, const int*),           \
+                 A(24, const unsigned long long*));                                                           \
     }
 ATTN(paged_attention_f32)
 ATTN(paged_attention_f16)

@@ -364,16 +364,20 @@ static void test_attention(int dt, int hd, bool every_case) {
                 const unsigned char *K = kc.data(), *V = vc.data();
                 if (dt == DT_F32)
                     kv::paged_attention_f32(out.data(), q.data(), K, V, tables.data(), max_blocks, rows.data(), nh, nkv,
-                                            hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data());
+                                            hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data(), 0,
+                                            nullptr, nullptr);
                 if (dt == DT_F16)
                     kv::paged_attention_f16(out.data(), q.data(), K, V, tables.data(), max_blocks, rows.data(), nh, nkv,
-                                            hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data());
+                                            hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data(), 0,
+                                            nullptr, nullptr);
                 if (dt == DT_BF16)
                     kv::paged_attention_bf16(out.data(), q.data(), K, V, tables.data(), max_blocks, rows.data(), nh,
-                                             nkv, hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data());
+                                             nkv, hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data(), 0,
+                                            nullptr, nullptr);
                 if (dt == DT_E4M3)
                     kv::paged_attention_e4m3(out.data(), q.data(), K, V, tables.data(), max_blocks, rows.data(), nh,
-                                             nkv, hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data());
+                                             nkv, hd, bs, scale, kscale, vscale, 0, 0, 1.0f, dummy.data(), 0, cap, split, partial.data(), 0,
+                                            nullptr, nullptr);
             });
             };
             attend(1);
