@@ -15,6 +15,7 @@
 //! schema requires.
 
 mod background;
+mod chains;
 mod compact;
 pub(crate) mod conversations;
 mod finish;

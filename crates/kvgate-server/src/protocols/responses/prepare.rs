@@ -11,10 +11,10 @@ use kvgate_model::prompt::Message;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::chains::Chains;
 use super::finish::Kept;
 use super::input;
 use super::shape::Turn;
-use super::socket::Chains;
 use super::wire::{
     ConversationRef, OutputItem, ResponseObject, ResponsesBody, ResponsesTool, ResponsesToolChoice, TextFormat,
     TextOptions, ToolEcho,

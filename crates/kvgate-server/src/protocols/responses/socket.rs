@@ -7,7 +7,7 @@
 //! `response.create` waits for the first to end).
 //!
 //! The connection is the agent's session: it keeps the last response of each chain it answered,
-//! `store: false` included (at most [`MAX_CHAINS`]), so `previous_response_id` continues from memory
+//! `store: false` included (at most [`super::chains::MAX_CHAINS`]), so `previous_response_id` continues from memory
 //! without the store; every turn's KV state is retained for the next as a stored response's is; a
 //! continuation that fails evicts what it continued. Authentication is the handshake's (the same
 //! keys); a browser's upgrade from an origin not in `--allowed-origins` is refused (403), so a page
@@ -18,7 +18,7 @@
 //! aborts its engine request, the connection's memory goes with it, and the KV states its turns
 //! retained are released (`Retain::owner`: the connection holds them).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
@@ -28,11 +28,11 @@ use axum::http::{header, HeaderMap};
 use axum::response::Response;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use kvgate_model::prompt::Message;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::chains::Chains;
 use super::finish;
 use super::prepare::{prepare, Prepared};
 use super::shape::ResponsesShape;
@@ -45,43 +45,6 @@ use crate::pipeline::events::collect;
 use crate::pipeline::generation::submit_owned;
 use crate::pipeline::openai::request::strict_body;
 use crate::pipeline::openai::respond::{chunks, StreamUsage};
-
-/// Most chains one connection keeps (the oldest goes first).
-pub(crate) const MAX_CHAINS: usize = 64;
-
-/// The responses a connection keeps, by id: the conversation each answered, with its answer.
-#[derive(Default)]
-pub(crate) struct Chains {
-    by_id: HashMap<String, Vec<Message>>,
-    order: VecDeque<String>,
-}
-
-impl Chains {
-    /// The conversation response `id` ended, when the connection keeps it.
-    pub(crate) fn get(&self, id: &str) -> Option<&Vec<Message>> {
-        self.by_id.get(id)
-    }
-
-    /// Keeps `id` as the end of its chain (`continued` is no longer one).
-    fn keep(&mut self, id: String, conversation: Vec<Message>, continued: Option<&str>) {
-        if let Some(prev) = continued {
-            self.evict(prev);
-        }
-        if self.order.len() >= MAX_CHAINS {
-            if let Some(old) = self.order.pop_front() {
-                self.by_id.remove(&old);
-            }
-        }
-        self.order.push_back(id.clone());
-        self.by_id.insert(id, conversation);
-    }
-
-    fn evict(&mut self, id: &str) {
-        if self.by_id.remove(id).is_some() {
-            self.order.retain(|k| k != id);
-        }
-    }
-}
 
 /// `GET /v1/responses`: the WebSocket upgrade (anything else is a 400 saying what this route is).
 pub async fn connect(
