@@ -316,6 +316,18 @@ fn calibration_divides_out_the_content_free_prior() {
     );
     assert_eq!(fresh["diagnostics"]["c"]["x_prior"], "computed");
     assert_eq!(fresh["answers"], oc["answers"]);
+    // yes/no questions left uncalibrated (as fitted for a stronger model): read as plain reads them,
+    // choices and scores still calibrated
+    let s3 = InProcess::tiny(&["--decision-yes-no-calibration", "false"]);
+    let (_, off) = s3.post(
+        "/v1/systemone",
+        &json!({"state": "The server is down and customers are shouting.", "diagnostics": true, "questions": qs}),
+    );
+    assert_eq!(off["diagnostics"]["n"]["x_read"], "plain", "{off}");
+    assert!(off["diagnostics"]["n"].get("x_prior").is_none(), "{off}");
+    assert_eq!(off["answers"]["n"], plain["answers"]["n"]);
+    assert_eq!(off["answers"]["c"], oc["answers"]["c"]);
+    assert_eq!(off["answers"]["s"], oc["answers"]["s"]);
     // the second identical request takes the prior from the cache (no content-free read) and answers
     // the same
     let (_, again) = s2.post(

@@ -429,7 +429,9 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         // a prior is kept by listed position of the question's first read (the options in the order its
         // text lists them, which the key covers), so that another listing of the same options maps back
         let first_order = |qi: usize| main.iter().find(|r| r.question == qi).and_then(|r| r.order.clone());
-        for qi in (0..n).filter(|&qi| !is_trie(qi)) {
+        // yes/no questions are calibrated only where that was measured to help (`Fitted`)
+        let calibrates = |qi: usize| st.yes_no_calibration || !matches!(req.questions[qi].1, Question::Noul { .. });
+        for qi in (0..n).filter(|&qi| !is_trie(qi) && calibrates(qi)) {
             match st.priors.get(shapes[qi]) {
                 Some(by_pos) => priors[qi] = (Some(from_positions(&by_pos, first_order(qi))), true),
                 None => todo.push(qi),

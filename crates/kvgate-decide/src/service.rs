@@ -72,6 +72,8 @@ pub struct DecisionService {
     pub(crate) temperature: DecisionTemperature,
     /// Option orders per choice when a request does not say (`x_orders`).
     pub(crate) orders: usize,
+    /// Whether a calibrating read method calibrates yes/no questions too.
+    pub(crate) yes_no_calibration: bool,
     pub(crate) model_name: String,
 }
 
@@ -94,8 +96,16 @@ impl DecisionService {
             priors: PriorCache::default(),
             temperature,
             orders: orders.clamp(1, crate::orders::MAX_ORDERS),
+            yes_no_calibration: true,
             model_name,
         }
+    }
+
+    /// The service with yes/no questions calibrated by a calibrating read method (`true`, the
+    /// default) or read uncalibrated.
+    pub fn with_yes_no_calibration(mut self, on: bool) -> DecisionService {
+        self.yes_no_calibration = on;
+        self
     }
 
     /// The label sets of this tokenizer.

@@ -70,6 +70,10 @@ pub struct Fitted {
     pub temperature: DecisionTemperature,
     /// Option orders read per choice when a request does not say (`x_orders`).
     pub orders: usize,
+    /// Whether yes/no questions are calibrated when the read method calibrates: a small model's
+    /// content-free yes/no read is label bias worth dividing out; a stronger one's is an answer (to
+    /// "N/A"), and dividing it out over-corrects.
+    pub yes_no_calibration: bool,
 }
 
 /// Fitted per model on the labeled benchmark (`benches/decision_quality.rs`, `ordered+calibrated`
@@ -97,6 +101,8 @@ const FITTED: [(ModelShape, Fitted); 3] = [
                 score: 9.81,
             },
             orders: 1,
+            // yes/no 49/80 calibrated, 44/80 not
+            yes_no_calibration: true,
         },
     ),
     (
@@ -117,6 +123,8 @@ const FITTED: [(ModelShape, Fitted); 3] = [
                 score: 1.0,
             },
             orders: crate::orders::MAX_ORDERS,
+            // yes/no 46/80 calibrated, 40/80 not
+            yes_no_calibration: true,
         },
     ),
     (
@@ -137,6 +145,8 @@ const FITTED: [(ModelShape, Fitted); 3] = [
                 score: 1.0,
             },
             orders: crate::orders::MAX_ORDERS,
+            // yes/no 59/80 calibrated, 64/80 not (choices and scores keep their calibration)
+            yes_no_calibration: false,
         },
     ),
 ];

@@ -111,10 +111,11 @@ where
             DecisionTemperatureSetting::Fixed(_) => "overridden by --decision-temperature",
         };
         info!(
-            "decision calibration fitted for {}: temperatures {} ({how}), {} option order(s) per choice{}",
+            "decision calibration fitted for {}: temperatures {} ({how}), {} option order(s) per choice, yes/no {}calibrated{}",
             f.model,
             f.temperature,
             f.orders,
+            if f.yes_no_calibration { "" } else { "un" },
             if args.decision_orders.is_some() {
                 " (overridden by --decision-orders)"
             } else {

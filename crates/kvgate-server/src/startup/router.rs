@@ -136,17 +136,24 @@ pub fn assemble(
     let settings = Settings::from_args(args);
     let (policy, keys) = (settings.cors.clone(), settings.keys.clone());
     let app = Arc::new(AppState::new(engine, model, settings, args.max_queue, metrics));
-    let decisions = Arc::new(DecisionService::new(
-        app.engine().clone(),
-        app.tokenizer().clone(),
-        app.chat().cloned(),
-        args.decision_temperature.resolve(fitted.map(|f| f.temperature)),
-        args.decision_orders
-            .map(usize::from)
-            .or(fitted.map(|f| f.orders))
-            .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
-        app.model_name().to_string(),
-    ));
+    let decisions = Arc::new(
+        DecisionService::new(
+            app.engine().clone(),
+            app.tokenizer().clone(),
+            app.chat().cloned(),
+            args.decision_temperature.resolve(fitted.map(|f| f.temperature)),
+            args.decision_orders
+                .map(usize::from)
+                .or(fitted.map(|f| f.orders))
+                .unwrap_or(kvgate_decide::orders::DEFAULT_ORDERS),
+            app.model_name().to_string(),
+        )
+        .with_yes_no_calibration(
+            args.decision_yes_no_calibration
+                .or(fitted.map(|f| f.yes_no_calibration))
+                .unwrap_or(true),
+        ),
+    );
     let store_bytes = args.responses_store_memory.bytes() as usize;
     let responses = Arc::new(ResponsesState::new(
         app.clone(),

@@ -282,6 +282,11 @@ pub struct Args {
     #[arg(long, env = "KVGATE_DECISION_ORDERS", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub decision_orders: Option<u8>,
 
+    /// Whether a calibrating read method (x_read *calibrated) calibrates yes/no questions too (true,
+    /// false); default: what was fitted for the served model (false for Qwen2.5-1.5B), else true
+    #[arg(long, env = "KVGATE_DECISION_YES_NO_CALIBRATION")]
+    pub decision_yes_no_calibration: Option<bool>,
+
     /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
     #[arg(long, env = "KVGATE_MODEL_ALIAS", num_args = 0.., value_delimiter = ',', default_value = "jev-latest,jev-preview")]
     pub model_alias: Vec<String>,
