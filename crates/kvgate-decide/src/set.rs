@@ -11,6 +11,11 @@
 
 use kvgate_engine::{ReadTree, TreeRow};
 
+/// The most tree tokens a `set` read lays out (option lines and the closing text): each carries a
+/// bitmask of the tree tokens before it, so a tree's masks grow with the square of its size (2,048
+/// tokens: 512 KiB). Longer options are read as one canonical listing instead.
+pub const MAX_TREE_TOKENS: usize = 2048;
+
 use crate::error::DecideError;
 use crate::render::marker;
 
@@ -77,7 +82,11 @@ pub fn prompt(
         prompt.extend(t);
     }
     let tail = encode(&text[last + 1..])?;
-    if head.is_empty() || tail.is_empty() || lens.contains(&0) {
+    if head.is_empty()
+        || tail.is_empty()
+        || lens.contains(&0)
+        || prompt.len() - head.len() + tail.len() > MAX_TREE_TOKENS
+    {
         return Ok(None);
     }
     let tree = tree(head.len(), &lens, tail.len());
@@ -118,5 +127,11 @@ mod tests {
         // markers the template moved apart: no set read
         let moved = format!("{} x {}\n", marker(0), marker(1));
         assert!(prompt(&moved, &lines, enc).unwrap().is_none());
+        // options too long for a tree's masks: no set read
+        let long = vec![
+            "A: ".to_string() + &"x".repeat(MAX_TREE_TOKENS) + "\n",
+            lines[1].clone(),
+        ];
+        assert!(prompt(&text, &long, enc).unwrap().is_none());
     }
 }

@@ -97,7 +97,8 @@ impl ReadTree {
         }
         for (j, r) in self.rows.iter().enumerate() {
             let bit = |i: usize| r.seen.get(i / 64).is_some_and(|w| (w >> (i % 64)) & 1 == 1);
-            let beyond = r.seen.len() * 64 > j + 1 && (j + 1..r.seen.len() * 64).any(bit);
+            // no words past its own (so no later row, and no mask larger than the tree)
+            let beyond = r.seen.len() > j / 64 + 1 || (j + 1..r.seen.len() * 64).any(bit);
             if !bit(j) || beyond {
                 return Err(format!("tree row {j} must see itself and no later row"));
             }
