@@ -17,6 +17,10 @@
 //! mean tokens per verified step = 1 + accepted ÷ drafts); llama.cpp's `timings.draft_n` /
 //! `draft_n_accepted` where it reports them.
 //!
+//! `SPEC_CONFIG_B` adds a second speculative config measured in the same rounds (say
+//! `"token_tree_branches": 1` against the default token trees), with its tokens per verified step
+//! and output beside the first's.
+//!
 //! `SPEC_STREAMS=1,2,4,8` adds the crossover: kvgate's rows (`SPEC_CROSS`, default `chat,edit`) at those
 //! stream counts with and without speculation (where speculation stops paying is
 //! `disable_by_batch_size`'s default). `SPEC_ROWS=edit:1,chat:8` measures a subset of the rows; each
@@ -351,13 +355,31 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3)
         .max(1);
+    // SPEC_CONFIG_B: a second speculative config measured in the same rounds (token trees against a
+    // single path, say), its own table after the main one
+    let spec_b = std::env::var("SPEC_CONFIG_B").ok();
     let mut plain = BTreeMap::new();
     let mut spec_rows = BTreeMap::new();
+    let mut b_rows = BTreeMap::new();
     {
         let (kp, ks) = (kvgate(&model, None), kvgate(&model, Some(&spec)));
+        let kb = spec_b.as_deref().map(|b| kvgate(&model, Some(b)));
         for &(w, n) in &rows {
             let (mut ps, mut ss, mut counts) = (vec![], vec![], (0.0, 0.0, 0.0));
+            let (mut bs, mut b_counts) = (vec![], (0.0, 0.0, 0.0));
             for _ in 0..rounds {
+                if let Some(kb) = &kb {
+                    let before = spec_counters(kb.port);
+                    let m = measure(kb.port, w, n, max_tokens);
+                    let after = spec_counters(kb.port);
+                    eprintln!("kvgate + spec B {w} {n}: {:.1} tok/s", m.rate);
+                    b_counts = (
+                        b_counts.0 + after.0 - before.0,
+                        b_counts.1 + after.1 - before.1,
+                        b_counts.2 + after.2 - before.2,
+                    );
+                    bs.push(m);
+                }
                 let m = measure(kp.port, w, n, max_tokens);
                 eprintln!("kvgate {w} {n}: {:.1} tok/s", m.rate);
                 ps.push(m);
@@ -377,6 +399,9 @@ fn main() {
             }
             plain.insert((w, n), median_of(ps));
             spec_rows.insert((w, n), (median_of(ss), counts));
+            if !bs.is_empty() {
+                b_rows.insert((w, n), (median_of(bs), b_counts));
+            }
         }
     }
     // llama.cpp: no speculation, then each n-gram type
@@ -447,6 +472,32 @@ fn main() {
             }),
             best.map_or("—".into(), |(r, _, _)| format!("{:.2}×", s.rate / r)),
         );
+    }
+
+    if let Some(b) = &spec_b {
+        println!("\nB: {b} (same rounds)\n");
+        println!("| workload | streams | spec | spec B | B ÷ spec | tokens/step (spec / B) | B same output |");
+        println!("|---|---|---|---|---|---|---|");
+        let per_step = |c: &(f64, f64, f64)| if c.0 > 0.0 { 1.0 + c.2 / c.0 } else { 1.0 };
+        for &(w, n) in &rows {
+            let (Some((s, sc)), Some((bm, bc))) = (spec_rows.get(&(w, n)), b_rows.get(&(w, n))) else {
+                continue;
+            };
+            println!(
+                "| {w} | {n} | {:.1} | {:.1} | {:.2}× | {:.2} / {:.2} ({:+.0}%) | {} |",
+                s.rate,
+                bm.rate,
+                bm.rate / s.rate,
+                per_step(sc),
+                per_step(bc),
+                100.0 * (per_step(bc) / per_step(sc) - 1.0),
+                if bm.texts == plain[&(w, n)].texts {
+                    "yes"
+                } else {
+                    "**no**"
+                },
+            );
+        }
     }
 
     // the crossover: where speculation stops paying as streams are added

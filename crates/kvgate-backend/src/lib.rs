@@ -30,7 +30,10 @@ pub use error::{BackendError, BatchError};
 pub use output::{log_sum_exp, logprobs_of, StepOutput};
 
 use kvgate_kv::CacheShape;
+
+mod tree;
 pub use kvgate_kv::RowMask;
+pub use tree::{splice_slot, SlotCopy, TreeGrain};
 
 /// Storage plus compute for one model on one device.
 pub trait Backend: Send {
@@ -77,6 +80,39 @@ pub trait Backend: Send {
 
     /// Copies block `src` over block `dst` in every layer (copy-on-write), for each copy in order.
     fn copy_blocks(&mut self, copies: &[BlockCopy]) -> Result<(), BackendError>;
+
+    /// Where a token tree's rows may sit so that each computes bitwise what it would compute laid out
+    /// as a plain sequence (speculation verifies several candidates in one pass and keeps the longest
+    /// accepted path: [`TreeGrain`]); `None` (the default) when the backend promises no such layout
+    /// and speculation keeps to one path.
+    fn token_trees(&self) -> Option<TreeGrain> {
+        None
+    }
+
+    /// Copies token slot `src` over slot `dst` in every layer, bitwise, for each move in order (a kept
+    /// tree path moved to where its sequence reads it). The default goes through
+    /// [`Backend::read_block`] and [`Backend::write_block`] with the cache's layout; a slot outside
+    /// the cache is an error with nothing written for it.
+    fn copy_slots(&mut self, moves: &[SlotCopy]) -> Result<(), BackendError> {
+        let shape = self.cache_shape();
+        let (bs, num_blocks) = (shape.block_size(), self.capacity().num_blocks);
+        for m in moves {
+            for slot in [m.src, m.dst] {
+                if slot / bs >= num_blocks {
+                    return Err(BackendError::SlotOutOfRange {
+                        slot,
+                        num_slots: num_blocks * bs,
+                    });
+                }
+            }
+            let (mut from, mut to) = (vec![], vec![]);
+            self.read_block((m.src / bs) as u32, &mut from)?;
+            self.read_block((m.dst / bs) as u32, &mut to)?;
+            splice_slot(&shape, &from, m.src % bs, &mut to, m.dst % bs);
+            self.write_block((m.dst / bs) as u32, &to)?;
+        }
+        Ok(())
+    }
 
     /// Appends the bytes of block `block` to `out`: every layer's K then V, in the cache's own encoding
     /// (exactly [`Capacity::bytes_per_block`] bytes). With [`Backend::write_block`] this is the copy

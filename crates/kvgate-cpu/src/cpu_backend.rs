@@ -7,7 +7,7 @@
 
 use kvgate_backend::{
     check_batch, Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device, KvCalibration, KvMemory,
-    KvStats, StepOutput,
+    KvStats, SlotCopy, StepOutput, TreeGrain,
 };
 use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype, KvQuant, Which};
 
@@ -224,6 +224,23 @@ impl Backend for CpuBackend {
 
     fn tree_attention(&self) -> bool {
         true
+    }
+
+    /// Rows in the lane and the partition of their plain position compute its bits ([`kvgate_kv::LANES`],
+    /// [`kvgate_kv::PARTITION`]); a sliding-window layer's span depends on where a row sits, so a model
+    /// with one keeps to single paths.
+    fn token_trees(&self) -> Option<TreeGrain> {
+        (!self.model.config().any_window()).then_some(TreeGrain {
+            lanes: kvgate_kv::LANES,
+            partition: kvgate_kv::PARTITION,
+        })
+    }
+
+    fn copy_slots(&mut self, moves: &[SlotCopy]) -> Result<(), BackendError> {
+        for m in moves {
+            self.cache.copy_slot(m.src, m.dst)?;
+        }
+        Ok(())
     }
 
     fn max_positions(&self) -> usize {

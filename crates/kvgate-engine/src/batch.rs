@@ -41,7 +41,8 @@ impl ChunkWant {
 }
 
 /// Flattens the chunks of a plan into one batch; `wants`, `precision` and `trees` (the tree a
-/// chunk's rows belong to: their RoPE positions and masks) are per chunk.
+/// chunk's rows belong to: their RoPE positions and masks) are per chunk. A decode chunk's token
+/// tree ([`Chunk::tree`]) gives its rows' slots, RoPE positions and masks.
 pub(crate) fn build(
     chunks: &[Chunk],
     wants: &[ChunkWant],
@@ -99,11 +100,15 @@ pub(crate) fn build(
         }
         let tree = trees.get(b.tables.len() - 1).copied().flatten();
         for i in 0..c.len {
-            if let Some(row) = tree.and_then(|t| t.row(c.start + i)) {
+            let row = match tree {
+                Some(t) => t.row(c.start + i),
+                None => crate::token_tree::row(&c.tree, c.start, i),
+            };
+            if let Some(row) = row {
                 tree_rows.push((b.tokens.len(), row));
             }
             b.tokens.push(c.tokens[i]);
-            b.positions.push((c.start + i) as u32);
+            b.positions.push(c.slot_position(i) as u32);
             b.slots.push(c.slots[i]);
             b.seq_of_row.push(t);
         }

@@ -38,6 +38,7 @@ mod scheduler;
 pub mod speculation;
 mod text;
 pub mod tier;
+mod token_tree;
 
 #[cfg(test)]
 mod scheduler_cases;
@@ -64,6 +65,6 @@ pub use sampling::{log_softmax, top_k_of, SamplingParams, TokenLogprob};
 pub use scheduler::Admission;
 pub use speculation::{
     draft_start, SpecConfig, SpecConfigError, SpecMethod, SpecStats, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW,
-    DRAFT_PROMPT_SHARE,
+    DEFAULT_TREE_BRANCHES, DRAFT_PROMPT_SHARE, MAX_TREE_BRANCHES,
 };
 pub use tier::{TierConfig, TierStats};

@@ -53,6 +53,10 @@ pub const SPEC_DRAFT_TOKENS: &str = "kvgate:spec_decode_num_draft_tokens_total";
 pub const SPEC_ACCEPTED: &str = "kvgate:spec_decode_num_accepted_tokens_total";
 /// Counter: proposed tokens kept, by `position` in their proposal.
 pub const SPEC_ACCEPTED_PER_POS: &str = "kvgate:spec_decode_num_accepted_tokens_per_pos_total";
+/// Counter: decode chunks whose proposals were a token tree (several verified at once).
+pub const SPEC_TREES: &str = "kvgate:spec_decode_num_tree_drafts_total";
+/// Counter: token trees whose kept path left the first proposal.
+pub const SPEC_TREE_BRANCH_KEPT: &str = "kvgate:spec_decode_num_tree_branches_kept_total";
 /// Gauge (value 1): the cache configuration as labels.
 pub const CACHE_CONFIG: &str = "kvgate:cache_config_info";
 
@@ -225,6 +229,8 @@ impl Recorder {
             metrics::counter!(SPEC_DRAFTS, l).increment(d(sp.drafts, was.drafts));
             metrics::counter!(SPEC_DRAFT_TOKENS, l).increment(d(sp.draft_tokens, was.draft_tokens));
             metrics::counter!(SPEC_ACCEPTED, l).increment(d(sp.accepted, was.accepted));
+            metrics::counter!(SPEC_TREES, l).increment(d(sp.trees, was.trees));
+            metrics::counter!(SPEC_TREE_BRANCH_KEPT, l).increment(d(sp.tree_branch_kept, was.tree_branch_kept));
             for (i, (now, then)) in sp.accepted_per_pos.iter().zip(&was.accepted_per_pos).enumerate() {
                 if now > then {
                     let pos = [l[0].clone(), ("position", i.to_string())];

@@ -119,6 +119,14 @@ pub(crate) struct SeqSpec {
     /// Decode steps it sits out before the draft model proposes for it again, and how many it sat
     /// out last time (see [`crate::scheduler`]'s `set_drafted`).
     pub(crate) rest: (u8, u8),
+    /// When its current proposal is a token tree ([`crate::token_tree`]): one node per token of
+    /// `draft`, and per node where in its tokens that proposal was copied from; empty for one path.
+    pub(crate) tree: Vec<crate::token_tree::TreeNode>,
+    pub(crate) sources: Vec<usize>,
+    /// The length of the first proposal of its tree (the one its proposal length adapts to).
+    pub(crate) main: usize,
+    /// How much its trees have been paying lately (whether it proposes them).
+    pub(crate) branching: crate::speculation::Branching,
 }
 
 impl Default for SeqSpec {
@@ -131,6 +139,10 @@ impl Default for SeqSpec {
             len: 1,
             keep: crate::speculation::Keep::default(),
             rest: (0, 0),
+            tree: Vec::new(),
+            sources: Vec::new(),
+            main: 0,
+            branching: crate::speculation::Branching::default(),
         }
     }
 }

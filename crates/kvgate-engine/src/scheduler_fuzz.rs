@@ -51,6 +51,8 @@ struct Sim {
     clock: u64,
     finished_groups: usize,
     restored: u64,
+    /// Token-tree paths kept that left the first proposal (their rows moved).
+    moved_paths: u64,
 }
 
 fn constant_hash(_: Option<BlockRef>, _: &[u32], _: &str) -> u64 {
@@ -94,10 +96,18 @@ impl Sim {
                 draft_p_min: 0.0,
                 draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
                 draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
+                tree_branches: rng.random_range(1..4),
             };
             let mut plan = SpecPlan::new(spec);
             if rng.random_bool(0.5) {
                 plan.rows_per_weight_read = Some(rng.random_range(1..9));
+            }
+            if rng.random_bool(0.5) {
+                // token trees, in a small grain so that partitions end inside trees
+                plan.tree = Some(kvgate_backend::TreeGrain {
+                    lanes: rng.random_range(1..5),
+                    partition: rng.random_range(8..40),
+                });
             }
             cfg.speculation = Some(plan);
         }
@@ -128,6 +138,7 @@ impl Sim {
             clock: 0,
             finished_groups: 0,
             restored: 0,
+            moved_paths: 0,
         }
     }
 
@@ -290,11 +301,26 @@ impl Sim {
             // proposed tokens are written as what the chunk runs
             let mut run = seq.tokens[..c.start].to_vec();
             run.extend(&c.tokens);
-            for (i, p) in (c.start..c.start + c.len).enumerate() {
+            for i in 0..c.len {
+                let p = c.slot_position(i);
                 let slot =
                     c.table[p / self.bs].expect("a written block was given back").index() * self.bs + p % self.bs;
                 assert_eq!(c.slots[i], slot, "the plan's slot of position {p}");
-                self.cache[slot] = prefix_id(&run[..=p], &salt);
+                if c.tree.is_empty() {
+                    self.cache[slot] = prefix_id(&run[..=c.start + i], &salt);
+                    continue;
+                }
+                // a tree row's K/V is its path's: the chunk's first token, its ancestors, itself
+                let mut path = vec![];
+                let mut r = i;
+                while r > 0 {
+                    path.push(c.tokens[r]);
+                    r = c.tree[r - 1].parent;
+                }
+                path.reverse();
+                let mut toks = seq.tokens[..=c.start].to_vec();
+                toks.extend(path);
+                self.cache[slot] = prefix_id(&toks, &salt);
             }
             if c.draft > 0 {
                 continue;
@@ -318,10 +344,12 @@ impl Sim {
             let g = seq.group;
             let (is_dec, n, max_new, _) = self.kind[&g].clone();
             if c.draft > 0 {
-                // a verifier: row i samples a token; the proposal is kept while they agree
-                let (t, mut kept, mut u) = (c.seq, 0, StepUpdate::default());
+                // a verifier: each row reached samples a token; the walk goes on to the proposed
+                // row holding it (the next one, or a child in a token tree)
+                let (t, mut path, mut u) = (c.seq, vec![], StepUpdate::default());
                 let mut done = false;
-                for i in 0..=c.draft {
+                let mut at = 0;
+                loop {
                     let tok = self.rng.random_range(0..3);
                     u.append(t, tok);
                     let gen = self.generated.entry(t).or_insert(0);
@@ -330,19 +358,32 @@ impl Sim {
                         done = true;
                         break;
                     }
-                    if i < c.draft && tok == c.tokens[1 + i] {
-                        kept += 1;
+                    let next = if c.tree.is_empty() {
+                        (at < c.draft && tok == c.tokens[1 + at]).then_some(at + 1)
                     } else {
-                        break;
+                        (1..=c.draft).find(|&r| c.tree[r - 1].parent == at && c.tokens[r] == tok)
+                    };
+                    match next {
+                        Some(r) => {
+                            path.push(r);
+                            at = r;
+                        }
+                        None => break,
                     }
                 }
-                u.accept(t, kept);
+                u.accept_path(t, path);
                 if done {
                     u.finish(t);
                 } else {
                     u.spec_limit(t, max_new - self.generated[&t] - 1);
                 }
                 self.s.update_from_output(u).unwrap();
+                // a kept tree path's rows to their plain slots, as the engine does
+                let moves = self.s.take_slot_moves();
+                self.moved_paths += u64::from(!moves.is_empty());
+                for m in moves {
+                    self.cache[m.dst] = self.cache[m.src];
+                }
                 if !self.s.has_group(g) {
                     self.kind.remove(&g);
                     self.finished_groups += 1;
@@ -438,12 +479,13 @@ impl Sim {
 #[test]
 fn randomized_invariants() {
     let (mut total, mut preemptions, mut hits, mut evictions, mut restored) = (0, 0, 0, 0, 0);
-    let (mut drafts, mut kept) = (0, 0);
+    let (mut drafts, mut kept, mut moved) = (0, 0, 0);
     for seed in 0..60 {
         let mut sim = Sim::new(seed, false);
         sim.run(5_000);
         let spec = sim.s.stats().spec;
         (drafts, kept) = (drafts + spec.drafts, kept + spec.accepted);
+        moved += sim.moved_paths;
         total += sim.finished_groups;
         preemptions += sim.s.preemptions();
         hits += sim.s.prefix_stats().hits;
@@ -464,6 +506,7 @@ fn randomized_invariants() {
         drafts > 1000 && kept > 500,
         "proposals verified: {drafts}, tokens kept: {kept}"
     );
+    assert!(moved > 200, "token-tree paths kept off the first proposal: {moved}");
 }
 
 #[test]

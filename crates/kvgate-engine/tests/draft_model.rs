@@ -23,6 +23,7 @@ fn spec(k: usize) -> SpecConfig {
         draft_window: kvgate_engine::DEFAULT_DRAFT_WINDOW,
         // whole prompts: the target as its own draft then proposes the target's own tokens
         draft_share: 10,
+        tree_branches: 1,
     }
 }
 
@@ -192,6 +193,7 @@ fn both_methods_with_the_drafts_defaults_keep_the_outputs() {
                 draft_p_min: kvgate_engine::DEFAULT_DRAFT_P_MIN,
                 draft_window: 48,
                 draft_share: kvgate_engine::DRAFT_PROMPT_SHARE,
+                tree_branches: 1,
                 ..spec(4)
             };
             for draft in [same(), other()] {

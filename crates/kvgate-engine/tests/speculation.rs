@@ -23,6 +23,7 @@ fn spec(k: usize, max_batch: usize) -> SpecConfig {
         draft_p_min: 0.0,
         draft_window: kvgate_engine::DEFAULT_DRAFT_WINDOW,
         draft_share: kvgate_engine::DRAFT_PROMPT_SHARE,
+        tree_branches: 1,
     }
 }
 
@@ -62,6 +63,68 @@ fn greedy_outputs_are_those_of_one_token_per_step() {
                 assert_pool_clean(&h).await;
             }
         }
+    });
+}
+
+/// Token trees (several prompt-lookup proposals verified in one pass, the kept path's rows moved to
+/// their plain slots): greedy text, seeded draws, logprobs and `n` choices are those of decoding a
+/// token per step, under batching, preemption and a small budget — and paths off the first proposal
+/// are kept (so the moved rows are what later tokens read).
+#[test]
+fn token_trees_keep_every_stream_exact() {
+    rt().block_on(async {
+        let (base, tok) = engine(Opts::default());
+        let tree = |k: usize| SpecConfig {
+            tree_branches: 4,
+            prompt_lookup_min: 1,
+            prompt_lookup_max: 2,
+            ..spec(k, 64)
+        };
+        let ps = repeating(&tok, 12);
+        let reference = run_all(&base, &ps, 40, false).await;
+        let need = ps.iter().map(|p| (p.len() + 40).div_ceil(4)).max().unwrap();
+        for (k, budget, blocks) in [(2, 2048, 512), (4, 2048, 512), (3, 64, need + 8)] {
+            let (h, _) = engine(Opts {
+                budget,
+                blocks,
+                spec: Some(tree(k)),
+                ..Default::default()
+            });
+            assert_eq!(run_all(&h, &ps, 40, false).await, reference, "k {k}, sequential");
+            assert_eq!(run_all(&h, &ps, 40, true).await, reference, "k {k}, concurrent");
+            let s = h.stats().await.unwrap();
+            assert!(s.spec.trees > 20, "trees were verified: {:?}", s.spec);
+            assert!(
+                s.spec.tree_branch_kept > 0,
+                "paths off the first proposal kept: {:?}",
+                s.spec
+            );
+            assert_pool_clean(&h).await;
+        }
+        let (h, _) = engine(Opts {
+            spec: Some(tree(4)),
+            ..Default::default()
+        });
+        let short = &ps[..4];
+        for (i, params) in sampling_cases().iter().enumerate() {
+            let want = all_events(&base, short, params, false).await;
+            assert_eq!(all_events(&h, short, params, true).await, want, "case {i}");
+        }
+        for seed in 0..12 {
+            let params = SamplingParams {
+                temperature: 1.0,
+                seed: Some(seed),
+                max_tokens: 16,
+                ignore_eos: true,
+                ..Default::default()
+            };
+            assert_eq!(
+                events(&h, &ps[seed as usize % ps.len()], params.clone()).await,
+                events(&base, &ps[seed as usize % ps.len()], params).await,
+                "seed {seed}"
+            );
+        }
+        assert_pool_clean(&h).await;
     });
 }
 

@@ -46,6 +46,14 @@ pub enum KvError {
         /// Bytes given.
         got: usize,
     },
+    /// A token slot beyond the cache's slots.
+    #[error("slot {slot} is outside the cache ({slots} slots)")]
+    SlotOutOfRange {
+        /// The slot.
+        slot: usize,
+        /// Slots in the cache.
+        slots: usize,
+    },
     /// A layer index beyond the cache's layers.
     #[error("the KV cache has no layer {0}")]
     NoLayer(usize),

@@ -19,7 +19,8 @@ pub mod quant;
 mod storage;
 
 pub use attention::{
-    dot, dot_fused, exp_in_place, AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention, RowMask,
+    dot, dot_fused, exp_in_place, AttentionBackend, AttnParams, AttnQuery, AttnRow, CpuAttention, RowMask, LANES,
+    PARTITION,
 };
 pub use dtype::{KvDtype, NVFP4_GROUP};
 pub use error::KvError;

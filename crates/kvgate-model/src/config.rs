@@ -305,6 +305,11 @@ impl ModelConfig {
             .filter(|_| !self.sliding_layers.is_empty() && self.sliding_layers.iter().all(|&s| s))
     }
 
+    /// Whether some layer attends within a sliding window (its rows' spans depend on where they sit).
+    pub fn any_window(&self) -> bool {
+        self.sliding_window.is_some() && self.sliding_layers.iter().any(|&s| s)
+    }
+
     /// The shape of this model's KV cache in blocks of `block_size` tokens stored as `dtype` (refused
     /// when the dtype cannot store it).
     pub fn cache_shape(

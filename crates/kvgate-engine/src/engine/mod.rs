@@ -387,6 +387,11 @@ impl Engine {
             }
         }
         self.sched.update_from_output(update)?;
+        // kept token-tree rows to where their sequences read them, before anything else does
+        let moves = self.sched.take_slot_moves();
+        if !moves.is_empty() {
+            self.backend.copy_slots(&moves)?;
+        }
         for (g, reason) in done {
             self.end_request(g, Some(reason));
         }

@@ -119,6 +119,7 @@ pub fn start_with_draft(
                 config,
                 max_len: cfg.max_model_len.min(backend.max_positions()),
                 rows_per_weight_read: backend.rows_per_weight_read(),
+                tree: backend.token_trees(),
             }),
             kv_events: cfg.kv_events.is_some(),
         },

@@ -245,25 +245,37 @@ impl GenState {
     /// sampled tokens are ever committed to it), and a proposal is kept while it is what was
     /// sampled. Tokens a grammar forces after a kept one end the verification: the next rows were
     /// computed for the proposal's positions, not theirs.
+    ///
+    /// A token tree ([`Chunk::tree`]) is walked the same way from its first row: each sampled token
+    /// that is a child of the current row moves there, and the path walked is what is kept.
     fn verify(&mut self, cx: &mut StepContext, c: &Chunk, rows: &[f32], vocab: usize, stop_ids: &[u32]) -> Sampled {
         let mut out = Sampled::default();
-        let mut accepted = 0;
-        for i in 0..=c.draft {
-            let Some(row) = rows.get(i * vocab..(i + 1) * vocab) else {
-                break;
-            };
+        let mut path = vec![];
+        let mut at = 0;
+        // the row holding the proposed token `tok` after row `at`
+        let next = |at: usize, tok: u32| -> Option<usize> {
+            if c.tree.is_empty() {
+                return (at < c.draft && c.tokens.get(1 + at) == Some(&tok)).then_some(at + 1);
+            }
+            let kids = c.tree.iter().enumerate().filter(|(_, n)| n.parent == at);
+            kids.map(|(j, _)| j + 1).find(|&r| c.tokens.get(r) == Some(&tok))
+        };
+        while let Some(row) = rows.get(at * vocab..(at + 1) * vocab) {
             match self.sample_choice(cx, c.seq, row, stop_ids) {
-                Row::Continue(tok, forced) if i < c.draft && c.tokens.get(1 + i) == Some(&tok) => {
-                    accepted += 1;
-                    if forced {
+                Row::Continue(tok, forced) => match next(at, tok) {
+                    Some(r) => {
+                        path.push(r);
+                        at = r;
+                        if forced {
+                            out.going.push(c.seq);
+                            break;
+                        }
+                    }
+                    None => {
                         out.going.push(c.seq);
                         break;
                     }
-                }
-                Row::Continue(..) => {
-                    out.going.push(c.seq);
-                    break;
-                }
+                },
                 Row::Ended(reason) => {
                     out.ended.push((c.seq, reason));
                     break;
@@ -271,7 +283,7 @@ impl GenState {
                 Row::Gone => break,
             }
         }
-        cx.update.accept(c.seq, accepted);
+        cx.update.accept_path(c.seq, path);
         out
     }
 

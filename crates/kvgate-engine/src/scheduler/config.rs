@@ -74,6 +74,8 @@ pub struct SpecPlan {
     /// Rows of a sequence the backend computes per read of the weights (`None`: no such grain); a
     /// proposal that would spill a quarter of that or less into another read is trimmed to fit.
     pub rows_per_weight_read: Option<usize>,
+    /// Where the backend computes token-tree rows exactly (`None`: single paths only).
+    pub tree: Option<kvgate_backend::TreeGrain>,
 }
 
 #[cfg(test)]
@@ -84,6 +86,7 @@ impl SpecPlan {
             config,
             max_len: usize::MAX,
             rows_per_weight_read: None,
+            tree: None,
         }
     }
 }

@@ -66,6 +66,8 @@ pub struct Scheduler {
     now: u64,
     /// Proposals verified so far.
     spec_stats: crate::speculation::SpecStats,
+    /// Slot copies kept token-tree paths wait for ([`Scheduler::take_slot_moves`]).
+    slot_moves: Vec<kvgate_backend::SlotCopy>,
 }
 
 impl Scheduler {
@@ -88,6 +90,7 @@ impl Scheduler {
             pins_consumed: 0,
             now: 0,
             spec_stats: Default::default(),
+            slot_moves: Vec::new(),
             cfg,
             kv,
             reg: Registry::default(),

@@ -57,6 +57,16 @@ pub struct Chunk {
     /// Of the chunk's rows, the last `draft` run proposed tokens (speculation; logits for every row):
     /// row `i` predicts the token after `tokens[i]`, and the request kind says how many it kept.
     pub draft: usize,
+    /// When its proposed tokens are a token tree: one node per proposed row (row `1 + i`), with
+    /// its parent row, depth and slot offset; empty for a single path (row `i` at `start + i`).
+    pub tree: Vec<crate::token_tree::TreeNode>,
+}
+
+impl Chunk {
+    /// The position whose slot row `i` writes (a tree row's slot is not its plain position).
+    pub fn slot_position(&self, i: usize) -> usize {
+        self.start + crate::token_tree::offset(&self.tree, i)
+    }
 }
 
 /// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).

@@ -184,35 +184,72 @@ impl Scheduler {
         if k == 0 {
             return Ok(0);
         }
+        let plan = self.cfg.speculation;
+        let rows = plan.and_then(|p| p.rows_per_weight_read).filter(|&r| r > 1);
+        let grain = plan.and_then(|p| p.tree).filter(|_| cfg.tree_branches > 1);
         let mut proposal: &[u32] = &[];
+        let mut others = vec![];
         if cfg.method.looks_up() {
             let (min, max) = (cfg.prompt_lookup_min, cfg.prompt_lookup_max);
-            let (p, from) = speculation::propose(&s.tokens, s.spec.cursor, min, max, k);
-            s.spec.cursor = (!p.is_empty()).then_some(Cursor {
-                from,
-                len: s.tokens.len(),
-            });
-            proposal = p;
+            // other proposals may run as long as the most a sequence proposes
+            let long = cfg
+                .num_speculative_tokens
+                .min(s.spec.limit)
+                .min(room)
+                .min(past_end)
+                .max(k);
+            let want = if grain.is_some() { cfg.tree_branches } else { 1 };
+            let found = speculation::candidates(&s.tokens, s.spec.cursor, min, max, long, want);
+            if let Some(&(p, from)) = found.first() {
+                proposal = &p[..p.len().min(k)];
+                others = found[1..].to_vec();
+                s.spec.cursor = Some(Cursor {
+                    from,
+                    len: s.tokens.len(),
+                });
+            } else {
+                s.spec.cursor = None;
+            }
         }
         if proposal.is_empty() && cfg.method.drafts() {
             proposal = &drafted[..drafted.len().min(k)];
         }
-        let n = trimmed(
-            proposal.len(),
-            self.cfg
-                .speculation
-                .and_then(|p| p.rows_per_weight_read)
-                .filter(|&r| r > 1),
-        );
+        let n = trimmed(proposal.len(), rows);
         if n == 0 {
             return Ok(0);
         }
-        s.spec.draft = proposal[..n].to_vec();
-        if !self.try_reserve(sid, 1 + n, copies)? {
-            self.reg.seq_mut(sid)?.spec.draft.clear();
+        let (mut draft, mut span) = (proposal[..n].to_vec(), n);
+        s.spec.main = n;
+        s.spec.tree.clear();
+        s.spec.sources.clear();
+        if grain.is_some() && !others.is_empty() && !s.spec.branching.branches() {
+            s.spec.branching = s.spec.branching.skipped();
+            others.clear();
+        }
+        if let (Some(grain), false) = (grain, others.is_empty()) {
+            // the other proposals fill the rows the weight read computes anyway
+            let fill = rows.map_or(cfg.num_speculative_tokens, |r| (1 + n).div_ceil(r) * r - 1);
+            let max_nodes = fill.min(room).min(speculation::MAX_SPECULATIVE_TOKENS);
+            let from = s.spec.cursor.map_or(0, |c| c.from);
+            let mut all = vec![(&draft[..], from)];
+            all.extend(others);
+            let t = crate::token_tree::Tree::build(&all, s.computed, grain, max_nodes);
+            if t.branches() {
+                span = t.span();
+                draft = t.tokens;
+                s.spec.tree = t.nodes;
+                s.spec.sources = t.from;
+            }
+        }
+        let len = draft.len();
+        s.spec.draft = draft;
+        if !self.try_reserve(sid, 1 + span, copies)? {
+            let s = self.reg.seq_mut(sid)?;
+            s.spec.draft.clear();
+            s.spec.tree.clear();
             return Ok(0);
         }
-        Ok(n)
+        Ok(len)
     }
 
     /// A decode sequence that may not propose this step because the batch is past `max_batch` and it
@@ -230,6 +267,8 @@ impl Scheduler {
         let (bs, max) = (self.cfg.block_size, self.spec().map_or(1, |c| c.num_speculative_tokens));
         let s = self.reg.seq_mut(seq)?;
         let proposed = std::mem::take(&mut s.spec.draft).len();
+        let main = if s.spec.tree.is_empty() { proposed } else { s.spec.main };
+        s.spec.tree.clear();
         if accepted > proposed || s.computed + accepted > s.tokens.len() {
             return Err(SchedError::BadAccept {
                 seq,
@@ -238,7 +277,7 @@ impl Scheduler {
             });
         }
         s.computed += accepted;
-        s.spec.len = speculation::next_len(s.spec.len, proposed, accepted, max);
+        s.spec.len = speculation::next_len(s.spec.len, main, accepted, max);
         s.spec.keep = s.spec.keep.verified(proposed, accepted);
         let g = s.group;
         let grp = self.reg.group(g)?;
@@ -254,6 +293,62 @@ impl Scheduler {
         KvManager::truncate(&mut self.kv, &mut s.blocks, keep);
         self.spec_stats.record(proposed, accepted);
         Ok(())
+    }
+}
+
+impl Scheduler {
+    /// The request kind kept path `rows` of its last decode chunk's token tree (chunk rows, each the
+    /// child of the one before, the first a child of the chunk's first row; their tokens appended):
+    /// the rows not at their plain positions are to be copied there ([`Scheduler::take_slot_moves`],
+    /// before anything reads them), the copy goes on where the kept proposal came from, and the rest
+    /// is [`Scheduler::accept_draft`]'s. A single-path proposal takes the path `1, 2, …`.
+    pub(crate) fn accept_path(&mut self, seq: SeqId, rows: &[usize]) -> Result<()> {
+        let bs = self.cfg.block_size;
+        let s = self.reg.seq_mut(seq)?;
+        let bad = SchedError::BadAccept {
+            seq,
+            accepted: rows.len(),
+            proposed: s.spec.draft.len(),
+        };
+        if s.spec.tree.is_empty() {
+            if rows.iter().enumerate().any(|(i, &r)| r != i + 1) {
+                return Err(bad);
+            }
+            return self.accept_draft(seq, rows.len());
+        }
+        let chained = rows.iter().enumerate().all(|(i, &r)| {
+            let parent = if i == 0 { 0 } else { rows[i - 1] };
+            r >= 1 && s.spec.tree.get(r - 1).is_some_and(|n| n.parent == parent)
+        });
+        // the chunk's first row is the token before the kept ones
+        let Some(start) = s.computed.checked_sub(1).filter(|_| chained) else {
+            return Err(bad);
+        };
+        let slot = |pos: usize| s.blocks.get(pos / bs).map(|b| b.index() * bs + pos % bs);
+        let moves = crate::token_tree::moves(&s.spec.tree, rows, start, |p| slot(p).unwrap_or(usize::MAX));
+        if moves.iter().any(|m| m.src == usize::MAX || m.dst == usize::MAX) {
+            return Err(bad);
+        }
+        if let Some(&from) = rows.last().and_then(|&r| s.spec.sources.get(r - 1)) {
+            s.spec.cursor = Some(Cursor { from, len: start + 1 });
+        }
+        // what the other proposals' rows kept beyond the first's common part with the path
+        let on_main = rows
+            .iter()
+            .take_while(|&&r| s.spec.tree[r - 1].at == s.spec.tree[r - 1].depth);
+        let gained = rows.len() - on_main.count().min(s.spec.main);
+        let gained = if moves.is_empty() { 0 } else { gained };
+        let alt_rows = s.spec.tree.len().saturating_sub(s.spec.main);
+        s.spec.branching = s.spec.branching.verified(alt_rows, gained);
+        self.spec_stats.trees += 1;
+        self.spec_stats.tree_branch_kept += u64::from(!moves.is_empty());
+        self.slot_moves.extend(moves);
+        self.accept_draft(seq, rows.len())
+    }
+
+    /// The slot copies kept tree paths need, to run before the next forward pass.
+    pub(crate) fn take_slot_moves(&mut self) -> Vec<kvgate_backend::SlotCopy> {
+        std::mem::take(&mut self.slot_moves)
     }
 }
 
@@ -311,6 +406,7 @@ mod tests {
             draft_p_min: 0.0,
             draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
             draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
+            tree_branches: 1,
         };
         let mut cfg = SchedulerConfig {
             prefix_caching: false,
@@ -379,6 +475,7 @@ mod tests {
             draft_p_min: 0.0,
             draft_window: crate::speculation::DEFAULT_DRAFT_WINDOW,
             draft_share: crate::speculation::DRAFT_PROMPT_SHARE,
+            tree_branches: 1,
         };
         let mut cfg = SchedulerConfig {
             prefix_caching: false,

@@ -158,7 +158,9 @@ impl Scheduler {
         let s = self.reg.seq(p.seq)?;
         let bs = self.cfg.block_size;
         let end = p.start + p.len;
-        let slots = (p.start..end)
+        let tree = if p.draft > 0 { s.spec.tree.clone() } else { vec![] };
+        let slots = (0..p.len)
+            .map(|i| p.start + crate::token_tree::offset(&tree, i))
             .map(|pos| {
                 s.blocks
                     .get(pos / bs)
@@ -182,6 +184,7 @@ impl Scheduler {
             slots,
             table: s.blocks.table(),
             draft: p.draft,
+            tree,
         })
     }
 

@@ -29,9 +29,10 @@ pub(crate) enum SeqOp {
     },
     /// The sequence ends; its blocks are released.
     Finish,
-    /// Of the tokens its last decode chunk proposed, the first `n` were kept (they were appended
-    /// just before): their K/V stay, the rejected ones' slots are given back.
-    Accept(usize),
+    /// Of the tokens its last decode chunk proposed, this path was kept (chunk rows in depth order:
+    /// `1, 2, …` for a single path, a branch of its token tree otherwise; appended just before):
+    /// their K/V stay, the rejected ones' slots are given back.
+    AcceptPath(Vec<usize>),
     /// Most tokens it may propose from now on (0: none).
     SpecLimit(usize),
 }
@@ -82,8 +83,15 @@ impl StepUpdate {
 
     /// Records that `seq` kept the first `n` tokens its decode chunk proposed (recorded after their
     /// appends, before a finish).
+    #[cfg(test)]
     pub(crate) fn accept(&mut self, seq: SeqId, n: usize) {
-        self.ops.push((seq, SeqOp::Accept(n)));
+        self.ops.push((seq, SeqOp::AcceptPath((1..=n).collect())));
+    }
+
+    /// Records that `seq` kept path `rows` (chunk rows from the first row's child on) of its decode
+    /// chunk's token tree (recorded after their appends, before a finish).
+    pub(crate) fn accept_path(&mut self, seq: SeqId, rows: Vec<usize>) {
+        self.ops.push((seq, SeqOp::AcceptPath(rows)));
     }
 
     /// Records how many tokens `seq` may propose from now on: the request kind knows what it can
@@ -129,7 +137,7 @@ impl Scheduler {
                     }
                 }
                 SeqOp::Finish => self.finish_seq(seq)?,
-                SeqOp::Accept(n) => self.accept_draft(seq, n)?,
+                SeqOp::AcceptPath(rows) => self.accept_path(seq, &rows)?,
                 SeqOp::SpecLimit(n) => self.reg.seq_mut(seq)?.spec.limit = n,
             }
         }

@@ -25,6 +25,13 @@ pub(crate) use simd::AVX512;
 pub(crate) use simd::{axpy_many, axpy_many2, exp_sum_inplace, max_of};
 pub use simd::{dot, dot2x4, dot_fused, exp_in_place};
 
+/// The lane of position `p` in a row's sums is `p mod LANES` ([`tiles`]: exps in lane `pos mod 8`, values
+/// one position at a time; a position a tree row does not see adds an exact zero).
+pub const LANES: usize = 8;
+
+/// Positions per partition of a row's attention (partials folded in partition order).
+pub const PARTITION: usize = tiles::PART;
+
 /// One query row: which block table it reads and the position of its token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttnRow {

@@ -195,3 +195,105 @@ fn a_mask_that_sees_everything_is_a_causal_row_to_the_bit() {
         );
     }
 }
+
+/// A token tree's row computes its plain row's very bits when it sits in the lane ([`LANES`]) and
+/// the partition ([`PARTITION`]) of its plain position and sees the prefix and its ancestors only:
+/// for every dtype, near a partition's end and past several, in tiles of one row and of many. And a
+/// path's K/V copied to its plain slots ([`KvCache::copy_slot`]) is read as if written there.
+#[test]
+fn a_tree_row_in_its_lane_and_partition_is_its_plain_row_to_the_bit() {
+    let p = params();
+    let cases = KvDtype::ALL
+        .into_iter()
+        .flat_map(|d| KvQuant::methods_for(d).iter().map(move |&m| (d, m)));
+    for (dtype, method) in cases {
+        for (prefix, depth, shift) in [(37usize, 5usize, 8usize), (229, 6, 16), (600, 4, 24)] {
+            let shape = CacheShape::new(1, 2, HD, BS, dtype)
+                .unwrap()
+                .with_quant(method)
+                .unwrap();
+            let mut rng = ChaCha8Rng::seed_from_u64((prefix * 13 + depth) as u64);
+            let len = prefix + shift + depth;
+            let blocks = len.div_ceil(BS);
+            // blocks in reverse order, the first two unused
+            let table: Vec<u32> = (0..blocks as u32).map(|b| blocks as u32 + 1 - b).collect();
+            let vecs: Vec<(Vec<f32>, Vec<f32>)> = (0..len)
+                .map(|_| {
+                    let k = (0..2 * HD).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    let v = (0..2 * HD).map(|_| rng.random_range(-2.0..2.0)).collect();
+                    (k, v)
+                })
+                .collect();
+            let slot = |t: usize| table[t / BS] as usize * BS + t % BS;
+            // the tree's layout: prefix, another branch's rows (never seen), the path `shift` later
+            let mut tree = KvCache::new(shape, blocks + 2);
+            for (t, (k, v)) in vecs.iter().enumerate() {
+                tree.write(0, &[slot(t)], k, v);
+            }
+            // the plain layout: the path right after the prefix
+            let mut plain = tree.clone();
+            for j in 0..depth {
+                let (k, v) = &vecs[prefix + shift + j];
+                plain.write(0, &[slot(prefix + j)], k, v);
+            }
+            let tables = [table.as_slice()];
+            let q: Vec<f32> = (0..depth * 6 * HD).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let rows = |at: usize| -> Vec<AttnRow> {
+                (0..depth)
+                    .map(|j| AttnRow {
+                        table: 0,
+                        pos: (at + j) as u32,
+                    })
+                    .collect()
+            };
+            let masks: Vec<Option<RowMask>> = (0..depth)
+                .map(|j| {
+                    let mut seen = vec![0u64; (shift + depth).div_ceil(64)];
+                    for i in shift..=shift + j {
+                        seen[i / 64] |= 1 << (i % 64);
+                    }
+                    Some(RowMask {
+                        base: prefix as u32,
+                        seen,
+                    })
+                })
+                .collect();
+            let (plain_rows, tree_rows) = (rows(prefix), rows(prefix + shift));
+            assert!((0..depth).all(|j| (prefix + j) / PARTITION == (prefix + shift + j) / PARTITION));
+            let run = |cache: &KvCache, rows: &[AttnRow], masks: &[Option<RowMask>], n: usize| {
+                // `n` rows a call: a decode-sized tile, or the whole path in one
+                let mut out = vec![0f32; q.len()];
+                for (c, chunk) in rows.chunks(n).enumerate() {
+                    let r0 = c * n;
+                    let query = AttnQuery {
+                        q: &q[r0 * 192..(r0 + chunk.len()) * 192],
+                        rows: chunk,
+                        tables: &tables,
+                        masks: masks.get(r0..r0 + chunk.len()).unwrap_or(&[]),
+                    };
+                    CpuAttention.attend(cache, 0, &query, &p, &mut out[r0 * 192..(r0 + chunk.len()) * 192]);
+                }
+                out
+            };
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            for n in [1, depth] {
+                let want = run(&plain, &plain_rows, &[], n);
+                let got = run(&tree, &tree_rows, &masks, n);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{dtype} {} prefix {prefix}, {n} a tile",
+                    method.name()
+                );
+            }
+            // the kept path copied to its plain slots reads as the plain layout
+            let mut moved = tree.clone();
+            for j in 0..depth {
+                moved.copy_slot(slot(prefix + shift + j), slot(prefix + j)).unwrap();
+            }
+            let want = run(&plain, &plain_rows, &[], depth);
+            assert_eq!(bits(&run(&moved, &plain_rows, &[], depth)), bits(&want));
+            assert!(moved.copy_slot(0, (blocks + 2) * BS).is_err());
+        }
+    }
+}

@@ -16,6 +16,7 @@ use crate::layout::CacheShape;
 use crate::quant::{self, Rotation, Scales};
 
 mod buf;
+mod slots;
 mod zeroed;
 
 pub use buf::Buf;

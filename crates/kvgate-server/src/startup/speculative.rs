@@ -14,7 +14,8 @@
 //! take or a key kvgate does not know is refused at startup with its name, never silently ignored.
 
 use kvgate_engine::{
-    Backend, KvMemory, SpecConfig, SpecMethod, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW, DRAFT_PROMPT_SHARE,
+    Backend, KvMemory, SpecConfig, SpecMethod, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW, DEFAULT_TREE_BRANCHES,
+    DRAFT_PROMPT_SHARE,
 };
 use kvgate_model::{load_unprepared, Configured, LoadOptions, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -46,6 +47,8 @@ struct Wire {
     draft_p_min: Option<f32>,
     /// kvgate's: most tokens of a prompt's end the draft reads.
     draft_window: Option<usize>,
+    /// kvgate's: most prompt-lookup proposals verified together as a token tree (1: one path).
+    token_tree_branches: Option<usize>,
 }
 
 /// What `--speculative-config` asks for.
@@ -124,6 +127,7 @@ pub fn parse(s: &str) -> Result<Speculative, String> {
         draft_p_min: w.draft_p_min.unwrap_or(DEFAULT_DRAFT_P_MIN),
         draft_window: w.draft_window.unwrap_or(DEFAULT_DRAFT_WINDOW),
         draft_share: DRAFT_PROMPT_SHARE,
+        tree_branches: w.token_tree_branches.unwrap_or(DEFAULT_TREE_BRANCHES),
     }
     .validate()
     .map_err(|e| e.to_string())?;
@@ -208,6 +212,12 @@ mod tests {
             .unwrap()
             .config;
         assert_eq!((c.prompt_lookup_min, c.prompt_lookup_max), (2, 3));
+        // token trees by default; kvgate's key sets how many proposals, 1 for a single path
+        assert_eq!(c.tree_branches, DEFAULT_TREE_BRANCHES);
+        let c = parse(r#"{"num_speculative_tokens": 4, "token_tree_branches": 1}"#)
+            .unwrap()
+            .config;
+        assert_eq!(c.tree_branches, 1);
     }
 
     #[test]
@@ -267,6 +277,8 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("(4)") && e.contains("(2)"), "{e}");
+        let e = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "token_tree_branches": 0}"#).unwrap_err();
+        assert!(e.contains("token_tree_branches must be between 1 and 8, got 0"), "{e}");
         let e = parse(r#"{"method": "ngram", "num_speculative_tokens": 3, "typo": 1}"#).unwrap_err();
         assert!(e.contains("unknown field `typo`"), "{e}");
         assert!(parse("ngram").unwrap_err().starts_with("not a speculative config"));
