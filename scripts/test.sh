@@ -12,6 +12,8 @@ export KVGATE_TEST_MODELS
 NVRTC_DIR=$(scripts/nvrtc-libdir.sh)
 export LD_LIBRARY_PATH="$NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KVGATE_REQUIRE_NVRTC=1
+# The shared KV tier's tests start Debian's redis-server (installed by the setup script): required here.
+export KVGATE_REQUIRE_REDIS=1
 # The Jev conformance suite (tests/jevcompat.rs runs it against `serve`).
 export KVGATE_JEVCOMPAT="$PWD/.ci/venv/bin/jevcompat"
 # The Python with the real clients (tests/openai_sdk.rs).

@@ -37,6 +37,8 @@ pub struct EngineStats {
     pub pins_released_early: u64,
     /// The second tier's counters (`None`: no tier). Asking waits for the spill file's writer.
     pub tier: Option<crate::tier::TierStats>,
+    /// The shared store's counters (`None`: no shared store).
+    pub shared: Option<crate::tier::SharedStats>,
     /// Speculation's counters (zero without it).
     pub spec: crate::speculation::SpecStats,
     /// What the draft model computed (`None` without one).

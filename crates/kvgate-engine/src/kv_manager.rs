@@ -123,12 +123,15 @@ pub(crate) struct TierOps {
     pub spills: Vec<(BlockId, BlockMeta)>,
     /// Tier records to write into hot blocks.
     pub restores: Vec<Restore>,
+    /// Blocks the prefix cache registered, to read (before anything writes them) and write behind to
+    /// the shared store.
+    pub shares: Vec<(BlockId, BlockMeta)>,
 }
 
 impl TierOps {
     /// Nothing to do.
     pub fn is_empty(&self) -> bool {
-        self.spills.is_empty() && self.restores.is_empty()
+        self.spills.is_empty() && self.restores.is_empty() && self.shares.is_empty()
     }
 }
 
@@ -141,6 +144,13 @@ pub struct KvManager {
     stats: PrefixStats,
     tier: Option<SecondTier>,
     ops: TierOps,
+}
+
+impl KvManager {
+    /// Whether newly registered blocks are written behind to a shared store.
+    fn shares(&self) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.shared().is_some())
+    }
 }
 
 impl KvManager {
@@ -339,6 +349,47 @@ impl KvManager {
         (found, in_tier)
     }
 
+    /// The leading full blocks of `tokens` (at most `max`) past what the hot pool and the local tier
+    /// hold under `salts`, as the shared store would key them (the sequence's own key from there on):
+    /// what a fetch asks for before the sequence is admitted.
+    pub(crate) fn misses(&self, tokens: &[u32], max: usize, salts: Salts) -> Vec<BlockMeta> {
+        if !self.prefix_caching {
+            return vec![];
+        }
+        let bs = self.block_size;
+        let max = max.min(tokens.len() / bs);
+        let (found, mut exact) = self.hot_walk(tokens, max, salts);
+        let mut chain = found
+            .last()
+            .and_then(|&b| self.pool.chain_of(b))
+            .unwrap_or(ChainKey::ROOT);
+        let mut i = found.len();
+        if let Some(t) = &self.tier {
+            while i < max {
+                let toks = &tokens[i * bs..(i + 1) * bs];
+                let hit = salts.candidates(exact).find_map(|(extra, is_exact)| {
+                    let key = chain.child(toks, extra);
+                    t.holds(key, chain, toks).then_some((key, is_exact))
+                });
+                let Some((key, is_exact)) = hit else { break };
+                (chain, exact) = (key, is_exact);
+                i += 1;
+            }
+        }
+        let mut out = Vec::with_capacity(max - i);
+        for j in i..max {
+            let toks = &tokens[j * bs..(j + 1) * bs];
+            let key = chain.child(toks, salts.own);
+            out.push(BlockMeta {
+                key,
+                parent: chain,
+                tokens: toks.into(),
+            });
+            chain = key;
+        }
+        out
+    }
+
     /// New blocks needed so that `computed..upto` can be written (including one for copy-on-write).
     pub fn blocks_needed(&self, sb: &SeqBlocks, computed: usize, upto: usize) -> usize {
         let bs = self.block_size;
@@ -394,11 +445,20 @@ impl KvManager {
             let Some(b) = sb.get(i) else {
                 return;
             };
-            let holder = self
-                .pool
-                .register(b, sb.last_ref, sb.last_chain, &tokens[i * bs..(i + 1) * bs], extra);
+            let toks = &tokens[i * bs..(i + 1) * bs];
+            let holder = self.pool.register(b, sb.last_ref, sb.last_chain, toks, extra);
             if decision && holder == b {
                 self.pool.mark_decision_warmed(b);
+            }
+            if holder == b && self.shares() {
+                if let Some(key) = self.pool.chain_of(b) {
+                    let meta = BlockMeta {
+                        key,
+                        parent: sb.last_chain,
+                        tokens: toks.into(),
+                    };
+                    self.ops.shares.push((b, meta));
+                }
             }
             sb.last_ref = self.pool.block_ref(holder);
             sb.last_chain = self.pool.chain_of(holder).unwrap_or_default();

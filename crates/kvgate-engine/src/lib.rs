@@ -67,4 +67,4 @@ pub use speculation::{
     draft_start, SpecConfig, SpecConfigError, SpecMethod, SpecStats, DEFAULT_DRAFT_P_MIN, DEFAULT_DRAFT_WINDOW,
     DEFAULT_TREE_BRANCHES, DRAFT_PROMPT_SHARE, MAX_TREE_BRANCHES,
 };
-pub use tier::{TierConfig, TierStats};
+pub use tier::{SharedConfig, SharedStats, TierConfig, TierStats};

@@ -91,6 +91,27 @@ pub const TIER_STORED: &str = "kvgate:kv_tier_stored_blocks_total";
 pub const TIER_EVICTIONS: &str = "kvgate:kv_tier_evictions_total";
 /// Counter: records that failed a check when read from the spill file (dropped, never served).
 pub const TIER_REJECTED: &str = "kvgate:kv_tier_rejected_records_total";
+/// Counter: blocks fetched from the shared store (`--kv-shared`) and verified.
+pub const SHARED_HITS: &str = "kvgate:kv_shared_hits_total";
+/// Counter: blocks asked of the shared store and not found there.
+pub const SHARED_MISSES: &str = "kvgate:kv_shared_misses_total";
+/// Counter: shared-store records refused by verification (torn, foreign, mislabelled, corrupted).
+pub const SHARED_REFUSED: &str = "kvgate:kv_shared_verification_failures_total";
+/// Counter: bytes read from the shared store.
+pub const SHARED_BYTES_IN: &str = "kvgate:kv_shared_bytes_in_total";
+/// Counter: bytes written to the shared store.
+pub const SHARED_BYTES_OUT: &str = "kvgate:kv_shared_bytes_out_total";
+/// Counter: blocks written to the shared store.
+pub const SHARED_STORED: &str = "kvgate:kv_shared_stored_blocks_total";
+/// Counter: blocks not written (queue full, store down, a failed write).
+pub const SHARED_DROPPED: &str = "kvgate:kv_shared_dropped_blocks_total";
+/// Counter: connection failures, timeouts and error replies of the shared store.
+pub const SHARED_ERRORS: &str = "kvgate:kv_shared_errors_total";
+/// Counter (float, a gauge that only grows): seconds fetches from the shared store took (÷ fetches =
+/// the mean latency).
+pub const SHARED_FETCH_SECONDS: &str = "kvgate:kv_shared_fetch_seconds_total";
+/// Counter: fetches from the shared store answered.
+pub const SHARED_FETCHES: &str = "kvgate:kv_shared_fetches_total";
 /// Counter: blocks restored from the second tier into the hot pool.
 pub const TIER_RESTORED: &str = "kvgate:kv_tier_restored_blocks_total";
 /// Counter: bytes restored (÷ restore seconds = the restore rate).
@@ -155,6 +176,7 @@ pub(crate) struct Recorder {
     last_evictions: u64,
     last_tier: TierStats,
     last_spec: SpecStats,
+    last_shared: crate::tier::SharedStats,
     block_size: u64,
     /// Seconds spent restoring and spilling (reported as totals).
     restore_seconds: f64,
@@ -171,6 +193,7 @@ impl Recorder {
             last_evictions: 0,
             last_tier: TierStats::default(),
             last_spec: SpecStats::default(),
+            last_shared: Default::default(),
             block_size: block_size as u64,
             restore_seconds: 0.0,
             spill_seconds: 0.0,
@@ -178,6 +201,26 @@ impl Recorder {
     }
 
     /// Gauges from the scheduler's state; counters by what changed since the last call.
+    /// The shared store's counters (their growth since the last call).
+    pub(crate) fn shared(&mut self, now: crate::tier::SharedStats) {
+        let (l, was) = (&self.label, std::mem::replace(&mut self.last_shared, now));
+        let d = |a: u64, b: u64| a.saturating_sub(b);
+        for (name, a, b) in [
+            (SHARED_HITS, now.hits, was.hits),
+            (SHARED_MISSES, now.misses, was.misses),
+            (SHARED_REFUSED, now.refused, was.refused),
+            (SHARED_BYTES_IN, now.bytes_in, was.bytes_in),
+            (SHARED_BYTES_OUT, now.bytes_out, was.bytes_out),
+            (SHARED_STORED, now.stored, was.stored),
+            (SHARED_DROPPED, now.dropped, was.dropped),
+            (SHARED_ERRORS, now.errors, was.errors),
+            (SHARED_FETCHES, now.fetches, was.fetches),
+        ] {
+            metrics::counter!(name, l).increment(d(a, b));
+        }
+        metrics::gauge!(SHARED_FETCH_SECONDS, l).set(now.fetch_micros as f64 / 1e6);
+    }
+
     pub(crate) fn update(&mut self, s: &SchedulerStats) {
         let l = &self.label;
         metrics::gauge!(RUNNING, l).set(s.running as f64);

@@ -21,6 +21,18 @@ pub struct SeqId(u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroupId(u64);
 
+impl GroupId {
+    /// Its number (a tag that crosses a channel).
+    pub(crate) fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The group numbered `n` (what [`GroupId::raw`] gave).
+    pub(crate) fn from_raw(n: u64) -> GroupId {
+        GroupId(n)
+    }
+}
+
 #[cfg(test)]
 impl SeqId {
     /// A sequence id made up by a test.

@@ -124,6 +124,7 @@ impl Sim {
                 memory_bytes: rng.random_range(0..40) * bs as u64 * 8,
                 dir: disk.then_some(dir),
                 disk_bytes: rng.random_range(0..400) * bs as u64 * 8,
+                shared: None,
             };
             s.set_tier(Some(SecondTier::open(&cfg, bs, bs * 8, seed).unwrap()));
         }

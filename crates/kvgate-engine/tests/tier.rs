@@ -142,6 +142,7 @@ fn spill_file_serves_the_next_engine_and_only_a_matching_cache() {
         memory_bytes: 0,
         dir: Some(dir.clone()),
         disk_bytes: 64 << 20,
+        shared: None,
     };
     let rt = rt();
     rt.block_on(async {

@@ -58,6 +58,8 @@ pub(crate) struct Engine {
     /// A second tier that opens once the calibration on the first batch has fixed the cache's
     /// fingerprint.
     tier_pending: Option<TierConfig>,
+    /// Groups held out of admission for their shared-tier fetch, until when.
+    fetching: HashMap<GroupId, Instant>,
     panic_next: bool,
 }
 
@@ -126,6 +128,7 @@ impl Engine {
                 }
             }
             self.sched.expire_pins(millis_since(self.epoch));
+            self.land_shared();
             self.drop_abandoned();
             if !self.sched.is_idle() {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| self.step())) {
@@ -143,6 +146,9 @@ impl Engine {
             }
             self.publish_kv_events();
             self.rec.update(&self.sched.stats());
+            if let Some(s) = self.sched.tier().and_then(|t| t.shared()) {
+                self.rec.shared(s.stats());
+            }
             // Requests wait and nothing runs (cache-aware admission holds them for a retained state's
             // grace or the starvation bound): wait for a command a few milliseconds instead of spinning.
             if self.sched.num_running_groups() == 0 && !self.sched.is_idle() {
@@ -173,6 +179,7 @@ impl Engine {
                 };
                 let (g, kind) = admit(&mut self.sched, &env);
                 self.register(id, g, kind);
+                self.fetch_shared(g);
             }
             Command::Abort(id) => {
                 if let Some(&g) = self.by_id.get(&id) {
@@ -196,6 +203,7 @@ impl Engine {
                         t.stats()
                     }),
                     spec: self.sched.stats().spec,
+                    shared: self.sched.tier().and_then(|t| t.shared()).map(|s| s.stats()),
                     draft: self.drafter.as_ref().map(Drafter::stats),
                 });
             }

@@ -151,6 +151,7 @@ pub fn start_with_draft(
         rec: Recorder::new(&cfg.model_name, block_size),
         calibration,
         tier_pending,
+        fetching: HashMap::new(),
         floor: DecodeFloor::new(cfg.decode_share),
         cfg,
         backend,

@@ -5,10 +5,11 @@
 use std::time::Instant;
 
 use kvgate_backend::Backend;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Engine;
 use crate::error::EngineError;
+use crate::registry::GroupId;
 use crate::tier::{SecondTier, TierConfig};
 
 /// Opens the second tier for `backend`'s blocks, under its current fingerprint.
@@ -47,6 +48,14 @@ impl Engine {
             self.backend.read_block(b.into(), &mut bytes)?;
             spilled.push((meta, bytes));
         }
+        // newly registered blocks, written behind to the shared store (its worker does the I/O)
+        if let Some(shared) = self.sched.tier().and_then(|t| t.shared()) {
+            for (b, meta) in ops.shares {
+                let mut bytes = Vec::with_capacity(bpb);
+                self.backend.read_block(b.into(), &mut bytes)?;
+                shared.store(meta, bytes);
+            }
+        }
         let t1 = Instant::now();
         let mut restored = 0u64;
         for r in &ops.restores {
@@ -61,6 +70,59 @@ impl Engine {
         }
         self.rec.tier_io(restored, restore_secs, (t1 - t0).as_secs_f64());
         Ok(())
+    }
+
+    /// Asks the shared store for the blocks of newly added group `g` that no local tier holds, and
+    /// holds `g` out of admission until they land or the store's timeout passes.
+    pub(super) fn fetch_shared(&mut self, g: GroupId) {
+        let misses = self.sched.shared_misses(g);
+        let Some(shared) = self.sched.tier().and_then(|t| t.shared()) else {
+            return;
+        };
+        if misses.is_empty() {
+            return;
+        }
+        let deadline = Instant::now() + shared.timeout();
+        if shared.fetch(g.raw(), misses) {
+            self.sched.hold(g);
+            self.fetching.insert(g, deadline);
+        }
+    }
+
+    /// Puts what the shared store answered into the local tier and lets those groups (and any whose
+    /// fetch timed out) be admitted.
+    pub(super) fn land_shared(&mut self) {
+        if self.fetching.is_empty() {
+            return;
+        }
+        let answered = self
+            .sched
+            .tier()
+            .and_then(|t| t.shared())
+            .map(|s| s.answered())
+            .unwrap_or_default();
+        for f in answered {
+            if let Some(t) = self.sched.tier_mut() {
+                for (meta, bytes) in f.blocks {
+                    t.land(meta, bytes);
+                }
+            }
+            let g = GroupId::from_raw(f.tag);
+            self.fetching.remove(&g);
+            self.sched.release_hold(g);
+        }
+        let now = Instant::now();
+        let late: Vec<GroupId> = self
+            .fetching
+            .iter()
+            .filter(|(_, &t)| t <= now)
+            .map(|(&g, _)| g)
+            .collect();
+        for g in late {
+            warn!(group = ?g, "shared KV tier: a fetch timed out; admitting without it");
+            self.fetching.remove(&g);
+            self.sched.release_hold(g);
+        }
     }
 
     /// At shutdown, with a spill file: what the memory tier holds and every cached block of the hot

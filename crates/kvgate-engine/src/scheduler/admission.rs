@@ -90,13 +90,17 @@ impl Scheduler {
     /// (blocks in the hot pool or the second tier; earliest among equals).
     /// With `next_turns_only`, only a session's next turn (else `None`).
     pub(super) fn pick_waiting(&self, next_turns_only: bool) -> Option<usize> {
-        self.waiting.front()?;
+        // a group held for its shared-tier fetch is passed over
+        let first = self.waiting.iter().position(|&g| self.admissible(g))?;
         if !self.cfg.admission.cache_aware {
-            return (!next_turns_only).then_some(0);
+            return (!next_turns_only).then_some(first);
         }
-        let mut warmest = (0, 0);
+        let mut warmest = (first, 0);
         let mut starving = None;
         for (i, &g) in self.waiting.iter().take(self.cfg.admission.scan).enumerate() {
+            if !self.admissible(g) {
+                continue;
+            }
             let (warm, in_tier) = self.warm_blocks(g);
             if !warm.is_empty() && self.pins.any_session_over(&warm) {
                 return Some(i);

@@ -19,6 +19,7 @@ mod admission;
 mod config;
 mod forks;
 mod plan;
+mod shared;
 mod speculate;
 mod step;
 mod update;
@@ -68,6 +69,8 @@ pub struct Scheduler {
     spec_stats: crate::speculation::SpecStats,
     /// Slot copies kept token-tree paths wait for ([`Scheduler::take_slot_moves`]).
     slot_moves: Vec<kvgate_backend::SlotCopy>,
+    /// Waiting groups held out of admission while their blocks are fetched from the shared store.
+    held: std::collections::HashSet<GroupId>,
 }
 
 impl Scheduler {
@@ -91,6 +94,7 @@ impl Scheduler {
             now: 0,
             spec_stats: Default::default(),
             slot_moves: Vec::new(),
+            held: Default::default(),
             cfg,
             kv,
             reg: Registry::default(),
@@ -315,6 +319,7 @@ impl Scheduler {
     }
 
     fn remove_group(&mut self, g: GroupId) {
+        self.held.remove(&g);
         self.reg.remove_group(g);
         self.waiting.retain(|&x| x != g);
         self.running.retain(|&x| x != g);

@@ -10,12 +10,15 @@
 
 mod key;
 mod memory;
+mod record;
+mod shared;
 mod spill;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use key::{BlockMeta, ChainKey};
+pub use shared::{SharedConfig, SharedStats, SharedTier};
 pub use spill::{SpillStats, SPILL_FILE};
 
 use memory::MemoryTier;
@@ -49,12 +52,18 @@ pub struct TierConfig {
     pub dir: Option<PathBuf>,
     /// Bytes the spill file may take.
     pub disk_bytes: u64,
+    /// The store shared by replicas (`--kv-shared`), behind the local tiers.
+    pub shared: Option<SharedConfig>,
 }
+
+/// Host memory the tier keeps when only a shared store is configured: where fetched blocks wait for
+/// their request's admission.
+pub const SHARED_LANDING_BYTES: u64 = 512 << 20;
 
 impl TierConfig {
     /// Whether any tier is configured.
     pub fn enabled(&self) -> bool {
-        self.memory_bytes > 0 || (self.dir.is_some() && self.disk_bytes > 0)
+        self.memory_bytes > 0 || (self.dir.is_some() && self.disk_bytes > 0) || self.shared.is_some()
     }
 }
 
@@ -77,6 +86,8 @@ pub struct TierStats {
     pub dropped_memory: u64,
     /// Records pushed out of the spill file.
     pub dropped_disk: u64,
+    /// Blocks fetched from the shared store into memory.
+    pub landed: u64,
     /// Lookups that found a record, by medium.
     pub hits_memory: u64,
     /// Hits on the spill file.
@@ -90,6 +101,8 @@ pub struct TierStats {
 pub struct SecondTier {
     memory: MemoryTier,
     disk: Option<SpillFile>,
+    /// The store shared by replicas: written behind, read ahead of admission (the engine drives it).
+    shared: Option<SharedTier>,
     block_bytes: usize,
     stats: TierStats,
 }
@@ -113,12 +126,36 @@ impl SecondTier {
             )?),
             _ => None,
         };
+        let shared = match &cfg.shared {
+            Some(c) => Some(SharedTier::open(c, fingerprint, block_bytes).map_err(std::io::Error::other)?),
+            None => None,
+        };
+        let memory = if cfg.memory_bytes == 0 && shared.is_some() {
+            SHARED_LANDING_BYTES
+        } else {
+            cfg.memory_bytes
+        };
         Ok(SecondTier {
-            memory: MemoryTier::new(cfg.memory_bytes),
+            memory: MemoryTier::new(memory),
             disk,
+            shared,
             block_bytes,
             stats: TierStats::default(),
         })
+    }
+
+    /// The store shared by replicas, when there is one.
+    pub fn shared(&self) -> Option<&SharedTier> {
+        self.shared.as_ref()
+    }
+
+    /// Keeps a block fetched from the shared store where a match finds it (memory first).
+    pub(crate) fn land(&mut self, meta: BlockMeta, bytes: Vec<u8>) {
+        if bytes.len() != self.block_bytes || self.holds(meta.key, meta.parent, &meta.tokens) {
+            return;
+        }
+        self.stats.landed += 1;
+        self.keep(meta, bytes);
     }
 
     /// Bytes of one record's payload.
@@ -154,6 +191,11 @@ impl SecondTier {
             return;
         }
         self.stats.stored += 1;
+        self.keep(meta, bytes);
+    }
+
+    /// Memory first; what memory pushes out to the spill file (or out).
+    fn keep(&mut self, meta: BlockMeta, bytes: Vec<u8>) {
         let bytes: Arc<[u8]> = bytes.into();
         let out = if self.memory.fits(bytes.len()) {
             self.memory.put(meta, bytes)

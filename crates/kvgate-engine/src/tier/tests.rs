@@ -46,6 +46,7 @@ fn randomized_memory_and_disk_serve_exactly_what_was_stored() {
             memory_bytes: 5 * BYTES as u64,
             dir: disk.then(|| dir.clone()),
             disk_bytes: if disk { 8 * spill_slot() } else { 0 },
+            shared: None,
         };
         let mut t = SecondTier::open(&cfg, BS, BYTES, 7).unwrap();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -88,6 +89,7 @@ fn disk_tier(dir: &std::path::Path, fingerprint: u64) -> SecondTier {
         memory_bytes: 0,
         dir: Some(dir.to_path_buf()),
         disk_bytes: 16 * spill_slot(),
+        shared: None,
     };
     SecondTier::open(&cfg, BS, BYTES, fingerprint).unwrap()
 }
@@ -109,6 +111,7 @@ fn spill_file_survives_a_restart_and_never_serves_a_bad_record() {
             memory_bytes: 0,
             dir: Some(dir.clone()),
             disk_bytes: 1 << 20,
+            shared: None,
         },
         BS,
         BYTES,
@@ -171,6 +174,7 @@ fn memory_pushes_its_oldest_records_to_disk() {
         memory_bytes: 2 * BYTES as u64,
         dir: Some(dir.clone()),
         disk_bytes: 2 * spill_slot(),
+        shared: None,
     };
     let mut t = SecondTier::open(&cfg, BS, BYTES, 1).unwrap();
     for i in 0..5 {

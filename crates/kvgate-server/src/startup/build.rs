@@ -189,6 +189,7 @@ where
             memory_bytes: args.kv_offload_memory.map_or(0, ByteSize::bytes),
             dir: args.kv_offload_dir.clone(),
             disk_bytes: args.kv_offload_disk.bytes(),
+            shared: None,
         },
     };
     let eos_token_ids = loaded.eos_token_ids.clone();

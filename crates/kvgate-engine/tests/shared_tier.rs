@@ -1,0 +1,266 @@
+//! The shared KV tier (`--kv-shared`) end to end on the tiny model, against a real `redis-server` the
+//! test starts (Debian's, installed by the setup script; required under `scripts/test.sh`):
+//! - a second engine (another replica, a cold hot pool) finds a conversation's blocks the first one
+//!   computed: the follow-up is cached and its tokens and log-probabilities are bitwise those of the
+//!   first engine;
+//! - another cache salt (another tenant) and another cache layout (dtype) find nothing;
+//! - the store down, flushed, answering garbage, killed mid-run and restarted: every request is
+//!   served, with the same tokens, the store's trouble counted — and the engine writes again once it
+//!   is back.
+
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_cpu::tiny::{tiny_model, TinySpec};
+use kvgate_cpu::{CpuBackend, CpuCache};
+use kvgate_engine::{
+    start, EngineConfig, EngineHandle, Event, GenerateRequest, SamplingParams, SharedConfig, TierConfig,
+};
+use kvgate_kv::KvDtype;
+use kvgate_model::Tokenizer;
+
+/// A `redis-server` on a free port, killed when dropped.
+struct Redis {
+    child: Child,
+    port: u16,
+}
+
+impl Redis {
+    /// Starts one (on `port`, or a free one); `None` when there is no redis-server here and the suite
+    /// does not require it.
+    fn start(port: Option<u16>) -> Option<Redis> {
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if std::env::var_os("KVGATE_REQUIRE_REDIS").is_none() => {
+                eprintln!("redis-server not found ({e}); skipping (scripts/setup-test-deps.sh installs it)");
+                return None;
+            }
+            Err(e) => panic!("redis-server is required (scripts/setup-test-deps.sh installs it): {e}"),
+        };
+        let t0 = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(Redis { child, port })
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+    }
+
+    /// The keys of every block stored.
+    fn keys(&self) -> Vec<String> {
+        redis::cmd("KEYS").arg("kvgate:kv:*").query(&mut self.conn()).unwrap()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn shared(url: &str) -> TierConfig {
+    TierConfig {
+        shared: Some(SharedConfig {
+            url: url.into(),
+            ttl: Duration::from_secs(600),
+            timeout: Duration::from_millis(1000),
+        }),
+        ..Default::default()
+    }
+}
+
+fn engine(tier: TierConfig, dtype: KvDtype) -> (EngineHandle, Arc<Tokenizer>) {
+    let m = tiny_model(TinySpec::default()).unwrap();
+    let tok = Arc::new(m.tokenizer);
+    let cfg = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_model_len: m.max_model_len,
+        tier,
+        ..Default::default()
+    };
+    let backend = Box::new(
+        CpuBackend::with_cache(
+            m.model,
+            CpuCache {
+                block_size: 4,
+                num_blocks: 256,
+                dtype,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    (start(backend, tok.clone(), m.eos_token_ids, cfg).unwrap(), tok)
+}
+
+fn conversation(tok: &Tokenizer, i: usize) -> Vec<u32> {
+    let mut s = format!("{i} conversation:");
+    while tok.encode(&s, false).unwrap().len() < 120 {
+        s.push_str(&format!(" turn {} of conversation {i} says hello;", s.len() % 97));
+    }
+    tok.encode(&s, false).unwrap()
+}
+
+/// Greedy, 8 tokens: (tokens with their logprobs as bits, cached prompt tokens).
+async fn run(h: &EngineHandle, prompt: Vec<u32>, salt: Option<&str>) -> (Vec<(u32, u32)>, usize) {
+    let mut s = h
+        .generate(GenerateRequest {
+            prompt,
+            params: SamplingParams {
+                temperature: 0.0,
+                max_tokens: 8,
+                ignore_eos: true,
+                logprobs: Some(0),
+                ..Default::default()
+            },
+            cache_salt: salt.map(str::to_string),
+            retain: None,
+            breakpoints: vec![],
+        })
+        .unwrap();
+    let mut out = vec![];
+    loop {
+        match s.next().await.unwrap() {
+            Event::Token { token, logprob, .. } => out.push((token, logprob.unwrap().logprob.to_bits())),
+            Event::Done(u) => return (out, u.cached_tokens),
+            Event::Error(e) => panic!("{e}"),
+            _ => {}
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits until the engine has written at least `n` blocks behind.
+async fn stored(h: &EngineHandle, n: u64) -> u64 {
+    let t0 = Instant::now();
+    loop {
+        let s = h.stats().await.unwrap().shared.unwrap();
+        if s.stored >= n || t0.elapsed() > Duration::from_secs(10) {
+            return s.stored;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[test]
+fn another_replica_serves_a_conversation_from_the_shared_tier() {
+    let Some(redis) = Redis::start(None) else { return };
+    rt().block_on(async {
+        let (a, tok) = engine(shared(&redis.url()), KvDtype::F32);
+        let prompt = conversation(&tok, 0);
+        let full = (prompt.len() - 1) / 4;
+        let (first, cached) = run(&a, prompt.clone(), None).await;
+        assert_eq!(cached, 0);
+        // the prompt's and the output's full blocks, written behind
+        assert!(stored(&a, full as u64).await >= full as u64);
+        assert!(redis.keys().len() >= full);
+        // a cold replica: the whole prompt but its last token comes from the shared tier
+        let (b, _) = engine(shared(&redis.url()), KvDtype::F32);
+        let (again, cached) = run(&b, prompt.clone(), None).await;
+        assert_eq!(again, first, "the same tokens and log-probabilities, to the bit");
+        assert_eq!(cached, full * 4, "every full block of the prompt found");
+        let s = b.stats().await.unwrap();
+        let sh = s.shared.unwrap();
+        assert_eq!((sh.hits, sh.refused, sh.errors), (full as u64, 0, 0), "{sh:?}");
+        assert_eq!(s.tier.unwrap().landed, full as u64);
+        // another tenant's salt finds nothing of it, nor does a cache of another dtype
+        let (c, _) = engine(shared(&redis.url()), KvDtype::F32);
+        let (_, cached) = run(&c, prompt.clone(), Some("tenant-b")).await;
+        assert_eq!(cached, 0, "a salted request never reads unsalted blocks");
+        let (d, _) = engine(shared(&redis.url()), KvDtype::F16);
+        let (_, cached) = run(&d, prompt.clone(), None).await;
+        assert_eq!(cached, 0, "another cache layout never reads these blocks");
+        assert_eq!(d.stats().await.unwrap().shared.unwrap().hits, 0);
+    });
+}
+
+#[test]
+fn the_stores_trouble_never_fails_a_request() {
+    let Some(redis) = Redis::start(None) else { return };
+    rt().block_on(async {
+        let (plain, tok) = engine(TierConfig::default(), KvDtype::F32);
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| conversation(&tok, i)).collect();
+        let mut want = vec![];
+        for p in &prompts {
+            want.push(run(&plain, p.clone(), None).await.0);
+        }
+        // nothing listens: served, the errors counted
+        let nowhere = Redis::start(None).map(|r| r.url()).unwrap();
+        let (e, _) = engine(shared(&nowhere), KvDtype::F32);
+        assert_eq!(run(&e, prompts[0].clone(), None).await.0, want[0]);
+        // fill the store, then answer garbage under every key: refused, recomputed, the same tokens
+        let (a, _) = engine(shared(&redis.url()), KvDtype::F32);
+        for (p, w) in prompts.iter().zip(&want) {
+            assert_eq!(&run(&a, p.clone(), None).await.0, w);
+        }
+        stored(&a, 3 * 29).await;
+        let mut con = redis.conn();
+        for k in redis.keys() {
+            redis::cmd("SET")
+                .arg(&k)
+                .arg(b"not a block".as_slice())
+                .query::<()>(&mut con)
+                .unwrap();
+        }
+        let (g, _) = engine(shared(&redis.url()), KvDtype::F32);
+        let (out, cached) = run(&g, prompts[0].clone(), None).await;
+        assert_eq!((out, cached), (want[0].clone(), 0));
+        assert!(g.stats().await.unwrap().shared.unwrap().refused >= 1);
+        // flushed: a miss
+        redis::cmd("FLUSHALL").query::<()>(&mut con).unwrap();
+        let (f, _) = engine(shared(&redis.url()), KvDtype::F32);
+        assert_eq!(run(&f, prompts[1].clone(), None).await, (want[1].clone(), 0));
+        // killed mid-run: served; restarted on its port: the engine reconnects and writes again
+        let port = redis.port;
+        drop(redis);
+        assert_eq!(run(&f, prompts[2].clone(), None).await.0, want[2]);
+        let before = f.stats().await.unwrap().shared.unwrap();
+        assert!(before.errors + before.dropped > 0, "{before:?}");
+        let back = Redis::start(Some(port)).unwrap();
+        let t0 = Instant::now();
+        let mut i = 10;
+        while back.keys().is_empty() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "the engine never wrote again");
+            run(&f, conversation(&tok, i), None).await;
+            i += 1;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+}
