@@ -203,6 +203,9 @@ impl Recorder {
     /// Gauges from the scheduler's state; counters by what changed since the last call.
     /// The shared store's counters (their growth since the last call).
     pub(crate) fn shared(&mut self, now: crate::tier::SharedStats) {
+        if now == self.last_shared {
+            return;
+        }
         let (l, was) = (&self.label, std::mem::replace(&mut self.last_shared, now));
         let d = |a: u64, b: u64| a.saturating_sub(b);
         for (name, a, b) in [

@@ -31,6 +31,11 @@ impl Redis {
     /// Starts one (on `port`, or a free one); `None` when there is no redis-server here and the suite
     /// does not require it.
     fn start(port: Option<u16>) -> Option<Redis> {
+        Self::start_with(port, &[])
+    }
+
+    /// Like [`Redis::start`], with extra `redis-server` arguments.
+    fn start_with(port: Option<u16>, extra: &[&str]) -> Option<Redis> {
         let port = port.unwrap_or_else(|| {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -49,6 +54,7 @@ impl Redis {
                 "--appendonly",
                 "no",
             ])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
@@ -90,11 +96,15 @@ impl Drop for Redis {
 }
 
 fn shared(url: &str) -> TierConfig {
+    shared_within(url, Duration::from_millis(1000))
+}
+
+fn shared_within(url: &str, timeout: Duration) -> TierConfig {
     TierConfig {
         shared: Some(SharedConfig {
             url: url.into(),
             ttl: Duration::from_secs(600),
-            timeout: Duration::from_millis(1000),
+            timeout,
         }),
         ..Default::default()
     }
@@ -247,12 +257,34 @@ fn the_stores_trouble_never_fails_a_request() {
         redis::cmd("FLUSHALL").query::<()>(&mut con).unwrap();
         let (f, _) = engine(shared(&redis.url()), KvDtype::F32);
         assert_eq!(run(&f, prompts[1].clone(), None).await, (want[1].clone(), 0));
-        // killed mid-run: served; restarted on its port: the engine reconnects and writes again
+        // killed under traffic (three requests in flight): served; restarted on its port: the engine
+        // reconnects and writes again
         let port = redis.port;
-        drop(redis);
-        assert_eq!(run(&f, prompts[2].clone(), None).await.0, want[2]);
-        let before = f.stats().await.unwrap().shared.unwrap();
-        assert!(before.errors + before.dropped > 0, "{before:?}");
+        let kill = async move {
+            // once the three are submitted (each future's first poll sends its request)
+            tokio::task::yield_now().await;
+            drop(redis);
+        };
+        let (r0, r1, r2, ()) = tokio::join!(
+            run(&f, prompts[0].clone(), None),
+            run(&f, prompts[1].clone(), None),
+            run(&f, prompts[2].clone(), None),
+            kill
+        );
+        assert_eq!([r0.0, r1.0, r2.0], [want[0].clone(), want[1].clone(), want[2].clone()]);
+        // the writes behind them (made once the engine is idle) fail, and are counted
+        let t0 = Instant::now();
+        loop {
+            let s = f.stats().await.unwrap().shared.unwrap();
+            if s.errors + s.dropped > 0 {
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "a dead store's failures are counted: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let back = Redis::start(Some(port)).unwrap();
         let t0 = Instant::now();
         let mut i = 10;
@@ -262,5 +294,52 @@ fn the_stores_trouble_never_fails_a_request() {
             i += 1;
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    });
+}
+
+/// A store that is full (maxmemory with noeviction: every write refused) or slow (a server that does not
+/// answer for longer than the timeout): served, the same tokens, the trouble counted; a slow store's
+/// request waits at most about the timeout.
+#[test]
+fn a_full_or_slow_store_is_only_a_miss() {
+    let Some(full) = Redis::start_with(None, &["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]) else {
+        return;
+    };
+    let slow = Redis::start_with(None, &["--enable-debug-command", "yes"]).unwrap();
+    rt().block_on(async {
+        let (plain, tok) = engine(TierConfig::default(), KvDtype::F32);
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| conversation(&tok, 20 + i)).collect();
+        let mut want = vec![];
+        for p in &prompts {
+            want.push(run(&plain, p.clone(), None).await.0);
+        }
+        let (f, _) = engine(shared(&full.url()), KvDtype::F32);
+        for (p, w) in prompts.iter().zip(&want) {
+            assert_eq!(&run(&f, p.clone(), None).await.0, w);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let s = f.stats().await.unwrap().shared.unwrap();
+        assert!(
+            s.dropped > 0 && s.errors > 0,
+            "writes refused by a full store are counted: {s:?}"
+        );
+        // the slow store: DEBUG SLEEP holds it for 3 s while a request with a 300 ms timeout arrives
+        let timeout = Duration::from_millis(300);
+        let (g, _) = engine(shared_within(&slow.url(), timeout), KvDtype::F32);
+        assert_eq!(run(&g, prompts[0].clone(), None).await.0, want[0]);
+        let url = slow.url();
+        let sleeper = std::thread::spawn(move || {
+            let mut c = redis::Client::open(url).unwrap().get_connection().unwrap();
+            redis::cmd("DEBUG").arg("SLEEP").arg(3).query::<()>(&mut c).unwrap();
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let t0 = Instant::now();
+        assert_eq!(run(&g, prompts[1].clone(), None).await.0, want[1]);
+        let waited = t0.elapsed();
+        assert!(
+            waited < Duration::from_millis(2500),
+            "held {waited:?} for a 300 ms timeout"
+        );
+        sleeper.join().unwrap();
     });
 }

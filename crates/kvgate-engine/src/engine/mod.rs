@@ -60,6 +60,9 @@ pub(crate) struct Engine {
     tier_pending: Option<TierConfig>,
     /// Groups held out of admission for their shared-tier fetch, until when.
     fetching: HashMap<GroupId, Instant>,
+    /// Blocks read for the shared store, waiting for the engine's idle time (and their bytes).
+    unshared: Vec<(crate::tier::BlockMeta, Vec<u8>)>,
+    unshared_bytes: usize,
     panic_next: bool,
 }
 
@@ -145,6 +148,7 @@ impl Engine {
                 }
             }
             self.publish_kv_events();
+            self.write_shared(false);
             self.rec.update(&self.sched.stats());
             if let Some(s) = self.sched.tier().and_then(|t| t.shared()) {
                 self.rec.shared(s.stats());
@@ -214,6 +218,7 @@ impl Engine {
             Command::Shutdown => {
                 info!("engine shutting down");
                 self.fail_all(EngineError::EngineDead);
+                self.write_shared(true);
                 self.spill_hot_pool();
                 // the spill file's writer finishes and the file is let go before the engine says it
                 // stopped

@@ -152,6 +152,8 @@ pub fn start_with_draft(
         calibration,
         tier_pending,
         fetching: HashMap::new(),
+        unshared: Vec::new(),
+        unshared_bytes: 0,
         floor: DecodeFloor::new(cfg.decode_share),
         cfg,
         backend,

@@ -214,51 +214,43 @@ impl Worker {
         };
         let me = Arc::new(self);
         rt.block_on(async move {
-            let mut conn: Option<ConnectionManager> = None;
-            let mut last_try: Option<Instant> = None;
-            loop {
-                // fetches first: a waiting request is held for them
-                let job = tokio::select! {
-                    biased;
-                    f = fetches.recv() => f.map(Job::Fetch),
-                    s = stores.recv() => s.map(Job::Store),
-                };
-                let Some(job) = job else { return };
-                if conn.is_none() && last_try.is_none_or(|t| t.elapsed() >= RECONNECT) {
-                    last_try = Some(Instant::now());
-                    conn = me.connect().await;
+            // fetches and stores on their own tasks (and connections): a slow write never holds a
+            // waiting request's fetch
+            let w = me.clone();
+            let fetching = tokio::spawn(async move {
+                let mut conn = Link::default();
+                while let Some((tag, blocks)) = fetches.recv().await {
+                    match conn.get(&w).await {
+                        Some(c) => {
+                            let w = w.clone();
+                            tokio::spawn(async move { w.fetch(c, tag, blocks).await });
+                        }
+                        None => {
+                            // down: a fetch finds nothing
+                            w.counters.misses.fetch_add(blocks.len() as u64, Ordering::Relaxed);
+                            let _ = w.done.send(Fetched { tag, blocks: vec![] });
+                        }
+                    }
                 }
-                let Some(c) = conn.clone() else {
-                    // down: a fetch finds nothing, a store is dropped
-                    match job {
-                        Job::Fetch((tag, blocks)) => {
-                            me.counters.misses.fetch_add(blocks.len() as u64, Ordering::Relaxed);
-                            let _ = me.done.send(Fetched { tag, blocks: vec![] });
-                        }
-                        Job::Store(_) => {
-                            me.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                        }
+            });
+            let mut conn = Link::default();
+            while let Some(first) = stores.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match stores.try_recv() {
+                        Ok(s) => batch.push(s),
+                        Err(_) => break,
                     }
-                    continue;
-                };
-                match job {
-                    Job::Fetch((tag, blocks)) => {
-                        let w = me.clone();
-                        tokio::spawn(async move { w.fetch(c, tag, blocks).await });
-                    }
-                    Job::Store(first) => {
-                        let mut batch = vec![first];
-                        while batch.len() < BATCH {
-                            match stores.try_recv() {
-                                Ok(s) => batch.push(s),
-                                Err(_) => break,
-                            }
-                        }
-                        // writes one batch at a time: a slow store fills the queue, which then drops
-                        me.store(c, batch).await;
+                }
+                match conn.get(&me).await {
+                    // one batch at a time: a slow store fills the queue, which then drops
+                    Some(c) => me.store(c, batch).await,
+                    None => {
+                        me.counters.dropped.fetch_add(batch.len() as u64, Ordering::Relaxed);
                     }
                 }
             }
+            let _ = fetching.await;
         });
     }
 
@@ -374,7 +366,20 @@ fn warn_refused(why: Refused) {
     warn!(reason = ?why, "shared KV tier: a record failed verification; it is dropped and recomputed");
 }
 
-enum Job {
-    Store((BlockMeta, Vec<u8>)),
-    Fetch((u64, Vec<BlockMeta>)),
+/// One task's connection: made on first use, tried again at most every [`RECONNECT`] while the store
+/// is down; once made, the `ConnectionManager` reconnects by itself.
+#[derive(Default)]
+struct Link {
+    conn: Option<ConnectionManager>,
+    last_try: Option<Instant>,
+}
+
+impl Link {
+    async fn get(&mut self, w: &Worker) -> Option<ConnectionManager> {
+        if self.conn.is_none() && self.last_try.is_none_or(|t| t.elapsed() >= RECONNECT) {
+            self.last_try = Some(Instant::now());
+            self.conn = w.connect().await;
+        }
+        self.conn.clone()
+    }
 }

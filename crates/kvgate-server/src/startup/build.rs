@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use kvgate_engine::{metrics as m, Admission, BackendError, EngineConfig, KvMemory, TierConfig};
+use kvgate_engine::{metrics as m, Admission, BackendError, EngineConfig, KvMemory, SharedConfig, TierConfig};
 use kvgate_kv::{CacheShape, KvError};
 use kvgate_model::{Configured, LoadedModel};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -189,7 +189,11 @@ where
             memory_bytes: args.kv_offload_memory.map_or(0, ByteSize::bytes),
             dir: args.kv_offload_dir.clone(),
             disk_bytes: args.kv_offload_disk.bytes(),
-            shared: None,
+            shared: args.kv_shared.clone().map(|url| SharedConfig {
+                url,
+                ttl: std::time::Duration::from_secs(args.kv_shared_ttl),
+                timeout: std::time::Duration::from_millis(args.kv_shared_timeout),
+            }),
         },
     };
     let eos_token_ids = loaded.eos_token_ids.clone();

@@ -168,6 +168,26 @@ pub struct Args {
     #[arg(long, env = "KVGATE_KV_OFFLOAD_DISK", default_value = "8GiB")]
     pub kv_offload_disk: ByteSize,
 
+    /// A KV tier shared by the replicas of one model, in Redis or Valkey (redis://host:port[/db]):
+    /// every full block the prefix cache registers is written behind (never on the decode path), and a
+    /// request whose prefix misses locally is held while its blocks are fetched and verified, so a
+    /// session moved off a dead or drained replica finds its conversation warm. Blocks are keyed by
+    /// the model and cache layout and by their content chain with its salt (another model, layout,
+    /// cache_salt or API key never reads them); the store down, slow, flushed or full only means
+    /// recomputing [default: none]
+    #[arg(long, env = "KVGATE_KV_SHARED", value_parser = values::redis_url)]
+    pub kv_shared: Option<String>,
+
+    /// Seconds a block stays in the shared KV tier after it was written (the store's maxmemory policy
+    /// may drop it sooner)
+    #[arg(long, env = "KVGATE_KV_SHARED_TTL", default_value_t = 3600)]
+    pub kv_shared_ttl: u64,
+
+    /// Milliseconds a request is held for its blocks from the shared KV tier (and one command to the
+    /// store may take); past it the request is admitted and recomputes what did not arrive
+    #[arg(long, env = "KVGATE_KV_SHARED_TIMEOUT", default_value_t = 2000)]
+    pub kv_shared_timeout: u64,
+
     /// How /v1/embeddings pools a prompt's final hidden states (after the model's output norm):
     /// `last` (the last token's) or `mean` (over every token); either L2-normalized unless a request
     /// says `"normalize": false`
@@ -494,6 +514,18 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
         if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
             return bad(flag, format!("must be between 0 and 86400 seconds, got {v}"));
         }
+    }
+    if a.kv_shared_ttl == 0 || a.kv_shared_ttl > 30 * 86_400 {
+        return bad(
+            "kv-shared-ttl",
+            format!("must be between 1 and 2592000 seconds, got {}", a.kv_shared_ttl),
+        );
+    }
+    if !(1..=60_000).contains(&a.kv_shared_timeout) {
+        return bad(
+            "kv-shared-timeout",
+            format!("must be between 1 and 60000 milliseconds, got {}", a.kv_shared_timeout),
+        );
     }
     for k in &a.api_key {
         if k.trim().is_empty() {

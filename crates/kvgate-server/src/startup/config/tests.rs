@@ -79,6 +79,11 @@ fn typed_settings_parse_once_and_name_the_flag() {
             "{v}: {e}"
         );
     }
+    let a = load(["serve", "--kv-shared", "redis://cache:6379/2", "--kv-shared-ttl", "600"]).unwrap();
+    assert_eq!(
+        (a.kv_shared.as_deref(), a.kv_shared_ttl, a.kv_shared_timeout),
+        (Some("redis://cache:6379/2"), 600, 2000)
+    );
     let a = load(["serve", "--gpu-memory-utilization", "0.5"]).unwrap();
     assert_eq!(a.gpu_memory_utilization, 0.5);
     for (flag, value) in [
@@ -87,6 +92,9 @@ fn typed_settings_parse_once_and_name_the_flag() {
         ("--device", "cuda:x"),
         ("--log-format", "xml"),
         ("--max-request-body", "2 parsecs"),
+        ("--kv-shared", "http://cache:6379"),
+        ("--kv-shared-timeout", "0"),
+        ("--kv-shared-ttl", "0"),
     ] {
         let e = load(["serve", flag, value]).unwrap_err().to_string();
         assert!(e.contains(flag) && e.contains(value), "{e}");

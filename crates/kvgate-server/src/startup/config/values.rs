@@ -303,6 +303,17 @@ pub fn speculative_config(s: &str) -> Result<String, String> {
     crate::startup::speculative::parse(s).map(|_| s.to_string())
 }
 
+/// `--kv-shared`: a Redis URL the client can open (`redis://`, `rediss://`, `unix://`, `redis+unix://`).
+pub fn redis_url(s: &str) -> Result<String, String> {
+    let scheme_ok = ["redis://", "rediss://", "unix://", "redis+unix://"]
+        .iter()
+        .any(|p| s.starts_with(p));
+    if !scheme_ok {
+        return Err(format!("'{s}' is not a Redis URL (redis://host:port[/db])"));
+    }
+    Ok(s.to_string())
+}
+
 /// `--kv-events-config`: kept as given once it reads as a KV events config (parsed into
 /// [`crate::startup::kv_events::KvEventsConfig`] where the publisher starts).
 pub fn kv_events_config(s: &str) -> Result<String, String> {
