@@ -97,6 +97,8 @@ struct Identity {
     /// fast-path twin are one published block; `None` under a tenant's salt (never published) or
     /// when events are not recorded.
     public: Option<ChainKey>,
+    /// Its parent's published key (`None`: a first block, or not published).
+    parent_public: Option<ChainKey>,
 }
 
 /// Counts for metrics and tests.
@@ -288,6 +290,11 @@ impl BlockPool {
                 key: id.chain,
                 parent: id.parent_chain,
                 tokens: id.tokens.into(),
+                // a tier that keeps it says so under the same hashes
+                published: id.public.map(|k| crate::tier::Published {
+                    hash: block_hash(k),
+                    parent: id.parent_public.map(block_hash),
+                }),
             }
         });
         self.ref_count[b.index()] = 1;
@@ -305,6 +312,7 @@ impl BlockPool {
                         key: id.chain,
                         parent: id.parent_chain,
                         tokens: id.tokens.clone().into(),
+                        published: None,
                     },
                 )
             })
@@ -413,6 +421,7 @@ impl BlockPool {
             chain,
             parent_chain,
             public,
+            parent_public: parent.and(parent_public),
         });
         self.index.entry(hash).or_default().push(b);
         b
@@ -434,6 +443,11 @@ impl BlockPool {
             .filter_map(|id| id.public)
             .map(block_hash)
             .collect()
+    }
+
+    /// Whether KV events are recorded.
+    pub fn records_kv_events(&self) -> bool {
+        self.events.is_some()
     }
 
     /// The events recorded since the last call (empty when not recording).

@@ -48,6 +48,25 @@ pub enum KvEvent {
     },
     /// Every block is gone (the pool starts over).
     AllCleared,
+    /// A block evicted from the KV cache is kept by a tier of this replica (`medium`: host memory or
+    /// the spill file) — vLLM's `BlockStored` with medium `CPU` (or `DISK`).
+    TierStored {
+        /// The block's hash (as its `Stored` named it).
+        hash: u64,
+        /// Its parent's hash.
+        parent: Option<u64>,
+        /// Its tokens.
+        tokens: Box<[u32]>,
+        /// Where it is kept.
+        medium: crate::tier::Medium,
+    },
+    /// A tier of this replica no longer keeps the block.
+    TierRemoved {
+        /// The block's hash.
+        hash: u64,
+        /// Where it was kept.
+        medium: crate::tier::Medium,
+    },
 }
 
 /// The published hash of a chain key.
@@ -153,7 +172,19 @@ mod tests {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
             let mut m = KvManager::new(BlockPool::new(24), 4, true);
             m.pool_mut().record_kv_events();
+            // odd seeds: a host-memory tier of 6 blocks behind the pool, publishing what it keeps
+            let tiered = seed % 2 == 1;
+            if tiered {
+                let cfg = crate::tier::TierConfig {
+                    memory_bytes: 6 * 16,
+                    ..Default::default()
+                };
+                m.set_tier(Some(crate::tier::SecondTier::open(&cfg, 4, 16, 1).unwrap()));
+            }
             let mut index: HashSet<u64> = HashSet::new();
+            let mut in_memory: HashSet<u64> = HashSet::new();
+            let mut ever: HashSet<u64> = HashSet::new();
+            let mut kept = 0;
             let mut live: Vec<SeqBlocks> = vec![];
             let (mut stored, mut removed) = (0, 0);
             for _ in 0..400 {
@@ -184,7 +215,15 @@ mod tests {
                         m.release(&mut sb);
                     }
                 }
-                for e in m.pool_mut().take_kv_events() {
+                // the engine keeps what the step evicted (before the events are taken)
+                for (_, meta) in m.take_tier_ops().spills {
+                    if let Some(t) = m.tier_mut() {
+                        t.store(meta, vec![0; 16]);
+                    }
+                }
+                let mut events = m.pool_mut().take_kv_events();
+                events.extend(m.tier_mut().map(|t| t.take_events()).unwrap_or_default());
+                for e in events {
                     match e {
                         KvEvent::AllCleared => index.clear(),
                         KvEvent::Stored { hash, parent, tokens } => {
@@ -194,11 +233,25 @@ mod tests {
                             assert_eq!(tokens.len(), 4);
                             assert!(tokens.iter().all(|&t| t % 1000 < 22), "token ids as committed");
                             assert!(index.insert(hash), "seed {seed}: stored twice");
+                            ever.insert(hash);
                             stored += 1;
                         }
                         KvEvent::Removed { hash } => {
                             assert!(index.remove(&hash), "seed {seed}: removal of an unknown hash");
                             removed += 1;
+                        }
+                        // a tier keeps only what the cache published first, once per medium
+                        KvEvent::TierStored { hash, medium, .. } => {
+                            assert!(tiered && medium == crate::tier::Medium::Memory);
+                            assert!(ever.contains(&hash), "seed {seed}: a tier store of an unknown hash");
+                            assert!(in_memory.insert(hash), "seed {seed}: kept twice");
+                            kept += 1;
+                        }
+                        KvEvent::TierRemoved { hash, .. } => {
+                            assert!(
+                                in_memory.remove(&hash),
+                                "seed {seed}: a tier removal of an unknown hash"
+                            );
                         }
                     }
                 }
@@ -208,6 +261,8 @@ mod tests {
                 stored > 20 && removed > 5,
                 "seed {seed}: the workload evicts ({stored}, {removed})"
             );
+            assert!(!tiered || kept > 5, "seed {seed}: the tier kept blocks ({kept})");
+            assert!(in_memory.len() <= 6, "the tier holds at most 6");
         }
     }
 

@@ -167,7 +167,10 @@ impl KvManager {
     }
 
     /// Puts a second tier behind the pool (returning the one there was).
-    pub fn set_tier(&mut self, tier: Option<SecondTier>) -> Option<SecondTier> {
+    pub fn set_tier(&mut self, mut tier: Option<SecondTier>) -> Option<SecondTier> {
+        if let (Some(t), true) = (tier.as_mut(), self.pool.records_kv_events()) {
+            t.record_events();
+        }
         std::mem::replace(&mut self.tier, tier)
     }
 
@@ -384,6 +387,7 @@ impl KvManager {
                 key,
                 parent: chain,
                 tokens: toks.into(),
+                published: None,
             });
             chain = key;
         }
@@ -456,6 +460,7 @@ impl KvManager {
                         key,
                         parent: sb.last_chain,
                         tokens: toks.into(),
+                        published: None,
                     };
                     self.ops.shares.push((b, meta));
                 }

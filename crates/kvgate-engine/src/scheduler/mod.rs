@@ -138,9 +138,14 @@ impl Scheduler {
         }
     }
 
-    /// The pool's KV events since the last call.
+    /// The pool's KV events since the last call, then the tiers' (a block evicted and kept by a tier
+    /// is removed from the cache before it is stored in the tier).
     pub fn take_kv_events(&mut self) -> Vec<crate::KvEvent> {
-        self.kv.pool_mut().take_kv_events()
+        let mut ev = self.kv.pool_mut().take_kv_events();
+        if let Some(t) = self.kv.tier_mut() {
+            ev.extend(t.take_events());
+        }
+        ev
     }
 
     /// Prefix-cache counters.

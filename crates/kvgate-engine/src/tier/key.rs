@@ -36,6 +36,17 @@ pub struct BlockMeta {
     pub parent: ChainKey,
     /// Its tokens.
     pub tokens: Box<[u32]>,
+    /// How KV events named it, when they did (`None`: not published — events off, a tenant's salt).
+    pub published: Option<Published>,
+}
+
+/// A block's published hashes ([`crate::kv_events`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Published {
+    /// Its hash.
+    pub hash: u64,
+    /// Its parent's (`None`: a sequence's first block).
+    pub parent: Option<u64>,
 }
 
 impl BlockMeta {

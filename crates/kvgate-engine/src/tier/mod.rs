@@ -8,6 +8,7 @@
 //! disk pushes out is gone. A lookup that finds a record hands back its bytes, shared (memory) or read
 //! and checked (disk); the engine writes them into a hot block before the step that reads it.
 
+mod events;
 mod key;
 mod memory;
 mod record;
@@ -17,15 +18,15 @@ mod spill;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use key::{BlockMeta, ChainKey};
+pub use key::{BlockMeta, ChainKey, Published};
 pub use shared::{SharedConfig, SharedStats, SharedTier};
 pub use spill::{SpillStats, SPILL_FILE};
 
 use memory::MemoryTier;
 use spill::SpillFile;
 
-/// Where a record was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a record was found (or is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Medium {
     /// Host memory.
     Memory,
@@ -103,6 +104,8 @@ pub struct SecondTier {
     disk: Option<SpillFile>,
     /// The store shared by replicas: written behind, read ahead of admission (the engine drives it).
     shared: Option<SharedTier>,
+    /// KV events of what the tiers keep, while the pool records them.
+    events: Option<events::TierEvents>,
     block_bytes: usize,
     stats: TierStats,
 }
@@ -139,9 +142,20 @@ impl SecondTier {
             memory: MemoryTier::new(memory),
             disk,
             shared,
+            events: None,
             block_bytes,
             stats: TierStats::default(),
         })
+    }
+
+    /// Starts recording KV events of what the tiers keep ([`crate::KvEvent::TierStored`]).
+    pub fn record_events(&mut self) {
+        self.events.get_or_insert_with(Default::default);
+    }
+
+    /// The KV events since the last call (empty when not recording).
+    pub fn take_events(&mut self) -> Vec<crate::KvEvent> {
+        self.events.as_mut().map(events::TierEvents::take).unwrap_or_default()
     }
 
     /// The store shared by replicas, when there is one.
@@ -198,16 +212,30 @@ impl SecondTier {
     fn keep(&mut self, meta: BlockMeta, bytes: Vec<u8>) {
         let bytes: Arc<[u8]> = bytes.into();
         let out = if self.memory.fits(bytes.len()) {
+            if let Some(e) = self.events.as_mut() {
+                e.stored(&meta, Medium::Memory);
+            }
             self.memory.put(meta, bytes)
         } else {
             vec![(meta, bytes)]
         };
         for (meta, bytes) in out {
+            let noted = self.events.is_some().then(|| meta.clone());
+            if let Some(e) = self.events.as_mut() {
+                e.removed(meta.key, Medium::Memory);
+            }
             match self.disk.as_mut() {
                 Some(d) => {
                     self.stats.demoted += 1;
-                    if d.put(meta, bytes) {
+                    let (kept, evicted) = d.put(meta, bytes);
+                    if let Some(old) = evicted {
                         self.stats.dropped_disk += 1;
+                        if let Some(e) = self.events.as_mut() {
+                            e.removed(old, Medium::Disk);
+                        }
+                    }
+                    if let (true, Some(m), Some(e)) = (kept, noted, self.events.as_mut()) {
+                        e.stored(&m, Medium::Disk);
                     }
                 }
                 None => self.stats.dropped_memory += 1,

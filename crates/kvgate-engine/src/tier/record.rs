@@ -120,6 +120,7 @@ mod tests {
             key: parent.child(tokens, "salt"),
             parent,
             tokens: tokens.into(),
+            published: None,
         }
     }
 

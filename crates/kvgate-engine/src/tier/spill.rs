@@ -214,6 +214,7 @@ impl SpillFile {
             key: ChainKey(u128_at(b, 16)),
             parent: ChainKey(u128_at(b, 32)),
             tokens: (0..self.block_size).map(|i| u32_at(b, HEADER + 4 * i)).collect(),
+            published: None,
         })
     }
 
@@ -310,14 +311,15 @@ impl SpillFile {
     }
 
     /// Hands a record to the writer (taking the least recently used slot when the file is full).
-    /// Returns whether a record was pushed out to make room; a record of the wrong size is not kept.
-    pub(crate) fn put(&mut self, meta: BlockMeta, bytes: Arc<[u8]>) -> bool {
+    /// Returns whether it is kept and the key of a record pushed out to make room; a record of the
+    /// wrong size is not kept.
+    pub(crate) fn put(&mut self, meta: BlockMeta, bytes: Arc<[u8]>) -> (bool, Option<ChainKey>) {
         self.drain_acks();
         if self.capacity == 0 || bytes.len() != self.block_bytes || meta.tokens.len() != self.block_size {
-            return false;
+            return (false, None);
         }
         self.remove(meta.key);
-        let mut evicted = false;
+        let mut evicted = None;
         let slot = if let Some(s) = self.free.pop() {
             s
         } else if self.next < self.capacity {
@@ -325,13 +327,17 @@ impl SpillFile {
             self.next - 1
         } else {
             let Some((_, old)) = self.lru.pop_first() else {
-                return false;
+                return (false, None);
             };
-            let Some(e) = self.index.remove(&old) else { return false };
-            evicted = true;
+            let Some(e) = self.index.remove(&old) else {
+                return (false, None);
+            };
+            evicted = Some(old);
             e.slot
         };
-        let Some(tx) = &self.writer.tx else { return evicted };
+        let Some(tx) = &self.writer.tx else {
+            return (false, evicted);
+        };
         if tx
             .send(Job {
                 slot,
@@ -341,10 +347,10 @@ impl SpillFile {
             .is_err()
         {
             self.free.push(slot);
-            return evicted;
+            return (false, evicted);
         }
         self.insert(meta, slot, Some(bytes));
-        evicted
+        (true, evicted)
     }
 
     /// Drops record `key`, if indexed (its slot becomes free).

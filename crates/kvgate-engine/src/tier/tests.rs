@@ -28,6 +28,7 @@ fn record(i: u32) -> (BlockMeta, Vec<u8>) {
             key,
             parent,
             tokens: tokens.into(),
+            published: None,
         },
         bytes,
     )
@@ -198,6 +199,68 @@ fn memory_pushes_its_oldest_records_to_disk() {
         (2, 2, 3, 1)
     );
     assert_eq!((s.hits_memory, s.hits_disk), (2, 2));
+    drop(t);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The tiers publish what they keep: stored in memory, moved to disk (removed from memory, stored on
+/// disk), pushed off the end (removed from disk), under the hashes the pool published; records the pool
+/// did not publish (a tenant's salt) say nothing, and nothing is recorded until asked.
+#[test]
+fn what_the_tiers_keep_is_published_with_its_medium() {
+    use crate::kv_events::KvEvent;
+    let dir = temp_dir("events");
+    let cfg = TierConfig {
+        memory_bytes: 2 * BYTES as u64,
+        dir: Some(dir.clone()),
+        disk_bytes: 2 * spill_slot(),
+        shared: None,
+    };
+    let mut t = SecondTier::open(&cfg, BS, BYTES, 1).unwrap();
+    let published = |i: u32| {
+        let (mut m, b) = record(i);
+        m.published = Some(crate::tier::Published {
+            hash: 100 + i as u64,
+            parent: (i > 0).then(|| 99 + i as u64),
+        });
+        (m, b)
+    };
+    let (m, b) = published(9);
+    t.store(m, b);
+    assert!(t.take_events().is_empty(), "not recorded until asked");
+    t.record_events();
+    for i in 0..5 {
+        let (m, b) = if i == 2 { record(i) } else { published(i) };
+        t.store(m, b);
+    }
+    let ev: Vec<String> = t
+        .take_events()
+        .iter()
+        .map(|e| match e {
+            KvEvent::TierStored { hash, medium, .. } => format!("+{hash}:{}", medium.name()),
+            KvEvent::TierRemoved { hash, medium } => format!("-{hash}:{}", medium.name()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // memory holds two, disk two. 0 and 1 go to memory, pushing 9 (stored before recording) to disk;
+    // 2 (unpublished, silent) pushes 0 to disk; 3 pushes 1 to disk, which pushes 9 off the end; 4
+    // pushes 2 to disk, which pushes 0 off the end
+    assert_eq!(
+        ev,
+        [
+            "+100:memory",
+            "+101:memory",
+            "+109:disk",
+            "-100:memory",
+            "+100:disk",
+            "+103:memory",
+            "-101:memory",
+            "-109:disk",
+            "+101:disk",
+            "+104:memory",
+            "-100:disk",
+        ]
+    );
     drop(t);
     let _ = std::fs::remove_dir_all(&dir);
 }

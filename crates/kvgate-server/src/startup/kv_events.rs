@@ -140,6 +140,7 @@ fn wire_events(events: &[KvEvent], block_size: usize) -> Vec<Wire<'static>> {
                 Some(Wire::BlockStored {
                     block_hashes,
                     token_ids,
+                    medium: "GPU",
                     ..
                 }),
             ) if parent.is_some() && block_hashes.last() == parent.as_ref() => {
@@ -156,15 +157,52 @@ fn wire_events(events: &[KvEvent], block_size: usize) -> Vec<Wire<'static>> {
                 lora_name: None,
                 extra_keys: None,
             }),
-            (KvEvent::Removed { hash }, Some(Wire::BlockRemoved { block_hashes, .. })) => block_hashes.push(*hash),
+            (
+                KvEvent::Removed { hash },
+                Some(Wire::BlockRemoved {
+                    block_hashes,
+                    medium: "GPU",
+                }),
+            ) => block_hashes.push(*hash),
             (KvEvent::Removed { hash }, _) => out.push(Wire::BlockRemoved {
                 block_hashes: vec![*hash],
                 medium: "GPU",
+            }),
+            // what this replica's tiers keep: host memory is vLLM's `CPU`, the spill file `DISK`
+            (
+                KvEvent::TierStored {
+                    hash,
+                    parent,
+                    tokens,
+                    medium,
+                },
+                _,
+            ) => out.push(Wire::BlockStored {
+                block_hashes: vec![*hash],
+                parent_block_hash: *parent,
+                token_ids: tokens.to_vec(),
+                block_size,
+                lora_id: None,
+                medium: medium_name(*medium),
+                lora_name: None,
+                extra_keys: None,
+            }),
+            (KvEvent::TierRemoved { hash, medium }, _) => out.push(Wire::BlockRemoved {
+                block_hashes: vec![*hash],
+                medium: medium_name(*medium),
             }),
             (KvEvent::AllCleared, _) => out.push(Wire::AllBlocksCleared {}),
         }
     }
     out
+}
+
+/// vLLM's name of a tier's medium.
+fn medium_name(m: kvgate_engine::tier::Medium) -> &'static str {
+    match m {
+        kvgate_engine::tier::Medium::Memory => "CPU",
+        kvgate_engine::tier::Medium::Disk => "DISK",
+    }
 }
 
 /// A batch's msgpack payload: `[ts, [events], 0]`.
@@ -289,6 +327,67 @@ mod tests {
             let e = KvEventsConfig::parse(bad).unwrap_err();
             assert!(e.contains(named), "{bad}: {e}");
         }
+    }
+
+    /// What the tiers keep is published with vLLM's medium names and never merged into the cache's
+    /// own stores or removals.
+    #[test]
+    fn tier_events_name_their_medium() {
+        use kvgate_engine::tier::Medium;
+        let batch = KvEventBatch {
+            seq: 1,
+            ts: 0.5,
+            events: vec![
+                KvEvent::Removed { hash: 4 },
+                KvEvent::TierStored {
+                    hash: 4,
+                    parent: Some(3),
+                    tokens: vec![7, 8].into(),
+                    medium: Medium::Memory,
+                },
+                KvEvent::Stored {
+                    hash: 5,
+                    parent: Some(4),
+                    tokens: vec![9, 9].into(),
+                },
+                KvEvent::TierRemoved {
+                    hash: 4,
+                    medium: Medium::Memory,
+                },
+                KvEvent::TierStored {
+                    hash: 4,
+                    parent: Some(3),
+                    tokens: vec![7, 8].into(),
+                    medium: Medium::Disk,
+                },
+                KvEvent::Removed { hash: 5 },
+            ],
+        };
+        let v: serde_json::Value = rmp_serde::from_slice(&encode(&batch, 2)).unwrap();
+        let ev = v[1].as_array().unwrap();
+        let summary: Vec<(String, String, serde_json::Value)> = ev
+            .iter()
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap().to_string(),
+                    e["medium"].as_str().unwrap().to_string(),
+                    e["block_hashes"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("BlockRemoved".into(), "GPU".into(), serde_json::json!([4])),
+                ("BlockStored".into(), "CPU".into(), serde_json::json!([4])),
+                ("BlockStored".into(), "GPU".into(), serde_json::json!([5])),
+                ("BlockRemoved".into(), "CPU".into(), serde_json::json!([4])),
+                ("BlockStored".into(), "DISK".into(), serde_json::json!([4])),
+                ("BlockRemoved".into(), "GPU".into(), serde_json::json!([5])),
+            ]
+        );
+        assert_eq!(ev[1]["parent_block_hash"], 3);
+        assert_eq!(ev[1]["token_ids"], serde_json::json!([7, 8]));
     }
 
     #[test]
