@@ -17,50 +17,18 @@
 //! `cargo bench --bench shared_tier` (~12 minutes on 2 cores; `SHARED_PARTS=two` only the second,
 //! `SHARED_ROUNDS` its alternating rounds, default 3).
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 mod common;
 
 use common::{post, start, start_model, Serve};
 use serde_json::{json, Value};
 
-struct Redis(Child, u16);
+#[path = "../tests/common/redis_server.rs"]
+mod redis_server;
 
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn redis() -> Redis {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server (scripts/setup-test-deps.sh installs it)");
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Redis(child, port)
+fn redis() -> redis_server::Redis {
+    redis_server::Redis::start(None, &[]).expect("redis-server (scripts/setup-test-deps.sh installs it)")
 }
 
 fn replica(shared: Option<&str>) -> Serve {
@@ -123,7 +91,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Part 1, one arm: (moved: cached share, median s; stayed: cached share, median s).
 fn killed(shared: bool, sessions: usize, tokens: usize) -> ((f64, f64), (f64, f64)) {
     let store = shared.then(redis);
-    let url = store.as_ref().map(|r| format!("redis://127.0.0.1:{}", r.1));
+    let url = store.as_ref().map(|r| r.url());
     let mut reps = [Some(replica(url.as_deref())), Some(replica(url.as_deref()))];
     let ports: Vec<u16> = reps.iter().map(|r| r.as_ref().unwrap().1).collect();
     let mut convs: Vec<Vec<Value>> = (0..sessions).map(|i| conversation(i, tokens)).collect();
@@ -155,7 +123,7 @@ fn killed(shared: bool, sessions: usize, tokens: usize) -> ((f64, f64), (f64, f6
 /// Part 2, one arm: (median time to the first token of warm follow-ups, decode tokens/s).
 fn no_loss(shared: bool) -> (f64, f64) {
     let store = shared.then(redis);
-    let url = store.as_ref().map(|r| format!("redis://127.0.0.1:{}", r.1));
+    let url = store.as_ref().map(|r| r.url());
     let rep = replica(url.as_deref());
     let (mut ttft, mut rates) = (vec![], vec![]);
     for i in 0..4 {

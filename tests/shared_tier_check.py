@@ -10,83 +10,28 @@ batch-invariant kernels, and nothing extra in the store); the replica is then ki
 router sends the third turn to the other one, which serves it with >= 80% of the prompt cached from
 the shared tier and the same greedy text; the survivor's kvgate:kv_shared_hits_total grew.
 """
-import json
 import os
+import random
 import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho "
-         "sigma tau upsilon phi chi psi omega").split()
-
-
-def post(url, path, body, headers=None):
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json", **(headers or {})})
-    with urllib.request.urlopen(req, timeout=300) as r:
-        assert r.status == 200, (path, r.status)
-        return json.loads(r.read())
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from replicas_check import WORDS, metrics, post, served, start_router, which  # noqa: E402
 
 
 def counter(url, name):
-    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
-        total = 0.0
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
-
-
-def served(url):
-    return counter(url, "kvgate:request_success_total")
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def start_router(router_bin, workers):
-    port = free_port()
-    cmd = [router_bin, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-           "--worker-urls", *workers, "--policy", "consistent_hash"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except Exception:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("vllm-router did not come up: " + proc.stdout.read().decode()[-3000:])
-
-
-def which(replicas, before):
-    for _ in range(100):
-        after = [served(u) for u in replicas]
-        moved = [i for i in range(len(replicas)) if after[i] > before[i]]
-        if moved:
-            break
-        time.sleep(0.05)
-    assert len(moved) == 1, f"one request, replicas that served: {moved}"
-    return moved[0], after
+    """The sum of a counter's series on this replica."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics(url).splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def main():
     router_bin, a, a_pid, b, b_pid = sys.argv[1:6]
     replicas, pids = [a, b], [int(a_pid), int(b_pid)]
-    proc, url = start_router(router_bin, replicas)
+    proc, url = start_router(router_bin, replicas, ["--policy", "consistent_hash"])
     try:
         h = {"X-Session-ID": "agent-session-shared"}
-        import random
         rnd = random.Random(7)
         system = "You are a coding agent. Project notes: " + " ".join(rnd.choice(WORDS) for _ in range(700))
         msgs = [{"role": "system", "content": system}, {"role": "user", "content": "List three risks."}]

@@ -7,19 +7,10 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use common::{run_python_check, Server};
 
-struct Redis(Child);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+#[path = "common/redis_server.rs"]
+mod redis_server;
 
 #[test]
 fn a_killed_replicas_session_is_served_warm_by_another() {
@@ -32,39 +23,11 @@ fn a_killed_replicas_session_is_served_warm_by_another() {
         router.is_file(),
         "{router:?}: scripts/setup-test-deps.sh installs vllm-router"
     );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let redis = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    let _redis = match redis {
-        Ok(c) => Redis(c),
-        Err(e) if std::env::var_os("KVGATE_REQUIRE_REDIS").is_none() => {
-            eprintln!("redis-server not found ({e}): the shared-tier replica check not run");
-            return;
-        }
-        Err(e) => panic!("redis-server is required (scripts/setup-test-deps.sh installs it): {e}"),
+    let Some(redis) = redis_server::Redis::start(None, &[]) else {
+        eprintln!("the shared-tier replica check not run");
+        return;
     };
-    let t0 = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let url = format!("redis://127.0.0.1:{port}");
+    let url = redis.url();
     let args = ["--threads", "1", "--kv-shared", &url];
     let (a, b) = (Server::start(&args), Server::start(&args));
     run_python_check(

@@ -328,8 +328,14 @@ impl KvManager {
         if !self.prefix_caching {
             return (vec![], 0);
         }
+        let (found, in_tier, _) = self.warm_walk(tokens, max_blocks.min(tokens.len() / self.block_size), salts);
+        (found, in_tier)
+    }
+
+    /// The hot pool's leading blocks of `tokens` (at most `max`) under `salts`, how many blocks past
+    /// them the local tier holds, and the chain key where that walk ended.
+    fn warm_walk(&self, tokens: &[u32], max: usize, salts: Salts) -> (Vec<BlockId>, usize, ChainKey) {
         let bs = self.block_size;
-        let max = max_blocks.min(tokens.len() / bs);
         let (found, mut exact) = self.hot_walk(tokens, max, salts);
         let mut chain = found
             .last()
@@ -349,7 +355,7 @@ impl KvManager {
                 in_tier += 1;
             }
         }
-        (found, in_tier)
+        (found, in_tier, chain)
     }
 
     /// The leading full blocks of `tokens` (at most `max`) past what the hot pool and the local tier
@@ -361,24 +367,8 @@ impl KvManager {
         }
         let bs = self.block_size;
         let max = max.min(tokens.len() / bs);
-        let (found, mut exact) = self.hot_walk(tokens, max, salts);
-        let mut chain = found
-            .last()
-            .and_then(|&b| self.pool.chain_of(b))
-            .unwrap_or(ChainKey::ROOT);
-        let mut i = found.len();
-        if let Some(t) = &self.tier {
-            while i < max {
-                let toks = &tokens[i * bs..(i + 1) * bs];
-                let hit = salts.candidates(exact).find_map(|(extra, is_exact)| {
-                    let key = chain.child(toks, extra);
-                    t.holds(key, chain, toks).then_some((key, is_exact))
-                });
-                let Some((key, is_exact)) = hit else { break };
-                (chain, exact) = (key, is_exact);
-                i += 1;
-            }
-        }
+        let (found, in_tier, mut chain) = self.warm_walk(tokens, max, salts);
+        let i = found.len() + in_tier;
         let mut out = Vec::with_capacity(max - i);
         for j in i..max {
             let toks = &tokens[j * bs..(j + 1) * bs];

@@ -8,8 +8,6 @@
 //!   served, with the same tokens, the store's trouble counted — and the engine writes again once it
 //!   is back.
 
-use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,78 +19,22 @@ use kvgate_engine::{
 use kvgate_kv::KvDtype;
 use kvgate_model::Tokenizer;
 
-/// A `redis-server` on a free port, killed when dropped.
-struct Redis {
-    child: Child,
-    port: u16,
+mod common;
+#[path = "../../../tests/common/redis_server.rs"]
+mod redis_server;
+
+use common::rt;
+
+use redis_server::Redis;
+
+/// A connection to `r`.
+fn conn(r: &Redis) -> redis::Connection {
+    redis::Client::open(r.url()).unwrap().get_connection().unwrap()
 }
 
-impl Redis {
-    /// Starts one (on `port`, or a free one); `None` when there is no redis-server here and the suite
-    /// does not require it.
-    fn start(port: Option<u16>) -> Option<Redis> {
-        Self::start_with(port, &[])
-    }
-
-    /// Like [`Redis::start`], with extra `redis-server` arguments.
-    fn start_with(port: Option<u16>, extra: &[&str]) -> Option<Redis> {
-        let port = port.unwrap_or_else(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        });
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) if std::env::var_os("KVGATE_REQUIRE_REDIS").is_none() => {
-                eprintln!("redis-server not found ({e}); skipping (scripts/setup-test-deps.sh installs it)");
-                return None;
-            }
-            Err(e) => panic!("redis-server is required (scripts/setup-test-deps.sh installs it): {e}"),
-        };
-        let t0 = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(Redis { child, port })
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url()).unwrap().get_connection().unwrap()
-    }
-
-    /// The keys of every block stored.
-    fn keys(&self) -> Vec<String> {
-        redis::cmd("KEYS").arg("kvgate:kv:*").query(&mut self.conn()).unwrap()
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The keys of every block stored in `r`.
+fn keys(r: &Redis) -> Vec<String> {
+    redis::cmd("KEYS").arg("kvgate:kv:*").query(&mut conn(r)).unwrap()
 }
 
 fn shared(url: &str) -> TierConfig {
@@ -170,13 +112,6 @@ async fn run(h: &EngineHandle, prompt: Vec<u32>, salt: Option<&str>) -> (Vec<(u3
     }
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// Waits until the engine has written at least `n` blocks behind.
 async fn stored(h: &EngineHandle, n: u64) -> u64 {
     let t0 = Instant::now();
@@ -191,7 +126,7 @@ async fn stored(h: &EngineHandle, n: u64) -> u64 {
 
 #[test]
 fn another_replica_serves_a_conversation_from_the_shared_tier() {
-    let Some(redis) = Redis::start(None) else { return };
+    let Some(redis) = Redis::start(None, &[]) else { return };
     rt().block_on(async {
         let (a, tok) = engine(shared(&redis.url()), KvDtype::F32);
         let prompt = conversation(&tok, 0);
@@ -200,7 +135,7 @@ fn another_replica_serves_a_conversation_from_the_shared_tier() {
         assert_eq!(cached, 0);
         // the prompt's and the output's full blocks, written behind
         assert!(stored(&a, full as u64).await >= full as u64);
-        assert!(redis.keys().len() >= full);
+        assert!(keys(&redis).len() >= full);
         // a cold replica: the whole prompt but its last token comes from the shared tier
         let (b, _) = engine(shared(&redis.url()), KvDtype::F32);
         let (again, cached) = run(&b, prompt.clone(), None).await;
@@ -223,7 +158,7 @@ fn another_replica_serves_a_conversation_from_the_shared_tier() {
 
 #[test]
 fn the_stores_trouble_never_fails_a_request() {
-    let Some(redis) = Redis::start(None) else { return };
+    let Some(redis) = Redis::start(None, &[]) else { return };
     rt().block_on(async {
         let (plain, tok) = engine(TierConfig::default(), KvDtype::F32);
         let prompts: Vec<Vec<u32>> = (0..3).map(|i| conversation(&tok, i)).collect();
@@ -232,7 +167,7 @@ fn the_stores_trouble_never_fails_a_request() {
             want.push(run(&plain, p.clone(), None).await.0);
         }
         // nothing listens: served, the errors counted
-        let nowhere = Redis::start(None).map(|r| r.url()).unwrap();
+        let nowhere = Redis::start(None, &[]).map(|r| r.url()).unwrap();
         let (e, _) = engine(shared(&nowhere), KvDtype::F32);
         assert_eq!(run(&e, prompts[0].clone(), None).await.0, want[0]);
         // fill the store, then answer garbage under every key: refused, recomputed, the same tokens
@@ -241,8 +176,8 @@ fn the_stores_trouble_never_fails_a_request() {
             assert_eq!(&run(&a, p.clone(), None).await.0, w);
         }
         stored(&a, 3 * 29).await;
-        let mut con = redis.conn();
-        for k in redis.keys() {
+        let mut con = conn(&redis);
+        for k in keys(&redis) {
             redis::cmd("SET")
                 .arg(&k)
                 .arg(b"not a block".as_slice())
@@ -285,10 +220,10 @@ fn the_stores_trouble_never_fails_a_request() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let back = Redis::start(Some(port)).unwrap();
+        let back = Redis::start(Some(port), &[]).unwrap();
         let t0 = Instant::now();
         let mut i = 10;
-        while back.keys().is_empty() {
+        while keys(&back).is_empty() {
             assert!(t0.elapsed() < Duration::from_secs(20), "the engine never wrote again");
             run(&f, conversation(&tok, i), None).await;
             i += 1;
@@ -302,10 +237,10 @@ fn the_stores_trouble_never_fails_a_request() {
 /// request waits at most about the timeout.
 #[test]
 fn a_full_or_slow_store_is_only_a_miss() {
-    let Some(full) = Redis::start_with(None, &["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]) else {
+    let Some(full) = Redis::start(None, &["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"]) else {
         return;
     };
-    let slow = Redis::start_with(None, &["--enable-debug-command", "yes"]).unwrap();
+    let slow = Redis::start(None, &["--enable-debug-command", "yes"]).unwrap();
     rt().block_on(async {
         let (plain, tok) = engine(TierConfig::default(), KvDtype::F32);
         let prompts: Vec<Vec<u32>> = (0..4).map(|i| conversation(&tok, 20 + i)).collect();
