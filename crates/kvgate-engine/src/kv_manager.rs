@@ -147,13 +147,6 @@ pub struct KvManager {
 }
 
 impl KvManager {
-    /// Whether newly registered blocks are written behind to a shared store.
-    fn shares(&self) -> bool {
-        self.tier.as_ref().is_some_and(|t| t.shared().is_some())
-    }
-}
-
-impl KvManager {
     /// A manager over `pool`.
     pub fn new(pool: BlockPool, block_size: usize, prefix_caching: bool) -> KvManager {
         KvManager {
@@ -164,6 +157,11 @@ impl KvManager {
             tier: None,
             ops: TierOps::default(),
         }
+    }
+
+    /// Whether newly registered blocks are written behind to a shared store.
+    fn shares(&self) -> bool {
+        self.tier.as_ref().is_some_and(|t| t.shared().is_some())
     }
 
     /// Puts a second tier behind the pool (returning the one there was).

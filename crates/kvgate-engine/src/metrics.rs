@@ -200,7 +200,6 @@ impl Recorder {
         }
     }
 
-    /// Gauges from the scheduler's state; counters by what changed since the last call.
     /// The shared store's counters (their growth since the last call).
     pub(crate) fn shared(&mut self, now: crate::tier::SharedStats) {
         if now == self.last_shared {
@@ -224,6 +223,7 @@ impl Recorder {
         metrics::gauge!(SHARED_FETCH_SECONDS, l).set(now.fetch_micros as f64 / 1e6);
     }
 
+    /// Gauges from the scheduler's state; counters by what changed since the last call.
     pub(crate) fn update(&mut self, s: &SchedulerStats) {
         let l = &self.label;
         metrics::gauge!(RUNNING, l).set(s.running as f64);

@@ -359,12 +359,7 @@ impl Sim {
                         done = true;
                         break;
                     }
-                    let next = if c.tree.is_empty() {
-                        (at < c.draft && tok == c.tokens[1 + at]).then_some(at + 1)
-                    } else {
-                        (1..=c.draft).find(|&r| c.tree[r - 1].parent == at && c.tokens[r] == tok)
-                    };
-                    match next {
+                    match c.next_row(at, tok) {
                         Some(r) => {
                             path.push(r);
                             at = r;

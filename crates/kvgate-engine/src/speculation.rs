@@ -297,20 +297,24 @@ pub(crate) fn propose(tokens: &[u32], cursor: Option<Cursor>, min_n: usize, max_
             return (&tokens[at..(at + k).min(len)], at);
         }
     }
-    for n in (min_n..=max_n).rev() {
-        if len <= n {
-            continue;
-        }
-        let pattern = &tokens[len - n..];
-        // occurrences that end before the suffix starts … and still have a token after them
-        for start in (0..len - n).rev() {
-            if tokens[start..start + n] == *pattern {
-                let from = start + n;
-                return (&tokens[from..(from + k).min(len)], from);
-            }
-        }
+    match occurrences(tokens, min_n, max_n).next() {
+        Some(from) => (&tokens[from..(from + k).min(len)], from),
+        None => (&[], len),
     }
-    (&[], len)
+}
+
+/// Where what followed each earlier occurrence of a suffix of `tokens` starts, for suffix lengths
+/// `max_n` down to `min_n` and, for each, the most recent occurrence first: occurrences that end before
+/// the suffix starts … and still have a token after them.
+fn occurrences(tokens: &[u32], min_n: usize, max_n: usize) -> impl Iterator<Item = usize> + '_ {
+    let len = tokens.len();
+    (min_n..=max_n).rev().filter(move |&n| len > n).flat_map(move |n| {
+        let pattern = &tokens[len - n..];
+        (0..len - n)
+            .rev()
+            .filter(move |&start| tokens[start..start + n] == *pattern)
+            .map(move |start| start + n)
+    })
 }
 
 /// Up to `want` proposals of up to `k` tokens after `tokens` for a token tree: [`propose`]'s first,
@@ -333,22 +337,12 @@ pub(crate) fn candidates(
     if want <= 1 {
         return out;
     }
-    for n in (min_n..=max_n).rev() {
-        if len <= n {
-            continue;
-        }
-        let pattern = &tokens[len - n..];
-        for start in (0..len - n).rev() {
-            if tokens[start..start + n] != *pattern {
-                continue;
-            }
-            let from = start + n;
-            let next = &tokens[from..(from + k).min(len)];
-            if !out.iter().any(|(p, _)| p.starts_with(next)) {
-                out.push((next, from));
-                if out.len() == want {
-                    return out;
-                }
+    for from in occurrences(tokens, min_n, max_n) {
+        let next = &tokens[from..(from + k).min(len)];
+        if !out.iter().any(|(p, _)| p.starts_with(next)) {
+            out.push((next, from));
+            if out.len() == want {
+                break;
             }
         }
     }

@@ -88,11 +88,7 @@ impl Tree {
 
     /// The row of `parent`'s child holding `tok`, if any.
     pub(crate) fn child(&self, parent: usize, tok: u32) -> Option<usize> {
-        self.nodes
-            .iter()
-            .zip(&self.tokens)
-            .position(|(n, &t)| n.parent == parent && t == tok)
-            .map(|i| i + 1)
+        child(&self.nodes, &self.tokens, parent, tok)
     }
 
     /// Whether it is more than one path (a single path runs as an ordinary proposal).
@@ -104,6 +100,16 @@ impl Tree {
     pub(crate) fn span(&self) -> usize {
         self.nodes.iter().map(|n| n.at).max().unwrap_or(0)
     }
+}
+
+/// The row (`1 + i` for node `i`, whose token is `tokens[i]`) of row `parent`'s child holding `tok`,
+/// if any (siblings never share a token).
+pub(crate) fn child(nodes: &[TreeNode], tokens: &[u32], parent: usize, tok: u32) -> Option<usize> {
+    nodes
+        .iter()
+        .zip(tokens)
+        .position(|(n, &t)| n.parent == parent && t == tok)
+        .map(|i| i + 1)
 }
 
 /// The slot offset of a chunk's row `i` from its first row: its node's in a tree, `i` otherwise.

@@ -6,7 +6,7 @@
 //! both caches.
 
 use kvgate_cpu::tiny::TinySpec;
-use kvgate_engine::{GenerateRequest, SamplingParams, SpecConfig, SpecMethod};
+use kvgate_engine::{GenerateRequest, SpecConfig, SpecMethod};
 
 mod common;
 
@@ -103,13 +103,7 @@ fn sampling_logprobs_choices_stops_and_penalties_see_the_same_stream() {
             }
             // seeded sampling draws the same tokens, seed by seed: the same distribution
             for seed in 0..16 {
-                let params = SamplingParams {
-                    temperature: 1.0,
-                    seed: Some(seed),
-                    max_tokens: 16,
-                    ignore_eos: true,
-                    ..Default::default()
-                };
+                let params = seeded(seed);
                 assert_eq!(
                     events(&h, &ps[0], params.clone()).await,
                     events(&base, &ps[0], params).await,

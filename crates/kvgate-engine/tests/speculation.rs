@@ -111,13 +111,7 @@ fn token_trees_keep_every_stream_exact() {
             assert_eq!(all_events(&h, short, params, true).await, want, "case {i}");
         }
         for seed in 0..12 {
-            let params = SamplingParams {
-                temperature: 1.0,
-                seed: Some(seed),
-                max_tokens: 16,
-                ignore_eos: true,
-                ..Default::default()
-            };
+            let params = seeded(seed);
             assert_eq!(
                 events(&h, &ps[seed as usize % ps.len()], params.clone()).await,
                 events(&base, &ps[seed as usize % ps.len()], params).await,
@@ -166,13 +160,7 @@ fn sampling_logprobs_choices_stops_and_penalties_see_the_same_stream() {
         }
         // every seed: seeded sampling draws the same tokens, so the distribution is the same one
         for seed in 0..24 {
-            let params = SamplingParams {
-                temperature: 1.0,
-                seed: Some(seed),
-                max_tokens: 16,
-                ignore_eos: true,
-                ..Default::default()
-            };
+            let params = seeded(seed);
             assert_eq!(
                 events(&h, &ps[0], params.clone()).await,
                 events(&base, &ps[0], params).await,

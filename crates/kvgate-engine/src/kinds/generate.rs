@@ -252,17 +252,9 @@ impl GenState {
         let mut out = Sampled::default();
         let mut path = vec![];
         let mut at = 0;
-        // the row holding the proposed token `tok` after row `at`
-        let next = |at: usize, tok: u32| -> Option<usize> {
-            if c.tree.is_empty() {
-                return (at < c.draft && c.tokens.get(1 + at) == Some(&tok)).then_some(at + 1);
-            }
-            let kids = c.tree.iter().enumerate().filter(|(_, n)| n.parent == at);
-            kids.map(|(j, _)| j + 1).find(|&r| c.tokens.get(r) == Some(&tok))
-        };
         while let Some(row) = rows.get(at * vocab..(at + 1) * vocab) {
             match self.sample_choice(cx, c.seq, row, stop_ids) {
-                Row::Continue(tok, forced) => match next(at, tok) {
+                Row::Continue(tok, forced) => match c.next_row(at, tok) {
                     Some(r) => {
                         path.push(r);
                         at = r;

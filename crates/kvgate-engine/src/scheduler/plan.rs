@@ -67,6 +67,16 @@ impl Chunk {
     pub fn slot_position(&self, i: usize) -> usize {
         self.start + crate::token_tree::offset(&self.tree, i)
     }
+
+    /// The row holding the proposed token `tok` right after row `at` (the next row of a single path,
+    /// a child in a token tree), if any: where a verification that sampled `tok` at row `at` goes on.
+    pub fn next_row(&self, at: usize, tok: u32) -> Option<usize> {
+        let proposed = self.tokens.get(1..).unwrap_or(&[]);
+        if self.tree.is_empty() {
+            return (at < self.draft && proposed.get(at) == Some(&tok)).then_some(at + 1);
+        }
+        crate::token_tree::child(&self.tree, proposed, at, tok)
+    }
 }
 
 /// A chunk while a pass is still deciding (filled into a [`Chunk`] at the end of the pass).

@@ -266,8 +266,7 @@ impl Scheduler {
     pub(crate) fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
         let (bs, max) = (self.cfg.block_size, self.spec().map_or(1, |c| c.num_speculative_tokens));
         let s = self.reg.seq_mut(seq)?;
-        let proposed = std::mem::take(&mut s.spec.draft).len();
-        let main = if s.spec.tree.is_empty() { proposed } else { s.spec.main };
+        let (proposed, main) = (std::mem::take(&mut s.spec.draft).len(), s.spec.main);
         s.spec.tree.clear();
         if accepted > proposed || s.computed + accepted > s.tokens.len() {
             return Err(SchedError::BadAccept {

@@ -197,12 +197,7 @@ mod trees {
                 while let Some(&tok) = all.get(at0 + path.len()) {
                     u.append(seq, tok);
                     emitted += 1;
-                    let next = if c.tree.is_empty() {
-                        (at < c.draft && c.tokens[1 + at] == tok).then_some(at + 1)
-                    } else {
-                        (1..=c.draft).find(|&r| c.tree[r - 1].parent == at && c.tokens[r] == tok)
-                    };
-                    match next {
+                    match c.next_row(at, tok) {
                         Some(r) => {
                             path.push(r);
                             at = r;

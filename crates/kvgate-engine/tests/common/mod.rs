@@ -94,6 +94,17 @@ pub fn engine(o: Opts) -> (EngineHandle, Arc<kvgate_model::Tokenizer>) {
     )
 }
 
+/// Sampling at temperature 1 with `seed`, 16 tokens: what "seeded draws are the same" compares.
+pub fn seeded(seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        seed: Some(seed),
+        max_tokens: 16,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
 pub fn greedy(max_tokens: usize) -> SamplingParams {
     SamplingParams {
         temperature: 0.0,
