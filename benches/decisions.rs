@@ -6,7 +6,8 @@
 //! (decision latency for 1, 8 and 32 questions, cold and warm); `DECISIONS_CHOICE=1` runs only the choice
 //! section, and stops after it; `DECISIONS_MODEL` (a GGUF path) serves that model instead. The choice
 //! section compares every read method's cost to a plain read over a warm state: rotations (`ordered`)
-//! and branches (`set`, tree attention), with and without calibration, for 3, 6, 8 and 26 options.
+//! and branches (`set`, tree attention), with and without calibration, for 3, 6, 8 and 26 options
+//! (`DECISIONS_OPTIONS=6,26` some of them; `DECISIONS_DEFAULT_ONLY=1` only plain and the default read).
 
 use std::time::Instant;
 
@@ -98,7 +99,14 @@ fn main() {
     // each one more forked read of the question), on a warm state: what order-invariance costs. And
     // calibrated on top: its content-free prior read alongside (a question shape never seen), or taken
     // from the prior cache (the question asked before over another state, as an agent loop does).
-    for n in [3usize, 6, 8, 26] {
+    // DECISIONS_OPTIONS=6,26: only those option counts; DECISIONS_DEFAULT_ONLY=1: only plain and the
+    // default read (new shape, asked before), for a model whose all-rotation reads take long
+    let counts: Vec<usize> = std::env::var("DECISIONS_OPTIONS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![3, 6, 8, 26]);
+    let default_only = std::env::var_os("DECISIONS_DEFAULT_ONLY").is_some();
+    for n in counts {
         let criteria: serde_json::Map<String, Value> = (0..n)
             .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
             .collect();
@@ -119,6 +127,10 @@ fn main() {
             ("set+calibrated", 0, true),
         ];
         for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
+            if default_only && ![0, 6, 7].contains(&mi) {
+                cost.push(f64::NAN);
+                continue;
+            }
             // a new question each time over the same (warm) state: the question's tokens are computed
             let req = |rep: usize, state: &str| {
                 let mut r = json!({"state": state, "x_read": read, "cache_salt": format!("choice{n}"),
@@ -155,6 +167,9 @@ fn main() {
             "set+calibrated, question asked before",
         ];
         for (i, name) in names.iter().enumerate() {
+            if cost[i].is_nan() {
+                continue;
+            }
             rows.push((
                 format!("choice of {n}, warm ~2,000-token state: {name}"),
                 format!("{:.3} s ({:.2}x plain)", cost[i], cost[i] / cost[0]),
