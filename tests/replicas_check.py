@@ -89,7 +89,17 @@ def which(replicas, before):
         if moved:
             break
         time.sleep(0.05)
-    assert len(moved) == 1, f"one request, replicas that served: {moved}"
+    # A decision's counters move twice (submitted, then ended just after its answer): had the next call
+    # started before the second, it would see it as that request's, on this replica, beside the one
+    # that served it (seen: "[0, 1]" at a session's first request). Wait until they stop moving.
+    for _ in range(50):
+        time.sleep(0.1)
+        again = [served(u) for u in replicas]
+        if again == after:
+            break
+        after = again
+    moved = [i for i in range(len(replicas)) if after[i] > before[i]]
+    assert len(moved) == 1, f"one request, replicas that served: {moved} ({before} -> {after})"
     return moved[0], after
 
 
