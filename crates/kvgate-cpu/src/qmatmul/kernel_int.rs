@@ -55,6 +55,9 @@ pub(super) fn run_int(
         Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
+        Path::Avx2 if *AVX_VNNI => unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
         _ => {
             let _ = hd; // the scalar kernel reads the records' own heads
@@ -63,7 +66,7 @@ pub(super) fn run_int(
     }
 }
 
-/// [`run_int`] on every SIMD kernel this machine has (AVX2, AVX-512, AVX-512 VNNI in 512-bit registers), each by name: the
+/// [`run_int`] on every SIMD kernel this machine has (AVX2, AVX2 with AVX-VNNI, AVX-512, AVX-512 VNNI in 512-bit registers), each by name: the
 /// tests hold each to the scalar kernel's bits, whichever one this machine's calls take.
 #[cfg(test)]
 pub(super) fn run_int_each(
@@ -92,6 +95,12 @@ pub(super) fn run_int_each(
             // what `run_int` accepts).
             unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
             out.push(("avx2", y));
+            if has!("avxvnni") {
+                let mut y = zero();
+                // SAFETY: as above, and AVX-VNNI detected.
+                unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
+                out.push(("avx2 vnni", y));
+            }
         }
         if has!("avx512f") && has!("avx512vl") {
             let mut y = zero();
@@ -134,7 +143,7 @@ pub(super) fn scalar_int(w: &QMatrix, p0: usize, q: &QuantRows, r0: usize, xs: &
 
 /// One SIMD implementation, compiled for the target features given.
 macro_rules! simd_int {
-    ($name:ident, $features:literal, $max_rows:literal) => {
+    ($name:ident, $features:literal, $max_rows:literal, $vnni:literal) => {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use std::arch::x86_64::*;
@@ -278,6 +287,13 @@ macro_rules! simd_int {
                                 let xl = _mm256_set1_epi32((xp as *const i32).read_unaligned());
                                 let xh = _mm256_set1_epi32((xp.add(4) as *const i32).read_unaligned());
                                 for v in 0..V {
+                                    if $vnni && q4 {
+                                        // AVX-VNNI: the four products of a lane summed into 32 bits in
+                                        // one instruction, no 16-bit stage to widen at the block's end
+                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], lo[v], xl);
+                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], hi[v], xh);
+                                        continue;
+                                    }
                                     let t = _mm256_add_epi16(
                                         _mm256_maddubs_epi16(lo[v], xl),
                                         _mm256_maddubs_epi16(hi[v], xh),
@@ -308,6 +324,8 @@ macro_rules! simd_int {
                             for v in 0..V {
                                 acc[r][v] = if q5 {
                                     wide[r][v]
+                                } else if $vnni {
+                                    acc[r][v]
                                 } else {
                                     _mm256_madd_epi16(acc[r][v], ones)
                                 };
@@ -362,8 +380,18 @@ macro_rules! simd_int {
     };
 }
 
-simd_int!(avx2, "avx2,fma,f16c", 4);
-simd_int!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8);
+simd_int!(avx2, "avx2,fma,f16c", 4, false);
+simd_int!(avx2_vnni, "avx2,fma,f16c,avxvnni", 4, true);
+simd_int!(avx512, "avx512f,avx512vl,avx2,fma,f16c", 8, false);
+
+/// Whether the AVX2 path takes `avx2_vnni` (hosts with AVX-VNNI but no AVX-512, such as Intel's client
+/// cores since Alder Lake): the 4-bit kernel's `vpmaddubsw` + two 16-bit adds per chunk and the block's
+/// widening become two `vpdpbusd`, the same integer sums. `KVGATE_NO_VNNI` turns it off (as it does the
+/// 512-bit VNNI kernel), which is how an AVX2 host without VNNI is measured on one with it.
+#[cfg(target_arch = "x86_64")]
+static AVX_VNNI: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
+    std::env::var_os("KVGATE_NO_VNNI").is_none() && std::arch::is_x86_feature_detected!("avxvnni")
+});
 
 /// Whether this machine's AVX-512 path takes the VNNI kernel (`kernel_zmm`: 512-bit registers,
 /// `vpdpbusd`/`vpdpwssd`, the same integer sums; detected once, `KVGATE_NO_VNNI` turns it off).
