@@ -151,28 +151,6 @@ macro_rules! simd_int {
             use super::super::kernel::Acc;
             use super::super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
-            /// `acc + Σ` of the 16-bit products of `a` and `b` pairwise per 32-bit lane (AVX-VNNI
-            /// `vpdpwssd`, VEX-encoded: the same sums as `vpmaddwd` + `vpaddd`). An asm block, as in
-            /// `kernel_zmm`: LLVM splits the intrinsic back into those two. Only the VNNI instantiation
-            /// calls it (its functions enable `avxvnni` and no AVX-512, so the registers are ymm0–15).
-            #[allow(dead_code)]
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn vex_dpwssd(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-                let mut acc = acc;
-                // SAFETY: registers only; the instantiation that calls it runs on AVX-VNNI hosts.
-                unsafe {
-                    std::arch::asm!(
-                        "{{vex}} vpdpwssd {acc}, {a}, {b}",
-                        acc = inout(ymm_reg) acc,
-                        a = in(ymm_reg) a,
-                        b = in(ymm_reg) b,
-                        options(pure, nomem, nostack, preserves_flags)
-                    )
-                };
-                acc
-            }
-
             /// SAFETY (caller): the features are available; `q8` (4-bit weights) or `q16` (8-bit) holds
             /// `rr` rows of `k`, `sx` `rr` rows of `k / 32`, `xs` `rr` rows of `nb`, and panels
             /// `p0 .. p0 + TILE_PANELS` exist (checked in `run_int`).
@@ -373,8 +351,8 @@ macro_rules! simd_int {
                                 let x23 = _mm256_set1_epi32((xp.add(2) as *const i32).read_unaligned());
                                 for v in 0..V {
                                     if $vnni {
-                                        acc[r][v] = vex_dpwssd(acc[r][v], w01[v], x01);
-                                        acc[r][v] = vex_dpwssd(acc[r][v], w23[v], x23);
+                                        acc[r][v] = dpwssd!("{{vex}} ", ymm_reg, acc[r][v], w01[v], x01);
+                                        acc[r][v] = dpwssd!("{{vex}} ", ymm_reg, acc[r][v], w23[v], x23);
                                         continue;
                                     }
                                     let t = _mm256_add_epi32(

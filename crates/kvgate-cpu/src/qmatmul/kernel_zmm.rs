@@ -18,30 +18,6 @@ use super::{QKind, QMatrix, P, QK, TILE_PANELS};
 // A tile's four panels are two registers of sixteen columns.
 const _: () = assert!(TILE_PANELS == 4 && P == 8);
 
-/// `vpdpwssd acc, a, b` as one instruction. Written with the intrinsic, LLVM's machine combiner split
-/// most of them into `vpmaddwd` + `vpaddd` (a shorter chain per accumulator, for a kernel whose
-/// accumulators are already independent): twice the vector ops in the 8- and 6-bit kernels, which
-/// prefill and batched decode are bound by (objdump of `serve`: 363 `vpmaddwd` and 33 `vpdpwssd` in
-/// one instantiation). The asm block is opaque to that pass; the sums are the same integers.
-macro_rules! dpwssd {
-    ($acc:expr, $a:expr, $b:expr) => {{
-        let mut acc: __m512i = $acc;
-        let (a, b): (__m512i, __m512i) = ($a, $b);
-        // SAFETY: `vpdpwssd` on registers only (AVX-512 VNNI, enabled in every function of this
-        // kernel); no memory, stack or flags touched.
-        unsafe {
-            std::arch::asm!(
-                "vpdpwssd {acc}, {a}, {b}",
-                acc = inout(zmm_reg) acc,
-                a = in(zmm_reg) a,
-                b = in(zmm_reg) b,
-                options(pure, nomem, nostack, preserves_flags)
-            )
-        };
-        acc
-    }};
-}
-
 /// The target features this kernel needs (all detected by the caller).
 pub(super) fn available() -> bool {
     use std::arch::is_x86_feature_detected as has;
@@ -195,8 +171,8 @@ unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
                         )
                     };
                     for h in 0..2 {
-                        a[h] = dpwssd!(a[h], w01[h], x01);
-                        a[h] = dpwssd!(a[h], w23[h], x23);
+                        a[h] = dpwssd!("", zmm_reg, a[h], w01[h], x01);
+                        a[h] = dpwssd!("", zmm_reg, a[h], w23[h], x23);
                     }
                 }
             }
