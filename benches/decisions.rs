@@ -128,7 +128,7 @@ fn main() {
         ];
         for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
             if default_only && ![0, 6, 7].contains(&mi) {
-                cost.push(f64::NAN);
+                cost.push(None);
                 continue;
             }
             // a new question each time over the same (warm) state: the question's tokens are computed
@@ -151,7 +151,7 @@ fn main() {
                 post(port, "/v1/systemone", &req(rep, &state));
                 warm.push(t0.elapsed().as_secs_f64());
             }
-            cost.push(median(warm));
+            cost.push(Some(median(warm)));
         }
         let names = [
             "plain",
@@ -166,13 +166,13 @@ fn main() {
             "set+calibrated, new question shape",
             "set+calibrated, question asked before",
         ];
-        for (i, name) in names.iter().enumerate() {
-            if cost[i].is_nan() {
-                continue;
-            }
+        // plain always runs
+        let plain = cost[0].unwrap_or(f64::NAN);
+        for (name, c) in names.iter().zip(&cost) {
+            let Some(c) = c else { continue };
             rows.push((
                 format!("choice of {n}, warm ~2,000-token state: {name}"),
-                format!("{:.3} s ({:.2}x plain)", cost[i], cost[i] / cost[0]),
+                format!("{c:.3} s ({:.2}x plain)", c / plain),
             ));
         }
     }

@@ -168,16 +168,21 @@ fn spill_file_survives_a_restart_and_never_serves_a_bad_record() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn memory_pushes_its_oldest_records_to_disk() {
-    let dir = temp_dir("demote");
+/// A tier of two records in memory over two on disk in `dir`.
+fn two_and_two(dir: &std::path::Path) -> SecondTier {
     let cfg = TierConfig {
         memory_bytes: 2 * BYTES as u64,
-        dir: Some(dir.clone()),
+        dir: Some(dir.to_path_buf()),
         disk_bytes: 2 * spill_slot(),
         shared: None,
     };
-    let mut t = SecondTier::open(&cfg, BS, BYTES, 1).unwrap();
+    SecondTier::open(&cfg, BS, BYTES, 1).unwrap()
+}
+
+#[test]
+fn memory_pushes_its_oldest_records_to_disk() {
+    let dir = temp_dir("demote");
+    let mut t = two_and_two(&dir);
     for i in 0..5 {
         let (m, b) = record(i);
         t.store(m, b);
@@ -210,13 +215,7 @@ fn memory_pushes_its_oldest_records_to_disk() {
 fn what_the_tiers_keep_is_published_with_its_medium() {
     use crate::kv_events::KvEvent;
     let dir = temp_dir("events");
-    let cfg = TierConfig {
-        memory_bytes: 2 * BYTES as u64,
-        dir: Some(dir.clone()),
-        disk_bytes: 2 * spill_slot(),
-        shared: None,
-    };
-    let mut t = SecondTier::open(&cfg, BS, BYTES, 1).unwrap();
+    let mut t = two_and_two(&dir);
     let published = |i: u32| {
         let (mut m, b) = record(i);
         m.published = Some(crate::tier::Published {
