@@ -204,3 +204,66 @@ fn loading_returns_the_files_tensors_as_stored() {
     );
     eprintln!("default model: {bytes} of {file} bytes are tensors, formats {formats:?}");
 }
+
+/// A head cut to the vocabulary's first ids (a draft model's, `draft_vocab`) scores exactly those
+/// ids as the whole head does, bit for bit, on the exact and the 8-bit path — for a tied head (the
+/// default model's is its embedding) and a separate one (Qwen2.5-Coder-0.5B's, 8-bit) — and an id
+/// past the cut is refused, not read out of bounds.
+#[test]
+fn a_head_cut_to_the_first_ids_scores_them_as_the_whole_head() {
+    use kvgate_cpu::{prepare, Batch, CpuBackend, CpuCache, CpuLayout, CpuSettings, Output, Precision, Want};
+    use kvgate_engine::Backend;
+    let mut paths = vec![common::default_model()];
+    if let Some(p) = common::test_models_dir()
+        .map(|d| d.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
+        .filter(|p| p.is_file())
+    {
+        paths.push(p);
+    }
+    let opts = LoadOptions {
+        max_model_len: Some(256),
+        int8_activations: true,
+        f32_weights: false,
+    };
+    let cut = 4096;
+    for path in paths {
+        let whole = kvgate_model::load_unprepared(&path, &opts).unwrap().model;
+        let mut head = whole.clone();
+        head.weights.keep_head_rows(cut).unwrap();
+        let open = |m| {
+            let layout = CpuLayout {
+                five_bit: true,
+                f32_weights: false,
+            };
+            let cache = CpuCache {
+                num_blocks: 8,
+                settings: CpuSettings { int8_activations: true },
+                ..Default::default()
+            };
+            CpuBackend::with_cache(prepare::model(m, layout).unwrap(), cache).unwrap()
+        };
+        let (mut full, mut part) = (open(whole), open(head));
+        for precision in [Precision::Exact, Precision::Fast] {
+            let mut b = Batch::default();
+            for p in 0..10u32 {
+                b.tokens.push(100 + 37 * p);
+                b.positions.push(p);
+                b.slots.push(p as usize);
+                b.seq_of_row.push(0);
+            }
+            b.tables.push(vec![0]);
+            b.outputs.push(Output {
+                row: 9,
+                want: Want::Logits,
+            });
+            b.precision = vec![precision];
+            let (a, c) = (full.forward(&b).unwrap(), part.forward(&b).unwrap());
+            assert_eq!(c.vocab, cut);
+            assert_eq!(c.logits, a.logits[..cut], "{}: {precision:?}", path.display());
+            b.outputs[0].want = Want::Logprobs(vec![cut as u32]);
+            let err = part.forward(&b).unwrap_err().to_string();
+            assert!(err.contains(&format!("{cut}")), "{err}");
+        }
+        eprintln!("{}: the first {cut} ids as the whole head", path.display());
+    }
+}

@@ -6,8 +6,8 @@
 //! memory when asked for the default.
 
 use kvgate_backend::{
-    check_batch, Backend, BackendError, Batch, BlockCopy, CalibrationReport, Capacity, Device, KvCalibration, KvMemory,
-    KvStats, SlotCopy, StepOutput, TreeGrain,
+    check_batch, Backend, BackendError, Batch, BatchError, BlockCopy, CalibrationReport, Capacity, Device,
+    KvCalibration, KvMemory, KvStats, SlotCopy, StepOutput, TreeGrain, Want,
 };
 use kvgate_kv::{CacheShape, CpuAttention, KvCache, KvDtype, KvQuant, Which};
 
@@ -144,7 +144,23 @@ impl CpuBackend {
             self.cache.shape().block_size(),
             self.model.config().vocab_size,
             self.attention_span(),
-        )
+        )?;
+        // a head cut to the first ids (a draft's) scores only those
+        let head = self.head_rows();
+        for o in &b.outputs {
+            if let Want::Logprobs(ids) = &o.want {
+                if let Some(&token) = ids.iter().find(|&&t| t as usize >= head) {
+                    return Err(BatchError::Token { token, vocab: head }.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Token ids the output projection scores: the vocabulary, or its first ids where the head was
+    /// cut ([`kvgate_model::StoredWeights::keep_head_rows`]).
+    fn head_rows(&self) -> usize {
+        self.model.weights().lm_head.out_dim()
     }
 
     /// Runs `batch` on scratch f32 storage (the cache untouched) and reports the per-layer amax of K
@@ -300,7 +316,7 @@ impl Backend for CpuBackend {
         Ok(StepOutput::from_rows(
             batch,
             out.logits,
-            c.vocab_size,
+            self.head_rows(),
             out.hidden,
             c.hidden_size,
         ))

@@ -128,9 +128,6 @@ pub(crate) struct SeqSpec {
     pub(crate) len: usize,
     /// How much of its proposals it keeps lately (whether it speculates past `max_batch`).
     pub(crate) keep: crate::speculation::Keep,
-    /// Decode steps it sits out before the draft model proposes for it again, and how many it sat
-    /// out last time (see [`crate::scheduler`]'s `set_drafted`).
-    pub(crate) rest: (u8, u8),
     /// When its current proposal is a token tree ([`crate::token_tree`]): one node per token of
     /// `draft`, and per node where in its tokens that proposal was copied from; empty for one path.
     pub(crate) tree: Vec<crate::token_tree::TreeNode>,
@@ -150,7 +147,6 @@ impl Default for SeqSpec {
             cursor: None,
             len: 1,
             keep: crate::speculation::Keep::default(),
-            rest: (0, 0),
             tree: Vec::new(),
             sources: Vec::new(),
             main: 0,

@@ -118,6 +118,32 @@ impl GgufTensor {
         }
     }
 
+    /// The matrix's first `n` rows (the same bytes, in place: a view of a mapped tensor, a copy of an
+    /// owned one's); an error when it has fewer rows or is not a matrix.
+    pub fn first_rows(&self, n: usize) -> Result<GgufTensor> {
+        let (rows, cols) = self.dims2()?;
+        if n > rows {
+            return Err(ModelError::Invalid(format!(
+                "the first {n} rows of a tensor of {rows} rows"
+            )));
+        }
+        let len = byte_len(self.dtype, n * cols)
+            .ok_or_else(|| ModelError::Invalid(format!("rows of {cols} are not whole {:?} blocks", self.dtype)))?;
+        let bytes = match &self.bytes {
+            Bytes::Mapped { map, at, .. } => Bytes::Mapped {
+                map: map.clone(),
+                at: *at,
+                len,
+            },
+            Bytes::Owned(b) => Bytes::Owned(b[..len].into()),
+        };
+        Ok(GgufTensor {
+            dtype: self.dtype,
+            dims: vec![n, cols],
+            bytes,
+        })
+    }
+
     /// Bytes as stored.
     pub fn storage_size_in_bytes(&self) -> usize {
         self.data().len()
@@ -259,6 +285,10 @@ mod tests {
             assert!(g.row_into(n, &mut rows).is_err(), "{dtype:?}: a row past the end");
             let back = g.qtensor().unwrap();
             assert_eq!(back.data().unwrap(), q.data().unwrap(), "{dtype:?}: as candle's");
+            let head = g.first_rows(3).unwrap();
+            assert_eq!(head.dims2().unwrap(), (3, k));
+            assert_eq!(head.dequantize().unwrap(), want[..3 * k], "{dtype:?}: the first rows");
+            assert!(g.first_rows(n + 1).is_err(), "{dtype:?}: more rows than it has");
         }
     }
 }

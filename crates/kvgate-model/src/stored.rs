@@ -48,6 +48,14 @@ impl StoredTensor {
         }
     }
 
+    /// The matrix's first `n` rows.
+    pub fn first_rows(&self, n: usize) -> Result<StoredTensor> {
+        Ok(match self {
+            StoredTensor::Gguf(q) => StoredTensor::Gguf(Arc::new(q.first_rows(n)?)),
+            StoredTensor::Dense(t) => StoredTensor::Dense(t.narrow(0, 0, n)?),
+        })
+    }
+
     /// Every element as f32, row-major (an embedding table for the CPU's row lookups).
     pub fn f32_rows(&self) -> Result<Vec<f32>> {
         Ok(match self {
@@ -131,6 +139,25 @@ impl StoredWeights {
                         .sum::<usize>()
                 })
                 .sum::<usize>()
+    }
+
+    /// Keeps the output projection's first `n` rows (a tied projection becomes the embedding's first
+    /// rows, the embedding itself whole): the model then scores only token ids `0..n` — a draft
+    /// model's head over a tokenizer's most frequent ids (FR-Spec's idea; BPE vocabularies list their
+    /// merges in training order). `n` at or past the vocabulary keeps the head as it is.
+    pub fn keep_head_rows(&mut self, n: usize) -> Result<()> {
+        let head = self.lm_head.as_ref().map_or(&self.embed, |l| &l.weight);
+        if n >= head.dims()?.0 {
+            return Ok(());
+        }
+        let weight = head.first_rows(n)?;
+        let bias = self
+            .lm_head
+            .as_ref()
+            .and_then(|l| l.bias.as_ref())
+            .map(|b| b[..n].to_vec());
+        self.lm_head = Some(StoredLinear { weight, bias });
+        Ok(())
     }
 }
 

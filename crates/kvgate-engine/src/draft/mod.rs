@@ -13,10 +13,12 @@
 //! Proposals are the draft's argmax tokens: a deterministic proposal, for which "sample from the
 //! target, keep the proposal while they agree" (the verifier, [`crate::kinds`]) is the standard
 //! rejection rule with a one-hot draft distribution, so what a sequence emits is what decoding without
-//! speculation emits (greedy: token for token; sampled: the same distribution). A proposal ends at the
-//! first token the draft itself gives less than `draft_p_min` (its softmax probability): a token the
-//! draft doubts is likely rejected, and each costs a draft pass. A draft that cannot propose (its pool
-//! full, its backend failing) proposes nothing; it never fails a request.
+//! speculation emits (greedy: token for token; sampled: the same distribution). A proposal ends where
+//! the draft's own probability of all of it — the product of its tokens' softmax probabilities —
+//! would fall below `draft_p_min`: each further token costs a draft pass and a verified row, and pays
+//! only when the whole proposal up to it is kept (the chance of that is what the product estimates).
+//! A draft that cannot propose (its pool full, its backend failing) proposes nothing; it never fails a
+//! request.
 //!
 //! The draft reads a sequence from a start fixed when it first sees it: the end of its prompt, its
 //! window ([`speculation::draft_start`]), at positions from 0 — so a long prompt costs the draft a
@@ -97,6 +99,8 @@ struct Job<'a> {
     /// Whether it was asked for a proposal (a decode step), even if it proposes nothing.
     asked: bool,
     proposal: Vec<u32>,
+    /// The draft's probability of the proposal so far.
+    sure: f32,
 }
 
 impl Drafter {
@@ -247,6 +251,7 @@ impl Drafter {
             k,
             asked: k > 0,
             proposal: Vec::with_capacity(k),
+            sure: 1.0,
         })
     }
 
@@ -333,12 +338,18 @@ impl Drafter {
     }
 
     /// Appends the argmax of `row` to the job's proposal, unless it is outside the target's
-    /// vocabulary or the draft gives it less than `p_min` (then the proposal ends there).
+    /// vocabulary or the proposal with it is less sure than `p_min` (then the proposal ends there).
     fn push_proposal(&mut self, job: &mut Job<'_>, row: &[f32]) {
         let best = argmax(row);
-        let doubted = self.p_min > 0.0 && top_probability(row, best) < self.p_min;
+        let sure = if self.p_min > 0.0 {
+            job.sure * top_probability(row, best)
+        } else {
+            1.0
+        };
+        let doubted = sure < self.p_min;
         if (best as usize) < self.target_vocab && !doubted {
             job.proposal.push(best);
+            job.sure = sure;
         } else {
             // shorter than asked: it is not fed again
             self.stats.doubted += u64::from(doubted);

@@ -161,19 +161,19 @@ fn a_short_prompt_is_read_after_the_first_token() {
 /// never computed, and the first proposal is a fresh drafter's over the window's tokens alone.
 #[test]
 fn a_long_prompt_costs_the_draft_its_window() {
-    let tokens: Vec<u32> = (0..300).map(|i| (i * 53 % 300) as u32).collect();
+    let tokens: Vec<u32> = (0..400).map(|i| (i * 53 % 300) as u32).collect();
     let window = (1024, crate::speculation::DRAFT_PROMPT_SHARE);
     let start = crate::speculation::draft_start(tokens.len(), window.0, window.1);
-    assert_eq!(start, 300 - 90);
+    assert_eq!(start, 400 - 80, "a fifth of the prompt");
     let mut d = drafter_with(128, 0.0, window);
-    for upto in (16..300).step_by(16).chain([299]) {
+    for upto in (16..400).step_by(16).chain([399]) {
         let a = DraftAsk {
             upto,
             ..ask(1, &tokens, 0, "")
         };
         assert!(d.propose(&[a]).unwrap().is_empty());
     }
-    assert_eq!(d.stats().rows as usize, 299 - start, "only the window's rows");
+    assert_eq!(d.stats().rows as usize, 399 - start, "only the window's rows");
     let got = d.propose(&[ask(1, &tokens, 3, "")]).unwrap();
     let fresh = drafter(128).propose(&[ask(2, &tokens[start..], 3, "")]).unwrap();
     assert_eq!(got, vec![(SeqId::test(1), fresh[0].1.clone())]);
@@ -197,4 +197,65 @@ fn a_proposal_ends_where_the_draft_doubts_it() {
         let p = got.first().map_or(&[][..], |(_, p)| p.as_slice());
         assert_eq!(p, &full[0].1[..p.len()], "p_min {p_min}");
     }
+}
+
+/// A proposal is as long as the draft's probability of all of it stays at `draft_p_min` or above:
+/// the product of its tokens' probabilities (each computed here by the same model, fresh), not
+/// each token's alone.
+#[test]
+fn a_proposal_ends_where_the_product_of_its_probabilities_falls_below_p_min() {
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 29 % 300) as u32).collect();
+    let full = drafter(64).propose(&[ask(1, &tokens, 6, "")]).unwrap()[0].1.clone();
+    assert_eq!(full.len(), 6);
+    // each proposed token's probability, from a fresh pass of the tiny model over what precedes it
+    let m = tiny_model(TinySpec::default()).unwrap();
+    let cache = CpuCache {
+        block_size: 4,
+        num_blocks: 64,
+        ..Default::default()
+    };
+    let mut be = CpuBackend::with_cache(m.model, cache).unwrap();
+    let probs: Vec<f32> = (0..full.len())
+        .map(|j| {
+            let seq: Vec<u32> = tokens.iter().chain(&full[..j]).copied().collect();
+            let mut b = Batch::default();
+            for (p, &t) in seq.iter().enumerate() {
+                b.tokens.push(t);
+                b.positions.push(p as u32);
+                b.slots.push(p);
+                b.seq_of_row.push(0);
+            }
+            b.tables.push((0..seq.len().div_ceil(4) as u32).collect());
+            b.outputs.push(Output {
+                row: seq.len() - 1,
+                want: Want::Logits,
+            });
+            let out = be.forward(&b).unwrap();
+            assert_eq!(argmax(&out.logits), full[j], "the proposal is the greedy continuation");
+            top_probability(&out.logits, full[j])
+        })
+        .collect();
+    let products: Vec<f32> = probs
+        .iter()
+        .scan(1.0f32, |acc, &p| {
+            *acc *= p;
+            Some(*acc)
+        })
+        .collect();
+    // a cut-off just under the product after 1, 2 … tokens keeps exactly that many, even where the
+    // next token alone is above it
+    for n in 1..full.len() {
+        let p_min = products[n - 1] * 0.999;
+        if products[n] >= p_min {
+            continue; // (a certain next token: the same product)
+        }
+        let got = drafter_with(64, p_min, (usize::MAX, 10))
+            .propose(&[ask(1, &tokens, 6, "")])
+            .unwrap();
+        assert_eq!(got[0].1, full[..n], "p_min {p_min}, token probabilities {probs:?}");
+    }
+    assert!(
+        probs.iter().any(|&p| p < 0.999),
+        "the tiny model is unsure of some token: {probs:?}"
+    );
 }

@@ -154,10 +154,13 @@ where
         .map(speculative::parse)
         .transpose()
         .map_err(StartError::Speculative)?;
-    let draft = match speculation.as_ref().and_then(|s| s.draft_model.as_deref()) {
-        Some(p) => {
-            Some(speculative::open_draft(p, &spec, &loaded.tokenizer, num_blocks).map_err(StartError::Speculative)?)
-        }
+    let draft = match speculation
+        .as_ref()
+        .and_then(|s| Some((s.draft_model.as_deref()?, s.draft_vocab)))
+    {
+        Some((p, vocab)) => Some(
+            speculative::open_draft(p, &spec, &loaded.tokenizer, num_blocks, vocab).map_err(StartError::Speculative)?,
+        ),
         None => None,
     };
     let tokenizer = Arc::new(loaded.tokenizer);
