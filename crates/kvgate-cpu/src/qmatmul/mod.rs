@@ -88,6 +88,14 @@ pub const P: usize = 8;
 /// Panels per parallel task (32 output columns); the panel count is padded to a multiple of it.
 pub(crate) const TILE_PANELS: usize = 4;
 
+/// Kernel row groups (8 rows on AVX-512, 4 on AVX2) past which a call prepares its tiles for prefill
+/// (K-quant factors multiplied out, 6-bit tiles widened to 8 bits) before its kernels run: below it
+/// the preparation costs more than it saves, and each group's kernel expands what it reads itself.
+/// Measured (Qwen2.5-Coder-1.5B, one forward pass, 2 cores, prepared from 9 rows as before → from
+/// past this): AVX-512 9 rows 164 → 88 ms, 16 rows 197 → 122, 32 rows 299 → 221, 64 rows 502 → 433,
+/// 96 rows 557 either way; AVX2 9 rows 191 → 148, 16 rows 257 → 219, 32 rows 415 → 408.
+const PREP_GROUPS: usize = 8;
+
 /// Rows per parallel task when a call has many rows (prefill): a chunk of activations that stays in L2.
 const ROW_CHUNK: usize = 64;
 
@@ -449,8 +457,9 @@ impl QMatrix {
             usize::MAX
         };
         // Prefill with K-quant factors: each tile's scales and offsets multiplied out once per call,
-        // not once per 8 rows in every kernel call.
-        let expanded: Option<Vec<Vec<f32>>> = (rows > kernel::max_rows() && self.sub.is_some()).then(|| {
+        // not once per 8 rows in every kernel call (past `PREP_GROUPS` kernel calls a tile).
+        let big = rows > PREP_GROUPS * kernel::max_rows();
+        let expanded: Option<Vec<Vec<f32>>> = (big && self.sub.is_some()).then(|| {
             (0..tiles)
                 .into_par_iter()
                 .filter_map(|t| self.expand_heads(t * TILE_PANELS))
@@ -463,7 +472,7 @@ impl QMatrix {
             let heads = expanded.as_ref().map(|e| e[tile].as_slice());
             // Prefill over 6-bit records: the tile widened to the 8-bit layout once for the task's
             // rows, instead of every 8-row kernel call expanding it again (the same bytes either way)
-            let wide = (self.kind == QKind::Q6 && r1 - r > kernel::max_rows()).then(|| self.tile_as_q8(tile));
+            let wide = (self.kind == QKind::Q6 && big && r1 - r > kernel::max_rows()).then(|| self.tile_as_q8(tile));
             let (w, tp0) = match &wide {
                 Some(w) => (w, 0),
                 None => (self, tile * TILE_PANELS),
