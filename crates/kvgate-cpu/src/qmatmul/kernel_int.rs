@@ -171,13 +171,20 @@ macro_rules! simd_int {
                 // One instantiation per weight kind, so each gets its own register allocation.
                 // and per block length, so that the chunk loops unroll (constant shift counts, no
                 // per-chunk branch: the 5-bit kernel was compute-bound with them)
-                match (w.kind, w.bl) {
-                    (QKind::Q4, QK) => rows::<0, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q6, 16) => rows::<3, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (kind, bl) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
+                // and per head format (K-quant factors formed inline, plain heads loaded)
+                let sub = w.sub.is_some();
+                match (w.kind, w.bl, sub) {
+                    (QKind::Q4, QK, false) => rows::<0, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q4, QK, true) => rows::<0, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q5, QK, false) => rows::<1, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q5, QK, true) => rows::<1, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, QK, false) => rows::<2, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, QK, true) => rows::<2, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, 16, false) => rows::<2, 16, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q8, 16, true) => rows::<2, 16, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q6, 16, false) => rows::<3, 16, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q6, 16, true) => rows::<3, 16, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (kind, bl, _) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
                 }
             }
 
@@ -185,7 +192,7 @@ macro_rules! simd_int {
             /// to the 8-bit layout's bytes) in blocks of `BL`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn rows<const K: u8, const BL: usize>(
+            unsafe fn rows<const K: u8, const BL: usize, const S: bool>(
                 w: &QMatrix,
                 p0: usize,
                 q8: *const i8,
@@ -202,16 +209,16 @@ macro_rules! simd_int {
                             // 5-bit on 16 registers: one panel at a time (its 16-bit and widened sums
                             // would not fit for two)
                             for v in 0..TILE_PANELS {
-                                panels::<$r, 1, K, BL>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
+                                panels::<$r, 1, K, BL, S>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
                             }
                         } else {
-                            panels::<$r, 2, K, BL>(w, p0, q8, q16, sx, xs, hd, y);
-                            panels::<$r, 2, K, BL>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
+                            panels::<$r, 2, K, BL, S>(w, p0, q8, q16, sx, xs, hd, y);
+                            panels::<$r, 2, K, BL, S>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
                         }
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+                    1 => panels::<1, 4, K, BL, S>(w, p0, q8, q16, sx, xs, hd, y),
                     2 => group!(2),
                     3 => group!(3),
                     4 => group!(4),
@@ -226,7 +233,7 @@ macro_rules! simd_int {
             /// keep every record read inside `w`; row `r < R` reads inputs `r·k + b·bl + e`, `e < bl`.
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn panels<const R: usize, const V: usize, const K: u8, const BL: usize>(
+            unsafe fn panels<const R: usize, const V: usize, const K: u8, const BL: usize, const S: bool>(
                 w: &QMatrix,
                 p0: usize,
                 q8: *const i8,
@@ -365,7 +372,11 @@ macro_rules! simd_int {
                         }
                     }
                     for v in 0..V {
-                        let (dv, mv) = super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd);
+                        let (dv, mv) = if S {
+                            super::super::heads::dm8_factors(w, p0 + v, b, hd)
+                        } else {
+                            super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd)
+                        };
                         for r in 0..R {
                             let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                             let sxv = _mm256_broadcast_ss(&*sx.add(r * groups + b * bl / QK));
