@@ -171,8 +171,10 @@ macro_rules! simd_int {
                 // One instantiation per weight kind, so each gets its own register allocation.
                 // and per block length, so that the chunk loops unroll (constant shift counts, no
                 // per-chunk branch: the 5-bit kernel was compute-bound with them)
-                // and per head format (K-quant factors formed inline, plain heads loaded)
-                let sub = w.sub.is_some();
+                // and per head format: K-quant factors formed inline when no prepared heads are
+                // given; prepared or plain heads loaded (the prefill path keeps its lean instance:
+                // the inline factors' instance cost it ~7% on AVX2)
+                let sub = w.sub.is_some() && hd.is_null();
                 match (w.kind, w.bl, sub) {
                     (QKind::Q4, QK, false) => rows::<0, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
                     (QKind::Q4, QK, true) => rows::<0, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
