@@ -42,6 +42,18 @@ pub(super) fn max_rows() -> usize {
     }
 }
 
+/// Whether long calls on this path expand each tile's K-quant factors once ([`QMatrix::expand_heads`])
+/// for its kernels to load: only the AVX2 kernels (4 rows a call) gain from it. The 8-row AVX-512
+/// kernels form the factors as fast as they would load them, and the expanded heads (3.4 MB for a
+/// 8960 × 1536 matrix) only add traffic; the scalar kernel reads the records' own. Qwen2.5-Coder-1.5B,
+/// one forward pass of 96 / 256 / 512 rows, 2 cores, Intel Xeon, expanded → not, ms: AVX-512 VNNI
+/// 566 / 1,420 / 2,955 → 505 / 1,296 / 2,885; AVX-512 without VNNI 942 / 2,468 / 4,986 → 884 / 2,379
+/// / 4,884; exact rows 1,006 / 2,611 → 967 / 2,602; AVX2 + AVX-VNNI 2,250 / 4,628 → 2,481 / 5,208
+/// at 256 / 512 (kept).
+pub(super) fn prepared_heads_pay() -> bool {
+    *PATH == Path::Avx2
+}
+
 /// Accumulators of one call: `[row][panel]`, row stride [`TILE_PANELS`].
 pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 

@@ -456,10 +456,12 @@ impl QMatrix {
         } else {
             usize::MAX
         };
-        // Prefill with K-quant factors: each tile's scales and offsets multiplied out once per call,
-        // not once per 8 rows in every kernel call (past `PREP_GROUPS` kernel calls a tile).
+        // Prefill with K-quant factors on the AVX2 kernels: each tile's scales and offsets multiplied
+        // out once per call, not once per 4 rows in every kernel call (past `PREP_GROUPS` kernel calls
+        // a tile; see `kernel::prepared_heads_pay`).
         let big = rows > PREP_GROUPS * kernel::max_rows();
-        let expanded: Option<Vec<Vec<f32>>> = (big && self.sub.is_some()).then(|| {
+        let expand = big && self.sub.is_some() && kernel::prepared_heads_pay();
+        let expanded: Option<Vec<Vec<f32>>> = expand.then(|| {
             (0..tiles)
                 .into_par_iter()
                 .filter_map(|t| self.expand_heads(t * TILE_PANELS))
