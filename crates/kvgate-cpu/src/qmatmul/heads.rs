@@ -99,29 +99,6 @@ pub(super) unsafe fn pair_dm(
     }
 }
 
-/// [`dm8`] of a matrix with K-quant factors (`w.sub` set), inlined: the integer kernels' K-quant
-/// instantiations (`kernel_int`: AVX2, AVX-VNNI, AVX-512 without VNNI) call it directly — the call
-/// per panel and block was ~11% of a 1.5B decode step on AVX2 — while their plain formats'
-/// instantiations keep their lean head load.
-/// SAFETY (caller): as [`dm8`], and `w.sub` is set.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dm8_factors(w: &QMatrix, p: usize, b: usize, hd: *const f32) -> (__m256, __m256) {
-    // SAFETY: as `dm8`'s (by the caller).
-    unsafe {
-        if !hd.is_null() {
-            let at = hd.add(b * HEADS + P * (p % TILE_PANELS));
-            let m = if w.offsets {
-                _mm256_loadu_ps(at.add(HEADS / 2))
-            } else {
-                _mm256_setzero_ps()
-            };
-            return (_mm256_loadu_ps(at), m);
-        }
-        factors8_inline(w, p, b)
-    }
-}
-
 /// [`dm8`] of a matrix with K-quant factors (the 512-bit kernels form both panels' at once in
 /// [`pair_dm`]). Out of line, so the f32 kernels' inlined head load stays the plain formats' one.
 /// SAFETY (caller): as [`dm8`], and `w.sub` is set.
@@ -132,11 +109,14 @@ unsafe fn factors8(w: &QMatrix, p: usize, b: usize) -> (__m256, __m256) {
     unsafe { factors8_inline(w, p, b) }
 }
 
-/// The body of [`factors8`] and [`dm8_factors`].
+/// [`dm8`] of a matrix with K-quant factors (`w.sub` set) and no expanded heads, inlined: the body of
+/// [`factors8`], which the integer kernels' K-quant instances (`kernel_int`: AVX2, AVX-VNNI, AVX-512
+/// without VNNI) call directly — the call per panel and block was ~11% of a 1.5B decode step on AVX2
+/// — while their plain formats' and prepared-heads instances keep their lean head load.
 /// SAFETY (caller): as [`dm8`], and `w.sub` is set.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn factors8_inline(w: &QMatrix, p: usize, b: usize) -> (__m256, __m256) {
+pub(super) unsafe fn factors8_inline(w: &QMatrix, p: usize, b: usize) -> (__m256, __m256) {
     let ((f, i), (df, di)) = (w.factor_at(p, b, false), w.offset_factors());
     let product = |f: usize, i: usize| {
         // SAFETY: both offsets are inside the tile's header (by the caller).

@@ -375,7 +375,7 @@ macro_rules! simd_int {
                     }
                     for v in 0..V {
                         let (dv, mv) = if S {
-                            super::super::heads::dm8_factors(w, p0 + v, b, hd)
+                            super::super::heads::factors8_inline(w, p0 + v, b)
                         } else {
                             super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd)
                         };
