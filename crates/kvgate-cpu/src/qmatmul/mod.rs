@@ -502,11 +502,17 @@ impl QMatrix {
                     for v in 0..TILE_PANELS {
                         let c0 = (tile * TILE_PANELS + v) * P;
                         let live = P.min(n.saturating_sub(c0));
+                        let at = dst.at((r + i) * n + c0);
+                        if live == P {
+                            // SAFETY: as below, for the panel's `P` columns (all below `n`).
+                            unsafe { (at as *mut [f32; P]).write_unaligned(y[i * TILE_PANELS + v]) };
+                            continue;
+                        }
                         for (j, val) in y[i * TILE_PANELS + v][..live].iter().enumerate() {
                             // SAFETY: `(r + i) < rows` and `c0 + j < n`, so the index is inside `out`
                             // (`rows × n`); tasks own disjoint (row chunk, column tile) pairs, so no two
                             // threads write the same element, and `out` outlives the parallel loop.
-                            unsafe { *dst.at((r + i) * n + c0 + j) = *val };
+                            unsafe { *at.add(j) = *val };
                         }
                     }
                 }
