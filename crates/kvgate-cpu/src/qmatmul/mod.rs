@@ -89,7 +89,7 @@ pub const P: usize = 8;
 pub(crate) const TILE_PANELS: usize = 4;
 
 /// Kernel row groups (8 rows on AVX-512, 4 on AVX2) past which a call prepares its tiles for prefill
-/// (K-quant factors multiplied out, 6-bit tiles widened to 8 bits) before its kernels run: below it
+/// (6-bit tiles widened to 8 bits; on AVX2 K-quant factors multiplied out) before its kernels run: below it
 /// the preparation costs more than it saves, and each group's kernel expands what it reads itself.
 /// Measured (Qwen2.5-Coder-1.5B, one forward pass, 2 cores, prepared from 9 rows as before → from
 /// past this): AVX-512 9 rows 164 → 88 ms, 16 rows 197 → 122, 32 rows 299 → 221, 64 rows 502 → 433,
@@ -266,8 +266,8 @@ impl QMatrix {
     }
 
     /// With `sub`: the scales and offsets of the tile of panel `p0` (its first), `HEADS` per block (see
-    /// [`HEADS`]), each the product the kernels would form. A prefill task expands its tile once and
-    /// its kernel calls (one per 8 rows) read them as f32 heads instead of each forming them again.
+    /// [`HEADS`]), each the product the kernels would form: on AVX2 a long call's kernel calls (4 rows
+    /// each) read them as f32 heads instead of each forming them (`kernel::prepared_heads_pay`).
     fn expand_heads(&self, p0: usize) -> Option<Vec<f32>> {
         self.sub?;
         let mut out = vec![0f32; self.nb() * HEADS];
