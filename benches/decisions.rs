@@ -6,7 +6,8 @@
 //! (decision latency for 1, 8 and 32 questions, cold and warm); `DECISIONS_CHOICE=1` runs only the choice
 //! section, and stops after it; `DECISIONS_MODEL` (a GGUF path) serves that model instead. The choice
 //! section compares every read method's cost to a plain read over a warm state: rotations (`ordered`)
-//! and branches (`set`, tree attention), with and without calibration, for 3, 6, 8 and 26 options
+//! and branches (`set`, tree attention), by option name (`cloze`), with and without calibration, and
+//! the served model's default read (no `x_read`), for 3, 6, 8 and 26 options
 //! (`DECISIONS_OPTIONS=6,26` some of them; `DECISIONS_DEFAULT_ONLY=1` only plain and the default read).
 
 use std::time::Instant;
@@ -42,6 +43,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
+
+/// Team names for the choice section (26, distinct words).
+const TEAMS: [&str; 26] = [
+    "accounts",
+    "billing",
+    "compliance",
+    "data",
+    "engineering",
+    "finance",
+    "growth",
+    "hardware",
+    "infra",
+    "journeys",
+    "kiosk",
+    "legal",
+    "mobile",
+    "network",
+    "operations",
+    "payments",
+    "quality",
+    "research",
+    "sales",
+    "security",
+    "support",
+    "tax",
+    "usability",
+    "vendors",
+    "web",
+    "warehouse",
+];
 
 fn main() {
     let s = start();
@@ -107,24 +138,31 @@ fn main() {
         .unwrap_or_else(|| vec![3, 6, 8, 26]);
     let default_only = std::env::var_os("DECISIONS_DEFAULT_ONLY").is_some();
     for n in counts {
-        let criteria: serde_json::Map<String, Value> = (0..n)
-            .map(|i| (format!("team {i}"), json!(format!("handles region {i}"))))
+        // teams named as people name them (distinct words, so a cloze read tells them apart by name)
+        let criteria: serde_json::Map<String, Value> = TEAMS[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), json!(format!("handles region {i}"))))
             .collect();
         let mut cost = vec![];
         // orders 0: the request leaves `x_orders` out (the served model's default: one order on the
         // default model)
-        let methods: [(&str, usize, bool); 11] = [
-            ("plain", 1, false),
-            ("ordered", 8, false),
-            ("ordered", 2, false),
-            ("ordered+calibrated", 8, false),
-            ("ordered+calibrated", 2, false),
-            ("ordered+calibrated", 2, true),
-            ("ordered+calibrated", 0, false),
-            ("ordered+calibrated", 0, true),
-            ("set", 0, false),
-            ("set+calibrated", 0, false),
-            ("set+calibrated", 0, true),
+        // read None: the request leaves `x_read` out (the served model's default read)
+        let methods: [(Option<&str>, usize, bool); 14] = [
+            (Some("plain"), 1, false),
+            (Some("ordered"), 8, false),
+            (Some("ordered"), 2, false),
+            (Some("ordered+calibrated"), 8, false),
+            (Some("ordered+calibrated"), 2, false),
+            (Some("ordered+calibrated"), 2, true),
+            (None, 0, false),
+            (None, 0, true),
+            (Some("set"), 0, false),
+            (Some("set+calibrated"), 0, false),
+            (Some("set+calibrated"), 0, true),
+            (Some("cloze"), 0, false),
+            (Some("cloze+calibrated"), 0, false),
+            (Some("cloze+calibrated"), 0, true),
         ];
         for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
             if default_only && ![0, 6, 7].contains(&mi) {
@@ -133,9 +171,12 @@ fn main() {
             }
             // a new question each time over the same (warm) state: the question's tokens are computed
             let req = |rep: usize, state: &str| {
-                let mut r = json!({"state": state, "x_read": read, "cache_salt": format!("choice{n}"),
+                let mut r = json!({"state": state, "cache_salt": format!("choice{n}"),
                        "questions": {"q": {"type": "choice", "criteria": criteria,
                                            "instructions": format!("Which team handles the late orders of batch {mi}-{rep}?")}}});
+                if let Some(read) = read {
+                    r["x_read"] = json!(read);
+                }
                 if *orders > 0 {
                     r["x_orders"] = json!(orders);
                 }
@@ -160,11 +201,14 @@ fn main() {
             "ordered+calibrated, all orders, new question shape",
             "ordered+calibrated, 2 orders, new question shape",
             "ordered+calibrated, 2 orders, question asked before",
-            "ordered+calibrated (default orders), new question shape",
-            "ordered+calibrated (default orders), question asked before",
+            "the model's default read, new question shape",
+            "the model's default read, question asked before",
             "set (the options as branches of one read)",
             "set+calibrated, new question shape",
             "set+calibrated, question asked before",
+            "cloze (by option name, one read)",
+            "cloze+calibrated, new question shape",
+            "cloze+calibrated, question asked before",
         ];
         // plain always runs
         let plain = cost[0].unwrap_or(f64::NAN);

@@ -7,6 +7,10 @@ mod common;
 use common::{assert_openai_error, InProcess};
 use serde_json::json;
 
+/// The tiny model (fitted for nothing) reads cloze+calibrated by default; the tests of letter reads
+/// name `ordered+calibrated` as the server's default.
+const LETTERS: &[&str] = &["--decision-read", "ordered+calibrated"];
+
 fn noul_request(model: &str, state: &str) -> serde_json::Value {
     json!({"model": model, "state": state, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}})
 }
@@ -183,7 +187,7 @@ fn choices_of_2_to_255_options() {
 
 #[test]
 fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
-    let s = InProcess::tiny(&[]);
+    let s = InProcess::tiny(LETTERS);
     let ask = |criteria: serde_json::Value, read: Option<&str>| {
         let mut body = json!({"state": "The invoice was charged twice.", "diagnostics": true,
                               "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria}}});
@@ -269,7 +273,7 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
 
 #[test]
 fn calibration_divides_out_the_content_free_prior() {
-    let s = InProcess::tiny(&[]);
+    let s = InProcess::tiny(LETTERS);
     let qs = json!({
         "n": {"type": "noul", "instructions": "Is it urgent?"},
         "c": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": null, "tech": null, "sales": "deals"}},
@@ -309,7 +313,7 @@ fn calibration_divides_out_the_content_free_prior() {
         assert_eq!(oc["diagnostics"][q]["x_prior"], "cached", "{oc}");
     }
     assert!(plain["diagnostics"]["n"].get("x_prior").is_none());
-    let s2 = InProcess::tiny(&[]);
+    let s2 = InProcess::tiny(LETTERS);
     let (_, fresh) = s2.post(
         "/v1/systemone",
         &json!({"state": "The server is down and customers are shouting.", "diagnostics": true, "questions": qs}),
@@ -318,7 +322,12 @@ fn calibration_divides_out_the_content_free_prior() {
     assert_eq!(fresh["answers"], oc["answers"]);
     // yes/no questions left uncalibrated (as fitted for a stronger model): read as plain reads them,
     // choices and scores still calibrated
-    let s3 = InProcess::tiny(&["--decision-yes-no-calibration", "false"]);
+    let s3 = InProcess::tiny(&[
+        "--decision-yes-no-calibration",
+        "false",
+        "--decision-read",
+        "ordered+calibrated",
+    ]);
     let (_, off) = s3.post(
         "/v1/systemone",
         &json!({"state": "The server is down and customers are shouting.", "diagnostics": true, "questions": qs}),
@@ -340,8 +349,13 @@ fn calibration_divides_out_the_content_free_prior() {
 
 #[test]
 fn fewer_orders_and_per_type_temperature() {
-    let s = InProcess::tiny(&[]);
-    let hot = InProcess::tiny(&["--decision-temperature", "choice=2,noul=0.5"]);
+    let s = InProcess::tiny(LETTERS);
+    let hot = InProcess::tiny(&[
+        "--decision-temperature",
+        "choice=2,noul=0.5",
+        "--decision-read",
+        "ordered+calibrated",
+    ]);
     let body = |criteria: serde_json::Value, orders: Option<u64>| {
         let mut b = json!({"state": "The invoice was charged twice.", "diagnostics": true,
                            "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria},
@@ -366,8 +380,8 @@ fn fewer_orders_and_per_type_temperature() {
     let (_, warm) = hot.post("/v1/systemone", &body(a, None));
     assert_eq!(warm["diagnostics"]["q"]["x_temperature"], 2.0);
     assert_eq!(
-        cold["diagnostics"]["q"]["x_temperature"], 0.35,
-        "the default sharpens choices"
+        cold["diagnostics"]["q"]["x_temperature"], 1.0,
+        "a model not fitted keeps every type's distribution as read"
     );
     assert_eq!(cold["diagnostics"]["n"]["x_temperature"], 1.0);
     assert_eq!(warm["answers"]["q"]["choice"], cold["answers"]["q"]["choice"]);
@@ -385,4 +399,83 @@ fn fewer_orders_and_per_type_temperature() {
         warm["answers"]["n"]["noul"].as_f64().unwrap(),
     );
     assert!((n1 - 0.5).abs() > (n0 - 0.5).abs(), "{n0} -> {n1}");
+}
+
+#[test]
+fn cloze_reads_answer_by_name_in_one_read() {
+    let s = InProcess::tiny(&[]);
+    let ask = |state: &str, criteria: serde_json::Value, read: &str| {
+        let (st, r) = s.post(
+            "/v1/systemone",
+            &json!({"state": state, "x_read": read, "diagnostics": true,
+                    "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": criteria}}}),
+        );
+        assert_eq!(st, 200, "{r}");
+        r
+    };
+    let probs = |r: &serde_json::Value| {
+        let mut v: Vec<(String, f64)> = r["answers"]["q"]["probabilities"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    let state = "The invoice was charged twice.";
+    let listed = [
+        json!({"billing": "payments", "tech": null, "sales": "deals", "legal": null}),
+        json!({"legal": null, "sales": "deals", "tech": null, "billing": "payments"}),
+    ];
+    let first = ask(state, listed[0].clone(), "cloze+calibrated");
+    let d = &first["diagnostics"]["q"];
+    assert_eq!(
+        (d["x_read"].as_str(), d["x_orders"].as_u64(), d["x_prior"].as_str()),
+        (Some("cloze+calibrated"), Some(1), Some("computed")),
+        "{d}"
+    );
+    let total: f64 = probs(&first).iter().map(|p| p.1).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{first}");
+    // a model nothing was fitted for (the tiny one) reads cloze+calibrated when a request does not say
+    let (_, default) = s.post(
+        "/v1/systemone",
+        &json!({"state": state, "diagnostics": true,
+                "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": listed[0]}}}),
+    );
+    assert_eq!(default["diagnostics"]["q"]["x_read"], "cloze+calibrated", "{default}");
+    assert_eq!(probs(&default), probs(&first));
+    // one canonical listing: the same bits however the request lists the options; the prior cached
+    let again = ask(state, listed[1].clone(), "cloze+calibrated");
+    assert_eq!(probs(&again), probs(&first));
+    assert_eq!(again["diagnostics"]["q"]["x_prior"], "cached");
+    // calibration divides the content-free read out: the content-free state reads uniform
+    for p in probs(&ask("N/A", listed[0].clone(), "cloze+calibrated")) {
+        assert!((p.1 - 0.25).abs() < 2e-6, "{p:?}");
+    }
+    // by name, not by letter: another distribution than the canonical letter read
+    let cloze = ask(state, listed[0].clone(), "cloze");
+    assert_eq!(cloze["diagnostics"]["q"]["x_read"], "cloze");
+    let letters = ask(state, listed[0].clone(), "ordered");
+    assert_ne!(probs(&cloze), probs(&letters));
+    // names sharing their first tokens: one more read at the branch point, still a distribution
+    let shared = ask(
+        state,
+        json!({"billing_refund": null, "billing_dispute": null, "tech": null}),
+        "cloze+calibrated",
+    );
+    assert_eq!(shared["diagnostics"]["q"]["x_read"], "cloze+calibrated", "{shared}");
+    let total: f64 = probs(&shared).iter().map(|p| p.1).sum();
+    assert!((total - 1.0).abs() < 1e-9, "{shared}");
+    // a name whose tokens begin another's cannot be told apart by name: read by letter in the
+    // canonical order, exactly as one ordered read
+    let prefix = json!({"bug": null, "bug fix": null, "tech": null});
+    let fallback = ask(state, prefix.clone(), "cloze+calibrated");
+    assert_eq!(fallback["diagnostics"]["q"]["x_read"], "calibrated", "{fallback}");
+    let (_, one) = s.post(
+        "/v1/systemone",
+        &json!({"state": state, "x_read": "ordered+calibrated", "x_orders": 1, "diagnostics": true,
+                "questions": {"q": {"type": "choice", "instructions": "Which team?", "criteria": prefix}}}),
+    );
+    assert_eq!(probs(&fallback), probs(&one));
 }

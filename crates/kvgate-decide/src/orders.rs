@@ -1,9 +1,11 @@
 //! How questions are read (`x_read`, a kvgate extension): `plain` reads a choice's options once, in the
 //! order listed; `ordered` makes the answer independent of that order and balances the model's position
 //! bias; `calibrated` adds content-free calibration (see `crate::reads`): every question is also read
-//! over a content-free state and its label prior divided out; `ordered+calibrated`, both, is the
-//! default: on the 200-item benchmark (`benches/decision_quality.rs`) it was the most accurate and the
-//! best calibrated method on the default model (accuracy 0.425 vs plain 0.385, ECE 0.086 vs 0.244).
+//! over a content-free state and its label prior divided out; `ordered+calibrated` is both; `cloze`
+//! answers a choice by option name in one canonical read, and `cloze+calibrated` is the default of
+//! every model measured and of models not fitted (`crate::temperature`): on the 200-item benchmark
+//! (`benches/decision_quality.rs`) it beat the generative routing call by 7.5–9.5 points on three
+//! models in one read, where `ordered+calibrated` needs one read per option order.
 //!
 //! The options are put in one canonical order (by name, case-folded), then read in `x_orders` (1 to
 //! [`MAX_ORDERS`]; default: the number fitted for the served model, else all) orders of it: evenly spaced rotations, or for 2 the canonical order
@@ -21,8 +23,9 @@ pub const MAX_ORDERS: usize = 8;
 /// (`crate::temperature::fitted_for`; `--decision-orders` overrides both).
 pub const DEFAULT_ORDERS: usize = MAX_ORDERS;
 
-/// A request's read method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A request's read method (serialised as its wire name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct ReadMethod {
     /// Choices in canonical order, averaged over rotations (else one read as listed).
     pub ordered: bool,
@@ -33,16 +36,25 @@ pub struct ReadMethod {
     /// starting at one position — so no option comes first (tree attention; on a backend without
     /// it, read `ordered` instead).
     pub set: bool,
+    /// A choice answered by option name (cloze) instead of by letter: the options listed once in the
+    /// canonical order as `- name: description`, the read's labels each option's name tokens (through
+    /// a [`crate::trie::LabelTrie`] where names share first tokens). Small models answer a choice by
+    /// its content far better than by a letter they must map back (`benches/decision_quality.rs`:
+    /// Qwen2.5-0.5B 50/80 in one read, calibrated, against 34/80 by letter); yes/no and score
+    /// questions read as without it.
+    pub cloze: bool,
 }
 
-/// The wire names, in `(ordered, calibrated, set)` order.
-const NAMES: [(&str, bool, bool, bool); 6] = [
-    ("plain", false, false, false),
-    ("ordered", true, false, false),
-    ("calibrated", false, true, false),
-    ("ordered+calibrated", true, true, false),
-    ("set", false, false, true),
-    ("set+calibrated", false, true, true),
+/// The wire names, in `(ordered, calibrated, set, cloze)` order.
+const NAMES: [(&str, bool, bool, bool, bool); 8] = [
+    ("plain", false, false, false, false),
+    ("ordered", true, false, false, false),
+    ("calibrated", false, true, false, false),
+    ("ordered+calibrated", true, true, false, false),
+    ("set", false, false, true, false),
+    ("set+calibrated", false, true, true, false),
+    ("cloze", false, false, false, true),
+    ("cloze+calibrated", false, true, false, true),
 ];
 
 impl ReadMethod {
@@ -51,30 +63,47 @@ impl ReadMethod {
         ordered: false,
         calibrated: false,
         set: false,
+        cloze: false,
     };
     /// The default (chosen by measurement, see the module doc).
     pub const DEFAULT: ReadMethod = ReadMethod {
         ordered: true,
         calibrated: true,
         set: false,
+        cloze: false,
+    };
+    /// The default of a model nothing was fitted for.
+    pub const UNFITTED: ReadMethod = ReadMethod::CLOZE;
+    /// Choices by name in one canonical read, calibrated.
+    pub const CLOZE: ReadMethod = ReadMethod {
+        ordered: false,
+        calibrated: true,
+        set: false,
+        cloze: true,
     };
 
     /// The wire name.
     pub fn name(self) -> &'static str {
         NAMES
             .iter()
-            .find(|n| (n.1, n.2, n.3) == (self.ordered, self.calibrated, self.set))
+            .find(|n| (n.1, n.2, n.3, n.4) == (self.ordered, self.calibrated, self.set, self.cloze))
             .map_or("plain", |n| n.0)
     }
 
     /// The method of a wire name (`plain`, `ordered`, `calibrated`, `ordered+calibrated`, `set`,
-    /// `set+calibrated`).
+    /// `set+calibrated`, `cloze`, `cloze+calibrated`).
     pub fn from_name(name: &str) -> Option<ReadMethod> {
         NAMES.iter().find(|n| n.0 == name).map(|n| ReadMethod {
             ordered: n.1,
             calibrated: n.2,
             set: n.3,
+            cloze: n.4,
         })
+    }
+
+    /// Every wire name.
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        NAMES.iter().map(|n| n.0)
     }
 
     /// The method a backend without tree attention reads instead (`set` → `ordered`).
@@ -87,13 +116,29 @@ impl ReadMethod {
     }
 }
 
+impl TryFrom<String> for ReadMethod {
+    type Error = String;
+    fn try_from(s: String) -> Result<ReadMethod, String> {
+        ReadMethod::from_name(&s).ok_or_else(|| {
+            let names: Vec<&str> = ReadMethod::names().collect();
+            format!("unknown read method '{s}': expected one of {}", names.join(", "))
+        })
+    }
+}
+
+impl From<ReadMethod> for String {
+    fn from(m: ReadMethod) -> String {
+        m.name().to_string()
+    }
+}
+
 /// The option orders to read a choice of `names` in (at most `k` of them, `method.ordered`): each a
 /// permutation (indices into `names`). Two orders are the canonical one and its reverse (every option's
 /// mean position is the middle); more are evenly spaced rotations (every option at every position, when
 /// `k ≥ n`).
 pub fn option_orders(names: &[String], method: ReadMethod, k: usize) -> Vec<Vec<usize>> {
     let n = names.len();
-    if !(method.ordered || method.set) || n <= 1 {
+    if !(method.ordered || method.set || method.cloze) || n <= 1 {
         return vec![(0..n).collect()];
     }
     let mut canon: Vec<usize> = (0..n).collect();
@@ -101,7 +146,7 @@ pub fn option_orders(names: &[String], method: ReadMethod, k: usize) -> Vec<Vec<
         let (x, y) = (names[a].trim().to_lowercase(), names[b].trim().to_lowercase());
         x.cmp(&y).then_with(|| names[a].cmp(&names[b]))
     });
-    let k = if n > 26 || method.set {
+    let k = if n > 26 || method.set || method.cloze {
         1
     } else {
         n.min(k.clamp(1, MAX_ORDERS))
@@ -159,7 +204,7 @@ mod tests {
             assert_eq!(seen, [0, 1, 2]);
         }
         assert_eq!(option_orders(&a, ReadMethod::PLAIN, MAX_ORDERS), vec![vec![0, 1, 2]]);
-        for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
+        for name in ReadMethod::names() {
             assert_eq!(ReadMethod::from_name(name).unwrap().name(), name);
         }
         assert!(ReadMethod::from_name("shuffled").is_none());

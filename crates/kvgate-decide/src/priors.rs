@@ -74,6 +74,42 @@ impl PriorCache {
     }
 }
 
+/// `p` (per option) by listed position of `order` (`order[pos]` is the option there; none: the same).
+pub(crate) fn to_positions(p: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
+    match order {
+        Some(o) if o.len() == p.len() => o.iter().map(|&i| p[i]).collect(),
+        _ => p.to_vec(),
+    }
+}
+
+/// The inverse of [`to_positions`].
+pub(crate) fn from_positions(by_pos: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
+    match order {
+        Some(o) if o.len() == by_pos.len() => {
+            let mut p = vec![0.0; by_pos.len()];
+            for (pos, &i) in o.iter().enumerate() {
+                p[i] = by_pos[pos];
+            }
+            p
+        }
+        _ => by_pos.to_vec(),
+    }
+}
+
+/// `p` divided by the content-free prior, renormalised (unchanged where the prior is unusable).
+pub(crate) fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
+    if prior.len() != p.len() || prior.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+        return p.to_vec();
+    }
+    let q: Vec<f64> = p.iter().zip(prior).map(|(a, b)| a / b).collect();
+    let total: f64 = q.iter().sum();
+    if total > 0.0 && total.is_finite() {
+        q.iter().map(|x| x / total).collect()
+    } else {
+        p.to_vec()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,9 @@
 //! The reads of one decision and how their label probabilities become each question's
-//! distribution. One read per question, except: a choice read `ordered` (the default, see
-//! `crate::orders`) is one read per option order, and a choice beyond 26 options (numbered labels of
-//! several tokens, see `crate::trie`) adds branch reads. Every first read of the request is one engine
-//! decision (the state computed once, one fork per read); branch reads follow, one engine decision per
-//! read, from the prefix cache.
+//! distribution. One read per question, except: a choice read `ordered` (see `crate::orders`) is one
+//! read per option order, and a choice whose labels are several tokens — numbered labels beyond 26
+//! options, or option names in a `cloze` read (the default) — adds branch reads (see `crate::trie`).
+//! Every first read of the request is one engine decision (the state computed once, one fork per
+//! read); branch reads follow, one engine decision per read, from the prefix cache.
 
 use std::time::Duration;
 
@@ -12,10 +12,11 @@ use kvgate_engine::{metrics as m, DecideRequest, DecisionOutcome, DecisionRead, 
 use crate::error::DecideError;
 use crate::labels::LabelSet;
 use crate::orders::{combine, option_orders, ReadMethod};
+use crate::priors::{calibrate, from_positions, to_positions};
 use crate::render::{self, choice_labels, messages, messages_with, template_kwargs};
 use crate::service::{DecisionService, Diagnostics};
 use crate::set;
-use crate::spec::{DecisionSpec, Question, State};
+use crate::spec::{Content, DecisionSpec, Question, State};
 use crate::temperature::temper;
 use crate::trie::LabelTrie;
 
@@ -34,6 +35,17 @@ impl Labels {
             Labels::Trie(t) => t.first_tokens().into_iter().map(|t| vec![t]).collect(),
         }
     }
+}
+
+/// A cloze read's labels: each option's name as the reply starts it, through a trie; `None` where two
+/// names cannot be told apart that way (one's tokens a prefix of another's), and the choice is read
+/// by letter instead.
+fn cloze_labels(st: &DecisionService, options: &[(String, Option<Content>)]) -> Option<Labels> {
+    let seqs = options
+        .iter()
+        .map(|(n, _)| st.tokenizer.encode(n, false).ok())
+        .collect::<Option<Vec<_>>>()?;
+    LabelTrie::new(seqs).ok().map(Labels::Trie)
 }
 
 fn labels_for(st: &DecisionService, id: &str, q: &Question) -> Result<Labels, DecideError> {
@@ -148,13 +160,17 @@ struct Planned {
     prompt: Vec<u32>,
     /// A set read's branches.
     tree: Option<ReadTree>,
+    /// A choice read by option name ([`ReadMethod::cloze`]).
+    cloze: bool,
 }
 
-/// The method `req` is read with on this engine (`set` needs tree attention, else `ordered`).
+/// The method `req` is read with on this engine: its own or the service's default (`set` needs tree
+/// attention, else `ordered`).
 fn read_method(st: &DecisionService, req: &DecisionSpec) -> ReadMethod {
+    let read = req.read.unwrap_or(st.default_read);
     match st.engine.limits().tree_attention {
-        true => req.read,
-        false => req.read.without_trees(),
+        true => read,
+        false => read.without_trees(),
     }
 }
 
@@ -188,6 +204,30 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
             _ => vec![(None, q.clone())],
         };
         for (order, vq) in variants {
+            // a cloze read: the choice answered by option name (by letter where names collide)
+            let cloze = match &vq {
+                Question::Choice { instructions, options } if method.cloze => {
+                    cloze_labels(st, options).map(|l| (l, render::cloze_text(instructions, options)))
+                }
+                _ => None,
+            };
+            if let Some((labels, question)) = cloze {
+                let prompt = encode(&st.render(&messages_with(req, question), &kwargs)?)?;
+                let longest = match &labels {
+                    Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
+                    Labels::Single(_) => 0,
+                };
+                check_len(st, id, prompt.len() + longest)?;
+                plan.push(Planned {
+                    question: qi,
+                    order,
+                    labels,
+                    prompt,
+                    tree: None,
+                    cloze: true,
+                });
+                continue;
+            }
             let labels = labels_for(st, id, &vq)?;
             // a set read: the options as branches (the plain read of the canonical order when the
             // question has no option lines or the template moved the markers)
@@ -206,22 +246,14 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
                 Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
                 Labels::Single(_) => 0,
             };
-            if st.engine.limits().check_read(prompt.len() + longest).is_err() {
-                return Err(DecideError::field(
-                    "state",
-                    format!(
-                        "question '{id}': the prompt is {} tokens, more than this model's maximum context length of {} tokens",
-                        prompt.len() + longest,
-                        st.engine.limits().max_model_len
-                    ),
-                ));
-            }
+            check_len(st, id, prompt.len() + longest)?;
             plan.push(Planned {
                 question: qi,
                 order,
                 labels,
                 prompt,
                 tree,
+                cloze: false,
             });
         }
         if count {
@@ -230,6 +262,20 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
         }
     }
     Ok(plan)
+}
+
+/// Refuses a read of `len` tokens (its prompt and longest label branch) past the context length.
+fn check_len(st: &DecisionService, id: &str, len: usize) -> Result<(), DecideError> {
+    if st.engine.limits().check_read(len).is_err() {
+        return Err(DecideError::field(
+            "state",
+            format!(
+                "question '{id}': the prompt is {len} tokens, more than this model's maximum context length of {} tokens",
+                st.engine.limits().max_model_len
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a request writes to the prompt cache besides its session retention.
@@ -352,42 +398,6 @@ async fn execute(
 /// The state a content-free read puts where the request's state was.
 const CONTENT_FREE: &str = "N/A";
 
-/// `p` (per option) by listed position of `order` (`order[pos]` is the option there; none: the same).
-fn to_positions(p: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
-    match order {
-        Some(o) if o.len() == p.len() => o.iter().map(|&i| p[i]).collect(),
-        _ => p.to_vec(),
-    }
-}
-
-/// The inverse of [`to_positions`].
-fn from_positions(by_pos: &[f64], order: Option<Vec<usize>>) -> Vec<f64> {
-    match order {
-        Some(o) if o.len() == by_pos.len() => {
-            let mut p = vec![0.0; by_pos.len()];
-            for (pos, &i) in o.iter().enumerate() {
-                p[i] = by_pos[pos];
-            }
-            p
-        }
-        _ => by_pos.to_vec(),
-    }
-}
-
-/// `p` divided by the content-free prior, renormalised (unchanged where the prior is unusable).
-fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
-    if prior.len() != p.len() || prior.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
-        return p.to_vec();
-    }
-    let q: Vec<f64> = p.iter().zip(prior).map(|(a, b)| a / b).collect();
-    let total: f64 = q.iter().sum();
-    if total > 0.0 && total.is_finite() {
-        q.iter().map(|x| x / total).collect()
-    } else {
-        p.to_vec()
-    }
-}
-
 /// Plans, runs and combines every read of `req`. With calibration, each question's content-free prior
 /// comes from the service's [`crate::priors::PriorCache`] when this question shape was seen before; else
 /// the same reads over a content-free state run alongside the request's (one more engine decision) and
@@ -399,13 +409,15 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
     let n = req.questions.len();
     let mut usage = Usage::default();
     let keep = req.keep_alive.map(|k| (k, req.tenant));
+    // numbered labels (a choice beyond 26 options) stay uncalibrated; a cloze read's names are
+    // calibrated through the same trie
     let is_trie = |qi: usize| {
         main.iter()
-            .any(|r| r.question == qi && matches!(r.labels, Labels::Trie(_)))
+            .any(|r| r.question == qi && !r.cloze && matches!(r.labels, Labels::Trie(_)))
     };
     // per question: the prior (None: uncalibrated), and whether it came from the cache
     let mut priors: Vec<(Option<Vec<f64>>, bool)> = vec![(None, false); n];
-    let mut answers = if req.read.calibrated {
+    let mut answers = if read_method(st, req).calibrated {
         let mut cf = req.clone();
         cf.state = State::Text(CONTENT_FREE.to_string());
         let prior_plan = plan(st, &cf, false)?;
@@ -480,6 +492,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         let first = main.iter().find(|r| r.question == qi);
         let orders = main.iter().filter(|r| r.question == qi).count();
         let set = first.is_some_and(|r| r.tree.is_some());
+        let cloze = first.is_some_and(|r| r.cloze);
         let ordered = first.is_some_and(|r| r.order.is_some()) && read_method(st, req).ordered && !set;
         let (prior, cached) = &priors[qi];
         if let Some(pr) = prior {
@@ -491,6 +504,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
             ordered,
             calibrated: prior.is_some(),
             set,
+            cloze,
         }
         .name();
         diagnostics.push(Diagnostics {

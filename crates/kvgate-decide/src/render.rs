@@ -50,6 +50,25 @@ pub fn set_text(q: &Question) -> Option<(String, Vec<String>)> {
     Some((text(q, true), lines.into_iter().map(|l| l + "\n").collect()))
 }
 
+/// A cloze read's question text (a choice answered by option name): the instructions, each option as
+/// `- name: description` (or `- name`) in the order given, and a closing line asking for the name.
+pub fn cloze_text(instructions: &Content, options: &[(String, Option<Content>)]) -> String {
+    let mut out = String::new();
+    let head = instructions.text();
+    if !head.is_empty() {
+        out.push_str(&head);
+        out.push('\n');
+    }
+    for (name, desc) in options {
+        match desc {
+            Some(d) => out.push_str(&format!("- {name}: {}\n", d.text())),
+            None => out.push_str(&format!("- {name}\n")),
+        }
+    }
+    out.push_str("Answer with the name of one option only.");
+    out
+}
+
 fn option_line(label: &str, (name, desc): &(String, Option<Content>)) -> String {
     match desc {
         Some(d) => format!("{label}: {name} ({})", d.text()),
@@ -165,5 +184,12 @@ mod tests {
             no: None,
         };
         assert_eq!(question_text(&n), "yes: It is urgent\nAnswer with yes or no only.");
+        let Question::Choice { instructions, options } = &q else {
+            unreachable!()
+        };
+        assert_eq!(
+            cloze_text(instructions, options),
+            "Which team?\n- billing: Payments\n- sales\nAnswer with the name of one option only."
+        );
     }
 }

@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 use crate::answer::{self, Answer};
 use crate::error::DecideError;
 use crate::labels::LabelTable;
+use crate::orders::ReadMethod;
 use crate::priors::PriorCache;
 use crate::reads;
 use crate::spec::{DecisionSpec, Question};
@@ -74,6 +75,8 @@ pub struct DecisionService {
     pub(crate) orders: usize,
     /// Whether a calibrating read method calibrates yes/no questions too.
     pub(crate) yes_no_calibration: bool,
+    /// The read method when a request does not say (`x_read`).
+    pub(crate) default_read: ReadMethod,
     pub(crate) model_name: String,
 }
 
@@ -97,8 +100,21 @@ impl DecisionService {
             temperature,
             orders: orders.clamp(1, crate::orders::MAX_ORDERS),
             yes_no_calibration: true,
+            default_read: ReadMethod::DEFAULT,
             model_name,
         }
+    }
+
+    /// The service with this read method for requests that do not name one (`ordered+calibrated`
+    /// unless set).
+    pub fn with_default_read(mut self, read: ReadMethod) -> DecisionService {
+        self.default_read = read;
+        self
+    }
+
+    /// The read method of requests that do not name one.
+    pub fn default_read(&self) -> ReadMethod {
+        self.default_read
     }
 
     /// The service with yes/no questions calibrated by a calibrating read method (`true`, the

@@ -90,8 +90,8 @@ pub struct DecisionSpec {
     pub keep_alive: Option<Duration>,
     /// Prefix-cache isolation key (already joined to the tenant's when tenants are kept apart).
     pub cache_salt: Option<String>,
-    /// How choices are read (`x_read`).
-    pub read: ReadMethod,
+    /// How choices are read (`x_read`; none: the service's default for its model).
+    pub read: Option<ReadMethod>,
     /// Option orders read per choice when ordered (`x_orders`; none: the service's default for its model).
     pub orders: Option<usize>,
     /// Who asks (the API key's index when several keys are configured): its `keep_alive` pins count
@@ -115,7 +115,7 @@ impl DecisionSpec {
             instructions: None,
             keep_alive: None,
             cache_salt: None,
-            read: ReadMethod::DEFAULT,
+            read: None,
             orders: None,
             tenant: None,
             breakpoints: vec![],

@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::orders::ReadMethod;
 use crate::spec::Question;
 
 /// The temperature per question type.
@@ -20,16 +21,14 @@ pub struct DecisionTemperature {
 }
 
 impl DecisionTemperature {
-    /// The default, chosen on the labeled benchmark (`benches/decision_quality.rs`, ordered+calibrated
-    /// reads, temperatures fitted by least log loss): choices are sharpened, since averaging several
-    /// option orders makes them underconfident — the best fit was 0.37 on the default model and ≤ 0.25
-    /// on Qwen2.5 0.5B (whose choice ECE was 0.39 at T = 1); 0.35 keeps the default model's ECE
-    /// under 0.10 (0.092). Yes/no and score fits pointed different ways on the two models (noul 0.8
-    /// and 2.0, score 9.8 on a model whose scores were at chance, 0.8) and did not lower the
-    /// cross-validated ECE, so they stay at 1.
+    /// The default of a model nothing was fitted for: T = 1 for every type. Its default read is
+    /// `cloze+calibrated` ([`ReadMethod::UNFITTED`]), whose choice temperatures fitted on three models
+    /// straddle 1 (0.78, 1.04, 1.33; `FITTED`), and no yes/no or score fit lowered the held-out ECE
+    /// on more than one of them. (The letter reads over every rotation, the default before, were
+    /// underconfident and took 0.35.)
     pub const DEFAULT: DecisionTemperature = DecisionTemperature {
         noul: 1.0,
-        choice: 0.35,
+        choice: 1.0,
         score: 1.0,
     };
 
@@ -74,20 +73,26 @@ pub struct Fitted {
     /// content-free yes/no read is label bias worth dividing out; a stronger one's is an answer (to
     /// "N/A"), and dividing it out over-corrects.
     pub yes_no_calibration: bool,
+    /// The read method when a request does not say (`x_read`).
+    pub read: ReadMethod,
 }
 
-/// Fitted per model on the labeled benchmark (`benches/decision_quality.rs`, `ordered+calibrated`
-/// reads, temperatures by least log loss). Orders: the fewest whose choice accuracy equals all
-/// rotations'. A type keeps T = 1 unless the temperature fitted on one half of its items lowered the ECE
-/// on the other half (2-fold) below T = 1's; then it takes the temperature fitted on all of them.
-/// README "System One" has the table.
+/// Fitted per model on the labeled benchmark (`benches/decision_quality.rs`, 200 items, 2026-12-07):
+/// the default read is the method that beat the generative routing call by the most for the reads it
+/// costs — `cloze+calibrated` on all four models measured (choices answered by option name in one
+/// read; `docs/decisions.md` has the table), so it is also the default of a model nothing was fitted
+/// for ([`ReadMethod::UNFITTED`]). Temperatures by least log loss on that read; a type keeps T = 1
+/// unless the temperature fitted on one half of its items lowered the ECE on the other half (2-fold)
+/// below T = 1's; then it takes the temperature fitted on all of them. Orders: for a request that
+/// asks for `ordered` reads without `x_orders`, the fewest whose choice accuracy equals all
+/// rotations' (fitted on the letter reads before).
 const FITTED: [(ModelShape, Fitted); 3] = [
     (
-        // SmolLM2-135M-Instruct (the default model). One order (the canonical one): choice accuracy
-        // 26/80 as with all rotations (two orders: 21/80), Brier 0.711 vs 0.723; its choices: ECE 0.071
-        // at T = 1, 0.035 held out at the fitted 1.78. Scores: 0.198 at T = 1, 0.045 held out at the
-        // fitted 9.81 (its score reads are at chance, 10 of 40: calibration flattens them); yes/no:
-        // 0.073 at T = 1, 0.168 fitted.
+        // SmolLM2-135M-Instruct (the default model). cloze+calibrated 93/200 (yes/no 49, choice 34,
+        // score 10) against ordered+calibrated's 85 (49, 26, 10) and the generative call's 74.
+        // Choices: ECE 0.189 at T = 1, 0.188 held out at the fitted 1.04; scores: 0.198, 0.037 held
+        // out at the fitted 28.7 (its score reads are at chance, 10 of 40: calibration flattens them);
+        // yes/no: 0.073 at T = 1, 0.168 fitted.
         ModelShape {
             hidden: 576,
             layers: 30,
@@ -97,19 +102,20 @@ const FITTED: [(ModelShape, Fitted); 3] = [
             model: "SmolLM2-135M",
             temperature: DecisionTemperature {
                 noul: 1.0,
-                choice: 1.78,
-                score: 9.81,
+                choice: 1.04,
+                score: 28.72,
             },
             orders: 1,
             // yes/no 49/80 calibrated, 44/80 not
             yes_no_calibration: true,
+            read: ReadMethod::CLOZE,
         },
     ),
     (
-        // Qwen2.5-0.5B (Instruct, Coder). All rotations: one order's choice accuracy is 34/80 against
-        // 55/80. Choices: averaging the orders leaves them underconfident (ECE 0.389 at T = 1, 0.184
-        // held out at the fitted 0.07, still above 0.10); yes/no: 0.099 at T = 1, 0.614 fitted;
-        // scores: 0.075 at T = 1, 0.131 fitted.
+        // Qwen2.5-0.5B (Instruct, Coder). cloze+calibrated 109/200 (46, 49, 14) in one read against
+        // the generative call's 90; ordered+calibrated over every rotation reads 115 (46, 55, 14) at
+        // 5–9 reads a choice (one read's letters: 34/80 choices). Choices: ECE 0.178 at T = 1, 0.140
+        // held out at the fitted 0.78; yes/no: 0.099, 0.621 fitted; scores: 0.075, 0.131 fitted.
         ModelShape {
             hidden: 896,
             layers: 24,
@@ -119,21 +125,20 @@ const FITTED: [(ModelShape, Fitted); 3] = [
             model: "Qwen2.5-0.5B",
             temperature: DecisionTemperature {
                 noul: 1.0,
-                choice: 0.07,
+                choice: 0.78,
                 score: 1.0,
             },
             orders: crate::orders::MAX_ORDERS,
             // yes/no 46/80 calibrated, 40/80 not
             yes_no_calibration: true,
+            read: ReadMethod::CLOZE,
         },
     ),
     (
-        // Qwen2.5-1.5B (Coder-Instruct Q4_K_M, 2026-12-06). One order (the canonical one, 2026-12-07):
-        // choice accuracy 65/80 as with all rotations (two orders: 63/80; plain, as listed: 63/80), so
-        // a choice costs one read instead of one per option. Choices: ECE 0.169 at T = 1, 0.093 held
-        // out at the fitted 0.39 (all rotations: 0.169, 0.100 at the same T); yes/no: 0.072 at T = 1,
-        // 0.410 fitted; scores: 0.139 at T = 1, 0.152 fitted. Accuracy 148/200 (64, 65, 19) against
-        // 133/200 for the generative call, as with all rotations.
+        // Qwen2.5-1.5B (Coder-Instruct Q4_K_M). cloze+calibrated 148/200 (64, 65, 19), as
+        // ordered+calibrated in one order, against the generative call's 133; ECE 0.077 at T = 1
+        // (letters: 0.082). Choices: ECE 0.113 at T = 1, 0.097 held out at the fitted 1.33; yes/no:
+        // 0.089, 0.195 fitted; scores: 0.139, 0.152 fitted.
         ModelShape {
             hidden: 1536,
             layers: 28,
@@ -143,12 +148,13 @@ const FITTED: [(ModelShape, Fitted); 3] = [
             model: "Qwen2.5-1.5B",
             temperature: DecisionTemperature {
                 noul: 1.0,
-                choice: 0.39,
+                choice: 1.33,
                 score: 1.0,
             },
             orders: 1,
             // yes/no 59/80 calibrated, 64/80 not (choices and scores keep their calibration)
             yes_no_calibration: false,
+            read: ReadMethod::CLOZE,
         },
     ),
 ];

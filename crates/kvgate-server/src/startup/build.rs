@@ -111,8 +111,14 @@ where
             DecisionTemperatureSetting::Fixed(_) => "overridden by --decision-temperature",
         };
         info!(
-            "decision calibration fitted for {}: temperatures {} ({how}), {} option order(s) per choice, yes/no {}calibrated{}",
+            "decision calibration fitted for {}: read {}{}, temperatures {} ({how}), {} option order(s) per choice, yes/no {}calibrated{}",
             f.model,
+            f.read.name(),
+            if args.decision_read.is_some() {
+                " (overridden by --decision-read)"
+            } else {
+                ""
+            },
             f.temperature,
             f.orders,
             if f.yes_no_calibration { "" } else { "un" },

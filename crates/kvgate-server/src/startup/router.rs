@@ -152,6 +152,11 @@ pub fn assemble(
             args.decision_yes_no_calibration
                 .or(fitted.map(|f| f.yes_no_calibration))
                 .unwrap_or(true),
+        )
+        .with_default_read(
+            args.decision_read
+                .or(fitted.map(|f| f.read))
+                .unwrap_or(kvgate_decide::orders::ReadMethod::UNFITTED),
         ),
     );
     let store_bytes = args.responses_store_memory.bytes() as usize;

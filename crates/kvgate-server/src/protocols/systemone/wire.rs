@@ -18,14 +18,15 @@ use serde_json::{Map, Value};
 
 use crate::http::error::Detail;
 
-/// Parses `x_read` (absent or null: the default, `ordered+calibrated`).
-fn read_method(v: Option<&Value>) -> Result<ReadMethod, String> {
+/// Parses `x_read` (absent or null: none, the served model's default).
+fn read_method(v: Option<&Value>) -> Result<Option<ReadMethod>, String> {
     let expected = || {
-        "Input should be 'plain', 'ordered', 'calibrated', 'ordered+calibrated', 'set' or 'set+calibrated'".to_string()
+        let names: Vec<String> = ReadMethod::names().map(|n| format!("'{n}'")).collect();
+        format!("Input should be one of {}", names.join(", "))
     };
     match v {
-        None | Some(Value::Null) => Ok(ReadMethod::DEFAULT),
-        Some(Value::String(s)) => ReadMethod::from_name(s).ok_or_else(expected),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => ReadMethod::from_name(s).map(Some).ok_or_else(expected),
         Some(_) => Err(expected()),
     }
 }
@@ -421,7 +422,7 @@ pub fn parse(bytes: &[u8], max_questions: usize) -> Result<Request, Vec<Detail>>
     };
     let read = read_method(obj.get("x_read")).unwrap_or_else(|msg| {
         e.push("literal_error", &["x_read"], msg, &obj["x_read"]);
-        ReadMethod::DEFAULT
+        None
     });
     let orders = orders(obj.get("x_orders")).unwrap_or_else(|msg| {
         e.push("int_type", &["x_orders"], msg, &obj["x_orders"]);

@@ -112,11 +112,13 @@ fn conversation_state_and_structured_state() {
 
 #[test]
 fn read_method_and_orders() {
-    for name in ["plain", "ordered", "calibrated", "ordered+calibrated"] {
-        assert_eq!(read_method(Some(&Value::from(name))).unwrap().name(), name);
+    for name in ReadMethod::names() {
+        assert_eq!(read_method(Some(&Value::from(name))).unwrap().unwrap().name(), name);
     }
-    assert!(read_method(Some(&Value::from("shuffled"))).is_err());
-    assert_eq!(read_method(None), Ok(ReadMethod::DEFAULT));
+    let bad = read_method(Some(&Value::from("shuffled"))).unwrap_err();
+    assert!(bad.contains("'cloze+calibrated'"), "{bad}");
+    // absent: the served model's default, chosen by the service
+    assert_eq!(read_method(None), Ok(None));
     assert_eq!(orders(Some(&Value::from(2))), Ok(Some(2)));
     assert_eq!(orders(None), Ok(None));
     for bad in [Value::from(0), Value::from(9), Value::from(1.5), Value::from("2")] {

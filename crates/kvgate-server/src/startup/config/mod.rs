@@ -293,7 +293,7 @@ pub struct Args {
 
     /// Temperature of System One answers per question type (noul=T,choice=T,score=T, or one T):
     /// T > 1 softens, T < 1 sharpens; the answer itself never changes. auto: the temperatures fitted for
-    /// the served model when it is a fitted one, else noul=1,choice=0.35,score=1
+    /// the served model when it is a fitted one, else noul=1,choice=1,score=1
     #[arg(long, env = "KVGATE_DECISION_TEMPERATURE", default_value = "auto")]
     pub decision_temperature: DecisionTemperatureSetting,
 
@@ -306,6 +306,12 @@ pub struct Args {
     /// false); default: what was fitted for the served model (false for Qwen2.5-1.5B), else true
     #[arg(long, env = "KVGATE_DECISION_YES_NO_CALIBRATION")]
     pub decision_yes_no_calibration: Option<bool>,
+
+    /// How decisions read their questions when a request does not say (x_read: plain, ordered,
+    /// calibrated, ordered+calibrated, set, set+calibrated, cloze, cloze+calibrated); default: the
+    /// method fitted for the served model when it is a fitted one, else cloze+calibrated
+    #[arg(long, env = "KVGATE_DECISION_READ", value_parser = parse_read_method)]
+    pub decision_read: Option<kvgate_decide::orders::ReadMethod>,
 
     /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
     #[arg(long, env = "KVGATE_MODEL_ALIAS", num_args = 0.., value_delimiter = ',', default_value = "jev-latest,jev-preview")]
@@ -537,3 +543,8 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests;
+
+/// A read method by its wire name (`--decision-read`).
+fn parse_read_method(s: &str) -> Result<kvgate_decide::orders::ReadMethod, String> {
+    kvgate_decide::orders::ReadMethod::try_from(s.to_string())
+}
