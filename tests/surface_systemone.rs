@@ -11,6 +11,18 @@ use serde_json::json;
 /// name `ordered+calibrated` as the server's default.
 const LETTERS: &[&str] = &["--decision-read", "ordered+calibrated"];
 
+/// Question `q`'s probabilities by option name.
+fn probs(r: &serde_json::Value) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = r["answers"]["q"]["probabilities"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
 fn noul_request(model: &str, state: &str) -> serde_json::Value {
     json!({"model": model, "state": state, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}})
 }
@@ -210,16 +222,6 @@ fn choices_are_read_in_balanced_orders_and_do_not_depend_on_listing() {
         (Some("ordered+calibrated"), Some(5)),
         "{d}"
     );
-    let probs = |r: &serde_json::Value| {
-        let mut v: Vec<(String, f64)> = r["answers"]["q"]["probabilities"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
-    };
     let first_ordered = ask(listed[0].clone(), Some("ordered"));
     // set: the options as parallel branches of one read (tree attention), exact to the bit
     let first_set = ask(listed[0].clone(), Some("set"));
@@ -412,16 +414,6 @@ fn cloze_reads_answer_by_name_in_one_read() {
         );
         assert_eq!(st, 200, "{r}");
         r
-    };
-    let probs = |r: &serde_json::Value| {
-        let mut v: Vec<(String, f64)> = r["answers"]["q"]["probabilities"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
     };
     let state = "The invoice was charged twice.";
     let listed = [

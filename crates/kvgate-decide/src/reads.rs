@@ -211,36 +211,28 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
                 }
                 _ => None,
             };
-            if let Some((labels, question)) = cloze {
-                let prompt = encode(&st.render(&messages_with(req, question), &kwargs)?)?;
-                let longest = match &labels {
-                    Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
-                    Labels::Single(_) => 0,
-                };
-                check_len(st, id, prompt.len() + longest)?;
-                plan.push(Planned {
-                    question: qi,
-                    order,
-                    labels,
-                    prompt,
-                    tree: None,
-                    cloze: true,
-                });
-                continue;
-            }
-            let labels = labels_for(st, id, &vq)?;
-            // a set read: the options as branches (the plain read of the canonical order when the
-            // question has no option lines or the template moved the markers)
-            let branched = match render::set_text(&vq).filter(|_| method.set) {
-                Some((question, lines)) => {
-                    let text = st.render(&messages_with(req, question), &kwargs)?;
-                    set::prompt(&text, &lines, encode)?
+            let is_cloze = cloze.is_some();
+            let (labels, prompt, tree) = match cloze {
+                Some((labels, question)) => {
+                    let prompt = encode(&st.render(&messages_with(req, question), &kwargs)?)?;
+                    (labels, prompt, None)
                 }
-                None => None,
-            };
-            let (prompt, tree) = match branched {
-                Some((p, t)) => (p, Some(t)),
-                None => (encode(&st.render(&messages(req, &vq), &kwargs)?)?, None),
+                None => {
+                    let labels = labels_for(st, id, &vq)?;
+                    // a set read: the options as branches (the plain read of the canonical order
+                    // when the question has no option lines or the template moved the markers)
+                    let branched = match render::set_text(&vq).filter(|_| method.set) {
+                        Some((question, lines)) => {
+                            let text = st.render(&messages_with(req, question), &kwargs)?;
+                            set::prompt(&text, &lines, encode)?
+                        }
+                        None => None,
+                    };
+                    match branched {
+                        Some((p, t)) => (labels, p, Some(t)),
+                        None => (labels, encode(&st.render(&messages(req, &vq), &kwargs)?)?, None),
+                    }
+                }
             };
             let longest = match &labels {
                 Labels::Trie(t) => t.branches().iter().map(|(p, _)| p.len()).max().unwrap_or(0),
@@ -250,10 +242,10 @@ fn plan(st: &DecisionService, req: &DecisionSpec, count: bool) -> Result<Vec<Pla
             plan.push(Planned {
                 question: qi,
                 order,
+                cloze: is_cloze,
                 labels,
                 prompt,
                 tree,
-                cloze: false,
             });
         }
         if count {
