@@ -145,28 +145,52 @@ fn main() {
             .map(|(i, t)| (t.to_string(), json!(format!("handles region {i}"))))
             .collect();
         let mut cost = vec![];
-        // orders 0: the request leaves `x_orders` out (the served model's default: one order on the
-        // default model)
-        // read None: the request leaves `x_read` out (the served model's default read)
-        let methods: [(Option<&str>, usize, bool); 14] = [
-            (Some("plain"), 1, false),
-            (Some("ordered"), 8, false),
-            (Some("ordered"), 2, false),
-            (Some("ordered+calibrated"), 8, false),
-            (Some("ordered+calibrated"), 2, false),
-            (Some("ordered+calibrated"), 2, true),
-            (None, 0, false),
-            (None, 0, true),
-            (Some("set"), 0, false),
-            (Some("set+calibrated"), 0, false),
-            (Some("set+calibrated"), 0, true),
-            (Some("cloze"), 0, false),
-            (Some("cloze+calibrated"), 0, false),
-            (Some("cloze+calibrated"), 0, true),
+        // (row, x_read — None: left out, the served model's default read —, x_orders — 0: left out, the
+        // served model's default —, the question asked before over another state)
+        let methods: [(&str, Option<&str>, usize, bool); 14] = [
+            ("plain", Some("plain"), 1, false),
+            ("ordered, all orders", Some("ordered"), 8, false),
+            ("ordered, 2 orders", Some("ordered"), 2, false),
+            (
+                "ordered+calibrated, all orders, new question shape",
+                Some("ordered+calibrated"),
+                8,
+                false,
+            ),
+            (
+                "ordered+calibrated, 2 orders, new question shape",
+                Some("ordered+calibrated"),
+                2,
+                false,
+            ),
+            (
+                "ordered+calibrated, 2 orders, question asked before",
+                Some("ordered+calibrated"),
+                2,
+                true,
+            ),
+            ("the model's default read, new question shape", None, 0, false),
+            ("the model's default read, question asked before", None, 0, true),
+            ("set (the options as branches of one read)", Some("set"), 0, false),
+            ("set+calibrated, new question shape", Some("set+calibrated"), 0, false),
+            ("set+calibrated, question asked before", Some("set+calibrated"), 0, true),
+            ("cloze (by option name, one read)", Some("cloze"), 0, false),
+            (
+                "cloze+calibrated, new question shape",
+                Some("cloze+calibrated"),
+                0,
+                false,
+            ),
+            (
+                "cloze+calibrated, question asked before",
+                Some("cloze+calibrated"),
+                0,
+                true,
+            ),
         ];
-        for (mi, (read, orders, prior_known)) in methods.iter().enumerate() {
-            if default_only && ![0, 6, 7].contains(&mi) {
-                cost.push(None);
+        for (mi, (row, read, orders, prior_known)) in methods.iter().enumerate() {
+            // plain (the first) always runs
+            if default_only && mi > 0 && read.is_some() {
                 continue;
             }
             // a new question each time over the same (warm) state: the question's tokens are computed
@@ -192,28 +216,10 @@ fn main() {
                 post(port, "/v1/systemone", &req(rep, &state));
                 warm.push(t0.elapsed().as_secs_f64());
             }
-            cost.push(Some(median(warm)));
+            cost.push((row, median(warm)));
         }
-        let names = [
-            "plain",
-            "ordered, all orders",
-            "ordered, 2 orders",
-            "ordered+calibrated, all orders, new question shape",
-            "ordered+calibrated, 2 orders, new question shape",
-            "ordered+calibrated, 2 orders, question asked before",
-            "the model's default read, new question shape",
-            "the model's default read, question asked before",
-            "set (the options as branches of one read)",
-            "set+calibrated, new question shape",
-            "set+calibrated, question asked before",
-            "cloze (by option name, one read)",
-            "cloze+calibrated, new question shape",
-            "cloze+calibrated, question asked before",
-        ];
-        // plain always runs
-        let plain = cost[0].unwrap_or(f64::NAN);
-        for (name, c) in names.iter().zip(&cost) {
-            let Some(c) = c else { continue };
+        let plain = cost[0].1;
+        for (name, c) in &cost {
             rows.push((
                 format!("choice of {n}, warm ~2,000-token state: {name}"),
                 format!("{c:.3} s ({:.2}x plain)", c / plain),

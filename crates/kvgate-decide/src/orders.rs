@@ -65,8 +65,8 @@ impl ReadMethod {
         set: false,
         cloze: false,
     };
-    /// The default (chosen by measurement, see the module doc).
-    pub const DEFAULT: ReadMethod = ReadMethod {
+    /// `ordered+calibrated`: every option order averaged, calibrated (the default before cloze reads).
+    pub const ORDERED_CALIBRATED: ReadMethod = ReadMethod {
         ordered: true,
         calibrated: true,
         set: false,
@@ -195,7 +195,7 @@ mod tests {
     #[test]
     fn orders_are_rotations_of_one_canonical_order() {
         let a = names(&["sales", "Billing", "tech"]);
-        let o = option_orders(&a, ReadMethod::DEFAULT, MAX_ORDERS);
+        let o = option_orders(&a, ReadMethod::ORDERED_CALIBRATED, MAX_ORDERS);
         assert_eq!(o, vec![vec![1, 0, 2], vec![0, 2, 1], vec![2, 1, 0]]);
         // every option at every position once
         for pos in 0..3 {
@@ -209,12 +209,12 @@ mod tests {
         }
         assert!(ReadMethod::from_name("shuffled").is_none());
         let many: Vec<String> = (0..20).map(|i| format!("o{i:02}")).collect();
-        let o = option_orders(&many, ReadMethod::DEFAULT, MAX_ORDERS);
+        let o = option_orders(&many, ReadMethod::ORDERED_CALIBRATED, MAX_ORDERS);
         assert_eq!(o.len(), MAX_ORDERS);
         assert_eq!(
             option_orders(
                 &(0..30).map(|i| format!("o{i}")).collect::<Vec<_>>(),
-                ReadMethod::DEFAULT,
+                ReadMethod::ORDERED_CALIBRATED,
                 MAX_ORDERS
             )
             .len(),
@@ -226,13 +226,16 @@ mod tests {
     fn fewer_orders() {
         let a = names(&["sales", "Billing", "tech", "ads"]);
         // canonical: ads(3), Billing(1), sales(0), tech(2)
-        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 1), vec![vec![3, 1, 0, 2]]);
         assert_eq!(
-            option_orders(&a, ReadMethod::DEFAULT, 2),
+            option_orders(&a, ReadMethod::ORDERED_CALIBRATED, 1),
+            vec![vec![3, 1, 0, 2]]
+        );
+        assert_eq!(
+            option_orders(&a, ReadMethod::ORDERED_CALIBRATED, 2),
             vec![vec![3, 1, 0, 2], vec![2, 0, 1, 3]]
         );
-        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 3).len(), 3);
-        assert_eq!(option_orders(&a, ReadMethod::DEFAULT, 8).len(), 4);
+        assert_eq!(option_orders(&a, ReadMethod::ORDERED_CALIBRATED, 3).len(), 3);
+        assert_eq!(option_orders(&a, ReadMethod::ORDERED_CALIBRATED, 8).len(), 4);
     }
 
     #[test]
@@ -245,8 +248,8 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            as_names(&a, option_orders(&a, ReadMethod::DEFAULT, MAX_ORDERS)),
-            as_names(&b, option_orders(&b, ReadMethod::DEFAULT, MAX_ORDERS))
+            as_names(&a, option_orders(&a, ReadMethod::ORDERED_CALIBRATED, MAX_ORDERS)),
+            as_names(&b, option_orders(&b, ReadMethod::ORDERED_CALIBRATED, MAX_ORDERS))
         );
     }
 

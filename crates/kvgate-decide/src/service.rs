@@ -100,21 +100,16 @@ impl DecisionService {
             temperature,
             orders: orders.clamp(1, crate::orders::MAX_ORDERS),
             yes_no_calibration: true,
-            default_read: ReadMethod::DEFAULT,
+            default_read: ReadMethod::UNFITTED,
             model_name,
         }
     }
 
-    /// The service with this read method for requests that do not name one (`ordered+calibrated`
-    /// unless set).
+    /// The service with this read method for requests that do not name one (unless set, that of a
+    /// model nothing was fitted for, [`ReadMethod::UNFITTED`]).
     pub fn with_default_read(mut self, read: ReadMethod) -> DecisionService {
         self.default_read = read;
         self
-    }
-
-    /// The read method of requests that do not name one.
-    pub fn default_read(&self) -> ReadMethod {
-        self.default_read
     }
 
     /// The service with yes/no questions calibrated by a calibrating read method (`true`, the
