@@ -22,6 +22,7 @@ fn engine(prefix: bool, kv_events: Option<KvEventSink>, kv_bytes: u64) -> (Engin
             max_model_len: Some(4096),
             int8_activations: false,
             f32_weights: false,
+            chat_template: None,
         },
     )
     .expect("load");

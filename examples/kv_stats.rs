@@ -20,6 +20,7 @@ fn main() {
             max_model_len: Some(4096),
             int8_activations: false,
             f32_weights: false,
+            chat_template: None,
         },
     )
     .unwrap();

@@ -182,6 +182,7 @@ fn default_model_embeddings_match_an_f32_reference() {
         max_model_len: Some(2048),
         int8_activations: false,
         f32_weights,
+        chat_template: None,
     };
     let reference = load(&path, &opts(true)).unwrap();
     let d = reference.model.config().hidden_size;

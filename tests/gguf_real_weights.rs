@@ -73,6 +73,7 @@ fn real_gguf_weights_agree_with_exact_arithmetic_and_llama_cpp() {
                 max_model_len: Some(1024),
                 int8_activations: true,
                 f32_weights: false,
+                chat_template: None,
             },
         )
         .unwrap();
@@ -224,6 +225,7 @@ fn a_head_cut_to_the_first_ids_scores_them_as_the_whole_head() {
         max_model_len: Some(256),
         int8_activations: true,
         f32_weights: false,
+        chat_template: None,
     };
     let cut = 4096;
     for path in paths {

@@ -1,6 +1,7 @@
 //! `serve` on the real-weight GGUFs (Gemma-3-270M and Qwen2.5-Coder-0.5B Q4_K_M, from
 //! scripts/fetch-test-models.sh): both start and answer; Gemma 3, a base model with no chat template,
-//! serves `/v1/completions` and refuses chat with a 400 that says why; past its 512-token sliding window
+//! serves `/v1/completions` and refuses chat with a 400 that says why (and, given `--chat-template
+//! templates/gemma.jinja`, renders Gemma's turns and serves chat and decisions); past its 512-token sliding window
 //! the next-token distribution is the exact one (tests/fixtures/gguf-llamacpp-logprobs.json's numpy
 //! reference) whether the prompt is prefilled in chunks of 64 or found in the prefix cache; Qwen's chat
 //! template renders byte for byte as its own Jinja template does in transformers
@@ -111,6 +112,58 @@ fn gemma_serves_completions_refuses_chat_and_slides_exactly() {
 }
 
 #[test]
+fn gemma_serves_chat_and_decisions_with_a_given_template() {
+    let Some(model) = gguf("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/gemma.jinja");
+    let s = Server::start(&[
+        "--model",
+        &model,
+        "--chat-template",
+        template,
+        "--max-model-len",
+        "2048",
+    ]);
+    let messages = json!([
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
+        {"role": "user", "content": "Capital of France?"}
+    ]);
+    let (st, rendered) = s.post(
+        "/tokenize",
+        &json!({"messages": messages, "add_generation_prompt": true}),
+    );
+    assert_eq!(st, 200, "{rendered}");
+    let text = "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
+                <start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n";
+    let (st, want) = s.post("/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
+    assert_eq!(st, 200, "{want}");
+    assert_eq!(rendered["tokens"], want["tokens"], "Gemma's turn format");
+    assert_eq!(rendered["tokens"][0], 2, "one <bos>");
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens"], rendered["count"]);
+    let (st, r) = s.post(
+        "/v1/systemone",
+        &json!({"state": "My card was charged twice.", "questions": {
+            "team": {"type": "choice", "instructions": "Which team?",
+                     "criteria": {"billing": "Payments", "technical": "Bugs", "sales": "Plans"}}}}),
+    );
+    assert_eq!(st, 200, "{r}");
+    let p = &r["answers"]["team"]["probabilities"];
+    let total: f64 = ["billing", "technical", "sales"]
+        .iter()
+        .map(|k| p[*k].as_f64().unwrap())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-5, "{r}");
+}
+
+#[test]
 fn qwen_serves_chat_and_renders_its_own_template() {
     let Some(model) = gguf("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
         return;
@@ -122,6 +175,7 @@ fn qwen_serves_chat_and_renders_its_own_template() {
             max_model_len: Some(512),
             int8_activations: false,
             f32_weights: false,
+            chat_template: None,
         },
     )
     .unwrap();

@@ -18,6 +18,7 @@ fn default_model_matches_the_references() {
             max_model_len: Some(2048),
             int8_activations: false,
             f32_weights: false,
+            chat_template: None,
         },
     )
     .unwrap();

@@ -67,6 +67,7 @@ pub(crate) fn bytes_per_step(model: &Path) -> Option<StepBytes> {
             // serve's default is 8-bit activations
             int8_activations: !args.contains("--activations f32"),
             f32_weights: false,
+            chat_template: None,
         },
     )
     .ok()?;

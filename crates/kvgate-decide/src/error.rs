@@ -16,7 +16,7 @@ pub enum DecideError {
         message: String,
     },
     /// The model has no chat template to render a read with.
-    #[error("this model has no chat template; use /v1/completions")]
+    #[error("this model has no chat template: serve it with --chat-template, or use /v1/completions")]
     NoChatTemplate,
     /// The engine refused or failed the reads.
     #[error(transparent)]

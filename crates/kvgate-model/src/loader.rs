@@ -64,6 +64,9 @@ pub struct LoadOptions {
     /// reference: the same weight values, none of the packed kernels). Not for serving: four to eight
     /// times the memory.
     pub f32_weights: bool,
+    /// A chat template's Jinja source used in place of the model's own (vLLM's `--chat-template`):
+    /// for a checkpoint that carries none, or one the operator wants replaced.
+    pub chat_template: Option<String>,
 }
 
 fn read_json(path: &Path) -> Option<Value> {
@@ -238,6 +241,7 @@ pub fn load_unprepared(path: &Path, opts: &LoadOptions) -> Result<LoadedModel<St
     }
     eos.sort_unstable();
     eos.dedup();
+    let template = opts.chat_template.clone().or(template);
     let chat_template = template.map(|t| ChatTemplate::new(&t, &bos, &eos_str)).transpose()?;
     let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
     if max_model_len == 0 {

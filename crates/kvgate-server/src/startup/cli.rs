@@ -180,10 +180,12 @@ async fn run(args: Args) -> Result<(), StartError> {
             .map_err(|e| StartError::Server(e.to_string()))??;
         (built, path.display().to_string(), "bert (encoder)".to_string(), 0)
     } else {
+        let chat_template = args.chat_template.as_ref().map(chat_template_source).transpose()?;
         let lopts = LoadOptions {
             max_model_len: args.max_model_len,
             int8_activations: args.activations == Activations::Int8,
             f32_weights: false,
+            chat_template,
         };
         let p2 = path.clone();
         let load_error = |msg: String| StartError::Load {
@@ -288,4 +290,12 @@ async fn run(args: Args) -> Result<(), StartError> {
     }
     info!("kvgate stopped");
     Ok(())
+}
+
+/// `--chat-template`'s source, read and compiled once here so that a bad file or template is named by
+/// the flag rather than reported as the model's.
+fn chat_template_source(t: &crate::startup::config::ChatTemplateSetting) -> Result<String, StartError> {
+    let src = t.source().map_err(StartError::ChatTemplate)?;
+    kvgate_model::ChatTemplate::new(&src, "", "").map_err(|e| StartError::ChatTemplate(e.to_string()))?;
+    Ok(src)
 }

@@ -21,6 +21,9 @@ pub enum StartError {
     /// `--speculative-config` cannot be used.
     #[error("--speculative-config: {0}")]
     Speculative(String),
+    /// `--chat-template` cannot be read or compiled.
+    #[error("--chat-template: {0}")]
+    ChatTemplate(String),
     /// `--model` names nothing.
     #[error("--model {0}: no such file or directory")]
     ModelMissing(String),

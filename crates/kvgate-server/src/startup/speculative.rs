@@ -181,6 +181,7 @@ pub(crate) fn open_draft(
         max_model_len: None,
         int8_activations: target.int8_activations,
         f32_weights: false,
+        chat_template: None,
     };
     let name = path.display();
     let mut draft = load_unprepared(path, &opts).map_err(|e| format!("the draft model {name}: {e}"))?;

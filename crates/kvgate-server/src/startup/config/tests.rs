@@ -161,3 +161,29 @@ fn decision_temperature_is_auto_unless_given() {
     assert_eq!(DecisionTemperatureSetting::Auto.to_string(), "auto");
     assert!(load(["serve", "--decision-temperature", "warm"]).is_err());
 }
+
+#[test]
+fn chat_template_is_a_path_or_the_template_itself() {
+    let a = load(["serve"]).unwrap();
+    assert_eq!(a.chat_template, None);
+    let inline = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}";
+    let a = load(["serve", "--chat-template", inline]).unwrap();
+    assert_eq!(a.chat_template, Some(ChatTemplateSetting::Inline(inline.into())));
+    assert_eq!(a.chat_template.unwrap().source().unwrap(), inline);
+    let a = load(["serve", "--chat-template", "templates/gemma.jinja"]).unwrap();
+    assert_eq!(
+        a.chat_template,
+        Some(ChatTemplateSetting::File("templates/gemma.jinja".into()))
+    );
+    let missing = ChatTemplateSetting::File("/nonexistent/t.jinja".into()).source();
+    assert!(missing.unwrap_err().contains("/nonexistent/t.jinja"));
+    assert!(load(["serve", "--chat-template", " "]).is_err());
+    // the TOML file takes the same values
+    let dir = std::env::temp_dir().join(format!("kvgate-tmpl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("c.toml");
+    std::fs::write(&cfg, "chat-template = \"t.jinja\"\n").unwrap();
+    let a = load(["serve", "--config", cfg.to_str().unwrap()]).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(a.chat_template, Some(ChatTemplateSetting::File("t.jinja".into())));
+}

@@ -61,6 +61,58 @@ pub(crate) fn parse_setting<T: std::str::FromStr<Err = String>>(s: &str) -> Resu
     s.parse()
 }
 
+/// A read method by its wire name (`--decision-read`).
+pub(super) fn parse_read_method(s: &str) -> Result<kvgate_decide::orders::ReadMethod, String> {
+    kvgate_decide::orders::ReadMethod::try_from(s.to_string())
+}
+
+/// `--chat-template` (vLLM's flag): a Jinja file's path, or the template itself — a value containing
+/// `{` is a template (no file name has one in practice), anything else a path, read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum ChatTemplateSetting {
+    /// The template's source, given inline.
+    Inline(String),
+    /// A file holding it.
+    File(std::path::PathBuf),
+}
+
+impl ChatTemplateSetting {
+    /// The template's Jinja source (a file read now; the error names it).
+    pub fn source(&self) -> Result<String, String> {
+        match self {
+            ChatTemplateSetting::Inline(s) => Ok(s.clone()),
+            ChatTemplateSetting::File(p) => {
+                std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            }
+        }
+    }
+}
+
+impl std::str::FromStr for ChatTemplateSetting {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.trim().is_empty() {
+            return Err("a chat template cannot be empty: give a Jinja file's path or the template".into());
+        }
+        Ok(if s.contains('{') {
+            ChatTemplateSetting::Inline(s.to_string())
+        } else {
+            ChatTemplateSetting::File(s.trim().into())
+        })
+    }
+}
+
+impl std::fmt::Display for ChatTemplateSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChatTemplateSetting::Inline(s) => f.write_str(s),
+            ChatTemplateSetting::File(p) => write!(f, "{}", p.display()),
+        }
+    }
+}
+string_setting!(ChatTemplateSetting);
+
 /// `--decision-temperature`: `auto` (the temperatures fitted for the served model when it is one of
 /// [`kvgate_decide::temperature::fitted_for`]'s, else [`DecisionTemperature::DEFAULT`]) or fixed ones.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
