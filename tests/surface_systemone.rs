@@ -23,6 +23,42 @@ fn probs(r: &serde_json::Value) -> Vec<(String, f64)> {
     v
 }
 
+/// The states calibration reads in place of the request's (`kvgate_decide::reads`).
+const CONTENT_FREE: [&str; 3] = ["N/A", "", "[MASK]"];
+
+/// Question `q`'s distribution as the wire gives it: yes/no as [p, 1 − p], else by option name.
+fn dist(r: &serde_json::Value, q: &str) -> Vec<f64> {
+    let a = &r["answers"][q];
+    match a["noul"].as_f64() {
+        Some(p) => vec![p, 1.0 - p],
+        None => {
+            let mut v: Vec<(&String, f64)> = a["probabilities"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k, v.as_f64().unwrap()))
+                .collect();
+            v.sort_by(|a, b| a.0.cmp(b.0));
+            v.into_iter().map(|x| x.1).collect()
+        }
+    }
+}
+
+/// The element-wise mean of distributions.
+fn mean(ds: impl Iterator<Item = Vec<f64>>) -> Vec<f64> {
+    let ds: Vec<Vec<f64>> = ds.collect();
+    (0..ds[0].len())
+        .map(|i| ds.iter().map(|d| d[i]).sum::<f64>() / ds.len() as f64)
+        .collect()
+}
+
+/// `p` divided by `prior`, renormalised.
+fn divided(p: &[f64], prior: &[f64]) -> Vec<f64> {
+    let q: Vec<f64> = p.iter().zip(prior).map(|(a, b)| a / b).collect();
+    let t: f64 = q.iter().sum();
+    q.iter().map(|x| x / t).collect()
+}
+
 fn noul_request(model: &str, state: &str) -> serde_json::Value {
     json!({"model": model, "state": state, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}})
 }
@@ -289,17 +325,26 @@ fn calibration_divides_out_the_content_free_prior() {
         assert_eq!(st, 200, "{r}");
         r
     };
-    // the content-free state itself, calibrated: exactly the uniform distribution
-    for read in ["calibrated", "ordered+calibrated"] {
-        let r = ask("N/A", read);
-        assert_eq!(r["answers"]["n"]["noul"], 0.5, "{read}: {r}");
-        for q in ["c", "s"] {
-            for v in r["answers"][q]["probabilities"].as_object().unwrap().values() {
-                assert!((v.as_f64().unwrap() - 1.0 / 3.0).abs() < 2e-6, "{read} {q}: {r}");
+    // calibration divides out the mean of the same reads over the three content-free states
+    // ("N/A", "", "[MASK]"): checked against the uncalibrated reads of those states
+    let state = "The printer is on fire.";
+    for (read, raw) in [("calibrated", "plain"), ("ordered+calibrated", "ordered")] {
+        let got = ask(state, read);
+        let uncal = ask(state, raw);
+        let priors: Vec<serde_json::Value> = CONTENT_FREE.iter().map(|cf| ask(cf, raw)).collect();
+        for q in ["n", "c", "s"] {
+            let prior = mean(priors.iter().map(|r| dist(r, q)));
+            let want = divided(&dist(&uncal, q), &prior);
+            let got_q = dist(&got, q);
+            for (g, w) in got_q.iter().zip(&want) {
+                assert!((g - w).abs() < 2e-5, "{read} {q}: {got_q:?} vs {want:?}");
             }
+            // one content-free state alone would not give these numbers
+            let one = divided(&dist(&uncal, q), &dist(&priors[0], q));
+            assert!(one.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-3), "{read} {q}");
             // ordering applies to choices only: a score is read once, calibrated
             let want = if q == "c" { read } else { "calibrated" };
-            assert_eq!(r["diagnostics"][q]["x_read"], want);
+            assert_eq!(got["diagnostics"][q]["x_read"], want);
         }
     }
     // a real state: calibration moves the answer, ordered+calibrated keeps the listing-independence
@@ -441,9 +486,20 @@ fn cloze_reads_answer_by_name_in_one_read() {
     let again = ask(state, listed[1].clone(), "cloze+calibrated");
     assert_eq!(probs(&again), probs(&first));
     assert_eq!(again["diagnostics"]["q"]["x_prior"], "cached");
-    // calibration divides the content-free read out: the content-free state reads uniform
-    for p in probs(&ask("N/A", listed[0].clone(), "cloze+calibrated")) {
-        assert!((p.1 - 0.25).abs() < 2e-6, "{p:?}");
+    // calibration divides out the mean of the cloze reads over the content-free states
+    let raw: Vec<f64> = probs(&ask(state, listed[0].clone(), "cloze"))
+        .iter()
+        .map(|p| p.1)
+        .collect();
+    let prior = mean(CONTENT_FREE.iter().map(|cf| {
+        probs(&ask(cf, listed[0].clone(), "cloze"))
+            .iter()
+            .map(|p| p.1)
+            .collect()
+    }));
+    let want = divided(&raw, &prior);
+    for (g, w) in probs(&first).iter().zip(&want) {
+        assert!((g.1 - w).abs() < 2e-5, "{first} vs {want:?}");
     }
     // by name, not by letter: another distribution than the canonical letter read
     let cloze = ask(state, listed[0].clone(), "cloze");

@@ -1,7 +1,7 @@
 //! How questions are read (`x_read`, a kvgate extension): `plain` reads a choice's options once, in the
 //! order listed; `ordered` makes the answer independent of that order and balances the model's position
 //! bias; `calibrated` adds content-free calibration (see `crate::reads`): every question is also read
-//! over a content-free state and its label prior divided out; `ordered+calibrated` is both; `cloze`
+//! over three content-free states and their mean label prior divided out; `ordered+calibrated` is both; `cloze`
 //! answers a choice by option name in one canonical read, and `cloze+calibrated` is the default of
 //! every model measured and of models not fitted (`crate::temperature`): on the 200-item benchmark
 //! (`benches/decision_quality.rs`) it beat the generative routing call by 7.5–9.5 points on three

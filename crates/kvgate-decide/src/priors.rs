@@ -96,6 +96,30 @@ pub(crate) fn from_positions(by_pos: &[f64], order: Option<Vec<usize>>) -> Vec<f
     }
 }
 
+/// The mean of a question's label distributions over the content-free states: each read normalised
+/// over its labels first (a read's label mass does not weigh it), then each option's probability
+/// averaged. Empty for none.
+pub(crate) fn mean_prior<'a>(reads: impl Iterator<Item = &'a [f64]>) -> Vec<f64> {
+    let mut sum: Vec<f64> = vec![];
+    let mut n = 0usize;
+    for p in reads {
+        if sum.is_empty() {
+            sum = vec![0.0; p.len()];
+        }
+        let total: f64 = p.iter().sum();
+        let scale = if total > 0.0 && total.is_finite() {
+            1.0 / total
+        } else {
+            1.0
+        };
+        for (s, x) in sum.iter_mut().zip(p) {
+            *s += x * scale;
+        }
+        n += 1;
+    }
+    sum.iter().map(|s| s / n.max(1) as f64).collect()
+}
+
 /// `p` divided by the content-free prior, renormalised (unchanged where the prior is unusable).
 pub(crate) fn calibrate(p: &[f64], prior: &[f64]) -> Vec<f64> {
     if prior.len() != p.len() || prior.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
@@ -133,5 +157,14 @@ mod tests {
         }
         assert_eq!(c.len(), CAPACITY);
         assert_eq!(c.get(a), None, "the oldest went first");
+    }
+
+    #[test]
+    fn the_prior_is_the_mean_over_content_free_states() {
+        // each read normalised first: the second's label mass (0.5) does not weigh it less
+        let reads = [vec![0.2, 0.8], vec![0.3, 0.2], vec![0.4, 0.6]];
+        let m = mean_prior(reads.iter().map(Vec::as_slice));
+        assert!((m[0] - 0.4).abs() < 1e-12 && (m[1] - 0.6).abs() < 1e-12, "{m:?}");
+        assert!(mean_prior(std::iter::empty()).is_empty());
     }
 }

@@ -12,7 +12,7 @@ use kvgate_engine::{metrics as m, DecideRequest, DecisionOutcome, DecisionRead, 
 use crate::error::DecideError;
 use crate::labels::LabelSet;
 use crate::orders::{combine, option_orders, ReadMethod};
-use crate::priors::{calibrate, from_positions, to_positions};
+use crate::priors::{calibrate, from_positions, mean_prior, to_positions};
 use crate::render::{self, choice_labels, messages, messages_with, template_kwargs};
 use crate::service::{DecisionService, Diagnostics};
 use crate::set;
@@ -387,12 +387,14 @@ async fn execute(
         .collect())
 }
 
-/// The state a content-free read puts where the request's state was.
-const CONTENT_FREE: &str = "N/A";
+/// The states content-free reads put where the request's state was. A question's prior is the mean of
+/// its label distributions over all of them (Calibrate Before Use's three): one content-free string
+/// carries its own lean ("N/A" reads as an answer of sorts), their mean less so.
+const CONTENT_FREE: [&str; 3] = ["N/A", "", "[MASK]"];
 
 /// Plans, runs and combines every read of `req`. With calibration, each question's content-free prior
 /// comes from the service's [`crate::priors::PriorCache`] when this question shape was seen before; else
-/// the same reads over a content-free state run alongside the request's (one more engine decision) and
+/// the same reads over each content-free state run alongside the request's (an engine decision each) and
 /// the prior is kept. Each question's label prior is divided out (multi-token-label choices are left
 /// uncalibrated), then its type's temperature (`--decision-temperature`) applied.
 pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read, DecideError> {
@@ -410,9 +412,14 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
     // per question: the prior (None: uncalibrated), and whether it came from the cache
     let mut priors: Vec<(Option<Vec<f64>>, bool)> = vec![(None, false); n];
     let mut answers = if read_method(st, req).calibrated {
-        let mut cf = req.clone();
-        cf.state = State::Text(CONTENT_FREE.to_string());
-        let prior_plan = plan(st, &cf, false)?;
+        let prior_plans = CONTENT_FREE
+            .iter()
+            .map(|state| {
+                let mut cf = req.clone();
+                cf.state = State::Text(state.to_string());
+                plan(st, &cf, false)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         // a set read's prior is kept apart from a causal read's of the same tokens
         let prior_salt = match read_method(st, req).set {
             true => Some(format!("{}\u{0}set", req.cache_salt.as_deref().unwrap_or(""))),
@@ -420,7 +427,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         };
         let shapes: Vec<_> = (0..n)
             .map(|qi| {
-                let reads = prior_plan.iter().filter(|r| r.question == qi);
+                let reads = prior_plans.iter().flatten().filter(|r| r.question == qi);
                 let labels: Vec<Vec<Vec<u32>>> = reads.clone().map(|r| r.labels.first_read()).collect();
                 st.priors.shape(
                     prior_salt.as_deref(),
@@ -441,36 +448,35 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
                 None => todo.push(qi),
             }
         }
-        let todo_plan: Vec<Planned> = prior_plan
+        // each content-free state's reads are one engine decision of their own (question k: the k-th
+        // in `todo`), so that none needs more of the cache at once than the request's own read does
+        let todo_plans: Vec<Vec<Planned>> = prior_plans
             .into_iter()
-            .filter_map(|mut r| {
-                let k = todo.iter().position(|&q| q == r.question)?;
-                r.question = k;
-                Some(r)
+            .map(|plan| {
+                plan.into_iter()
+                    .filter_map(|mut r| {
+                        r.question = todo.iter().position(|&q| q == r.question)?;
+                        Some(r)
+                    })
+                    .collect()
             })
             .collect();
-        let mut prior_usage = Usage::default();
-        let (a, b) = if todo.is_empty() {
-            (
-                execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage).await,
-                Ok(vec![]),
-            )
+        let mut prior_usage = vec![Usage::default(); CONTENT_FREE.len()];
+        let main_read = execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage);
+        let (a, by_state) = if todo.is_empty() {
+            (main_read.await, vec![])
         } else {
-            futures::future::join(
-                execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage),
-                execute(
-                    st,
-                    &todo_plan,
-                    todo.len(),
-                    &req.cache_salt,
-                    None,
-                    None,
-                    &mut prior_usage,
-                ),
-            )
-            .await
+            let prior_reads = futures::future::join_all(
+                todo_plans
+                    .iter()
+                    .zip(prior_usage.iter_mut())
+                    .map(|(plan, u)| execute(st, plan, todo.len(), &req.cache_salt, None, None, u)),
+            );
+            let (a, b) = futures::future::join(main_read, prior_reads).await;
+            (a, b.into_iter().collect::<Result<Vec<_>, _>>()?)
         };
-        for (&qi, (p, _)) in todo.iter().zip(b?) {
+        for (k, &qi) in todo.iter().enumerate() {
+            let p = mean_prior(by_state.iter().map(|reads| reads[k].0.as_slice()));
             st.priors.put(shapes[qi], to_positions(&p, first_order(qi)));
             priors[qi] = (Some(p), false);
         }
