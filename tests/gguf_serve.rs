@@ -1,8 +1,8 @@
 //! `serve` on the real-weight GGUFs (Gemma-3-270M and Qwen2.5-Coder-0.5B Q4_K_M, from
 //! scripts/fetch-test-models.sh): both start and answer; Gemma 3, a base model with no chat template,
 //! serves `/v1/completions` and refuses chat with a 400 that says why (and, given `--chat-template
-//! templates/gemma.jinja`, renders Gemma's turns and serves chat and decisions); past its 512-token sliding window
-//! the next-token distribution is the exact one (tests/fixtures/gguf-llamacpp-logprobs.json's numpy
+//! templates/gemma.jinja`, renders Gemma's turns and serves chat and decisions; given
+//! `templates/completion.jinja`, plain text turns); past its 512-token sliding window the next-token distribution is the exact one (tests/fixtures/gguf-llamacpp-logprobs.json's numpy
 //! reference) whether the prompt is prefilled in chunks of 64 or found in the prefix cache; Qwen's chat
 //! template renders byte for byte as its own Jinja template does in transformers
 //! (tests/fixtures/qwen-chat-template.json, by scripts/chat-template-fixture.py), with and without tools.
@@ -161,6 +161,25 @@ fn gemma_serves_chat_and_decisions_with_a_given_template() {
         .map(|k| p[*k].as_f64().unwrap())
         .sum();
     assert!((total - 1.0).abs() < 1e-5, "{r}");
+    drop(s);
+    // the plain-text template for base models
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/completion.jinja");
+    let s = Server::start(&[
+        "--model",
+        &model,
+        "--chat-template",
+        template,
+        "--max-model-len",
+        "2048",
+    ]);
+    let (st, rendered) = s.post(
+        "/tokenize",
+        &json!({"messages": messages, "add_generation_prompt": true}),
+    );
+    assert_eq!(st, 200, "{rendered}");
+    let text = "<bos>Be brief.\n\nHi\n\nAnswer:\nHello\n\nCapital of France?\n\nAnswer:\n";
+    let (_, want) = s.post("/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
+    assert_eq!(rendered["tokens"], want["tokens"], "plain turns");
 }
 
 #[test]
