@@ -395,8 +395,8 @@ const CONTENT_FREE: [&str; 3] = ["N/A", "", "[MASK]"];
 /// Plans, runs and combines every read of `req`. With calibration, each question's content-free prior
 /// comes from the service's [`crate::priors::PriorCache`] when this question shape was seen before; else
 /// the same reads over each content-free state run alongside the request's (an engine decision each) and
-/// the prior is kept. Each question's label prior is divided out (multi-token-label choices are left
-/// uncalibrated), then its type's temperature (`--decision-temperature`) applied.
+/// the prior is kept. Each question's label prior is divided out (numbered choices beyond 26 options
+/// are left uncalibrated), then its type's temperature (`--decision-temperature`) applied.
 pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read, DecideError> {
     let main = plan(st, req, true)?;
     let mut writes = writes_of(st, req, &main)?;
