@@ -174,6 +174,9 @@ async fn run(args: Args) -> Result<(), StartError> {
     };
     let int8 = args.activations == Activations::Int8;
     let (built, source, arch, layers) = if kvgate_cpu::encoder::is_encoder_dir(&path) {
+        if args.chat_template.is_some() {
+            warn!("--chat-template is ignored: an encoder model renders no chat");
+        }
         let p2 = path.clone();
         let built = tokio::task::spawn_blocking(move || crate::startup::encoder_model::build_encoder(args, &p2, opts))
             .await
