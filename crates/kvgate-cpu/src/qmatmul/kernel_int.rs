@@ -257,6 +257,19 @@ macro_rules! simd_int {
                     0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
                     14, 7, 15,
                 );
+                // Several rows on the AVX2 kernels: the outputs stay in registers over every block (the
+                // same FMA sequence as through memory; 1.5B prefill +3% on AVX2 + AVX-VNNI). One row
+                // keeps them in memory (its four panels' weights fill the registers), as do the 8-row
+                // AVX-512 instances (not measured with it).
+                let in_regs = R >= 2 && $max_rows == 4;
+                let mut yr = [[_mm256_setzero_ps(); V]; R];
+                if in_regs {
+                    for r in 0..R {
+                        for v in 0..V {
+                            yr[r][v] = _mm256_loadu_ps(y.add(r * TILE_PANELS + v) as *const f32);
+                        }
+                    }
+                }
                 for b in 0..nb {
                     // every call that starts a tile fetches ahead, as the 512-bit kernel does (with all four
                     // panels in registers too: single-stream decode streams each matrix once)
@@ -383,13 +396,25 @@ macro_rules! simd_int {
                             let yp = y.add(r * TILE_PANELS + v) as *mut f32;
                             let sxv = _mm256_broadcast_ss(&*sx.add(r * groups + b * bl / QK));
                             let t = _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][v]), sxv);
-                            let u = _mm256_fmadd_ps(dv, t, _mm256_loadu_ps(yp));
+                            let prev = if in_regs { yr[r][v] } else { _mm256_loadu_ps(yp) };
+                            let u = _mm256_fmadd_ps(dv, t, prev);
                             let u = if offsets {
                                 _mm256_fmadd_ps(mv, _mm256_broadcast_ss(&*xs.add(r * nb + b)), u)
                             } else {
                                 u
                             };
-                            _mm256_storeu_ps(yp, u);
+                            if in_regs {
+                                yr[r][v] = u;
+                            } else {
+                                _mm256_storeu_ps(yp, u);
+                            }
+                        }
+                    }
+                }
+                if in_regs {
+                    for r in 0..R {
+                        for v in 0..V {
+                            _mm256_storeu_ps(y.add(r * TILE_PANELS + v) as *mut f32, yr[r][v]);
                         }
                     }
                 }
