@@ -116,31 +116,16 @@ fn gemma_serves_chat_and_decisions_with_a_given_template() {
     let Some(model) = gguf("gemma-3-270m-q4_k_m.gguf") else {
         return;
     };
-    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/gemma.jinja");
-    let s = Server::start(&[
-        "--model",
-        &model,
-        "--chat-template",
-        template,
-        "--max-model-len",
-        "2048",
-    ]);
+    let s = with_template(&model, "gemma.jinja");
     let messages = json!([
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": [{"type": "text", "text": "Hello"}]},
         {"role": "user", "content": "Capital of France?"}
     ]);
-    let (st, rendered) = s.post(
-        "/tokenize",
-        &json!({"messages": messages, "add_generation_prompt": true}),
-    );
-    assert_eq!(st, 200, "{rendered}");
     let text = "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n\
                 <start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n";
-    let (st, want) = s.post("/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
-    assert_eq!(st, 200, "{want}");
-    assert_eq!(rendered["tokens"], want["tokens"], "Gemma's turn format");
+    let rendered = assert_renders(&s, &messages, text, "Gemma's turn format");
     assert_eq!(rendered["tokens"][0], 2, "one <bos>");
     let (st, r) = s.post(
         "/v1/chat/completions",
@@ -163,23 +148,36 @@ fn gemma_serves_chat_and_decisions_with_a_given_template() {
     assert!((total - 1.0).abs() < 1e-5, "{r}");
     drop(s);
     // the plain-text template for base models
-    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/templates/completion.jinja");
-    let s = Server::start(&[
+    let s = with_template(&model, "completion.jinja");
+    let text = "<bos>Be brief.\n\nHi\n\nAnswer:\nHello\n\nCapital of France?\n\nAnswer:\n";
+    assert_renders(&s, &messages, text, "plain turns");
+}
+
+/// `serve` on `model` with `templates/<file>` as its chat template.
+fn with_template(model: &str, file: &str) -> Server {
+    let template = format!("{}/templates/{file}", env!("CARGO_MANIFEST_DIR"));
+    Server::start(&[
         "--model",
-        &model,
+        model,
         "--chat-template",
-        template,
+        &template,
         "--max-model-len",
         "2048",
-    ]);
+    ])
+}
+
+/// Checks that `messages` render (with the generation prompt) to the tokens of `text`; returns the
+/// rendering (`/tokenize`'s answer).
+fn assert_renders(s: &Server, messages: &Value, text: &str, what: &str) -> Value {
     let (st, rendered) = s.post(
         "/tokenize",
         &json!({"messages": messages, "add_generation_prompt": true}),
     );
     assert_eq!(st, 200, "{rendered}");
-    let text = "<bos>Be brief.\n\nHi\n\nAnswer:\nHello\n\nCapital of France?\n\nAnswer:\n";
-    let (_, want) = s.post("/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
-    assert_eq!(rendered["tokens"], want["tokens"], "plain turns");
+    let (st, want) = s.post("/tokenize", &json!({"prompt": text, "add_special_tokens": false}));
+    assert_eq!(st, 200, "{want}");
+    assert_eq!(rendered["tokens"], want["tokens"], "{what}");
+    rendered
 }
 
 #[test]

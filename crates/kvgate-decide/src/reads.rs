@@ -412,14 +412,14 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
     // per question: the prior (None: uncalibrated), and whether it came from the cache
     let mut priors: Vec<(Option<Vec<f64>>, bool)> = vec![(None, false); n];
     let mut answers = if read_method(st, req).calibrated {
-        let prior_plans = CONTENT_FREE
-            .iter()
-            .map(|state| {
-                let mut cf = req.clone();
-                cf.state = State::Text(state.to_string());
-                plan(st, &cf, false)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut cf = req.clone();
+        let mut prior_plan = |state: &str| {
+            cf.state = State::Text(state.to_string());
+            plan(st, &cf, false)
+        };
+        // a shape is keyed by its reads over the first state: the others' prompts follow from the same
+        // question with a fixed state each, so they are planned only when the prior must be read
+        let first_plan = prior_plan(CONTENT_FREE[0])?;
         // a set read's prior is kept apart from a causal read's of the same tokens
         let prior_salt = match read_method(st, req).set {
             true => Some(format!("{}\u{0}set", req.cache_salt.as_deref().unwrap_or(""))),
@@ -427,7 +427,7 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         };
         let shapes: Vec<_> = (0..n)
             .map(|qi| {
-                let reads = prior_plans.iter().flatten().filter(|r| r.question == qi);
+                let reads = first_plan.iter().filter(|r| r.question == qi);
                 let labels: Vec<Vec<Vec<u32>>> = reads.clone().map(|r| r.labels.first_read()).collect();
                 st.priors.shape(
                     prior_salt.as_deref(),
@@ -450,17 +450,17 @@ pub(crate) async fn run(st: &DecisionService, req: &DecisionSpec) -> Result<Read
         }
         // each content-free state's reads are one engine decision of their own (question k: the k-th
         // in `todo`), so that none needs more of the cache at once than the request's own read does
-        let todo_plans: Vec<Vec<Planned>> = prior_plans
-            .into_iter()
-            .map(|plan| {
-                plan.into_iter()
-                    .filter_map(|mut r| {
-                        r.question = todo.iter().position(|&q| q == r.question)?;
-                        Some(r)
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut todo_plans: Vec<Vec<Planned>> = vec![];
+        if !todo.is_empty() {
+            let rest = CONTENT_FREE[1..].iter().map(|state| prior_plan(state));
+            for plan in std::iter::once(Ok(first_plan)).chain(rest) {
+                let renumbered = plan?.into_iter().filter_map(|mut r| {
+                    r.question = todo.iter().position(|&q| q == r.question)?;
+                    Some(r)
+                });
+                todo_plans.push(renumbered.collect());
+            }
+        }
         let mut prior_usage = vec![Usage::default(); CONTENT_FREE.len()];
         let main_read = execute(st, &main, n, &req.cache_salt, keep, Some(&mut writes), &mut usage);
         let (a, by_state) = if todo.is_empty() {
