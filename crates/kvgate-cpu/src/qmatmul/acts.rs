@@ -1,24 +1,30 @@
 //! Activations quantized for the integer kernels ([`super::kernel_int`]): each row's inputs in groups of
-//! 32, each group scaled by its own `amax / M` and rounded to the nearest integer in `-M..=M`. For 4-bit
-//! weights (whose kernel multiplies bytes) M = 127, llama.cpp's `q8_0` for activations; for 8-bit weights
-//! (whose kernel multiplies 16-bit lanes, `vpmaddwd`) M = 32767 at the same speed, 258× finer: those
-//! matmuls (the LM heads of the GGUFs, Q6_K/Q8_0 layers) are then f32-accurate to ~1e-5. A row's
-//! quantization depends on that row alone, so the integer path keeps batch invariance; the 4-bit side is
-//! not f32 accuracy (the rounding error of a group is up to `amax / 254` per input), which is why decisions
-//! never take it.
+//! 32, each group scaled by its own `amax / M` and rounded to the nearest integer in `-M..=M`. For 4-, 5-
+//! and 6-bit weights (whose kernels multiply bytes, four products a lane) M = 127, llama.cpp's `q8_0` for
+//! activations (finer than the `q8_K` it gives Q6_K: one scale per 256); for 8-bit weights (Q8_0, whose
+//! kernel multiplies 16-bit lanes, `vpmaddwd`) M = 32767 at the same speed, 258× finer, f32-accurate to
+//! ~1e-5. Q6_K (the LM heads of Q4_K_M GGUFs, half their `ffn_down`) went from 16-bit codes to bytes
+//! when its kernel went to four products a lane: on the four GGUFs of `tests/gguf_real_weights.rs` the
+//! 8-bit path's logprobs stay within llama.cpp's own error (pooled max 0.535 / mean 0.056 against its
+//! 0.655 / 0.087). A row's quantization depends on that row alone, so the integer path keeps batch
+//! invariance; it is not f32 accuracy (the rounding error of a group is up to `amax / 254` per input),
+//! which is why decisions never take it.
 
 use rayon::prelude::*;
 
 use super::QK;
 
-/// Quantized rows: values (as bytes for the 4-bit kernel, as 16-bit for the 8-bit one; the same
-/// integers), one scale per 32 inputs, and each group's `sx · Σ q` (the offset term's block sum).
+/// Quantized rows: values (as bytes for the 4-, 5- and 6-bit kernels, as 16-bit for the 8-bit one;
+/// the same integers), one scale per 32 inputs, each group's `sx · Σ q` (the offset term's block sum)
+/// and, for the 6-bit kernel ([`QuantRows::with_sums16`]), the integer `Σ q` of every 16 inputs (its
+/// unsigned weights `q + 32` meet the codes: `32 · Σ q` comes back off).
 #[derive(Debug, Default)]
 pub(super) struct QuantRows {
     pub(super) q8: Vec<i8>,
     pub(super) q16: Vec<i16>,
     pub(super) sx: Vec<f32>,
     pub(super) sums: Vec<f32>,
+    pub(super) sums16: Vec<i32>,
 }
 
 /// An integer code type: bytes (max 127) or 16-bit lanes (max 32767).
@@ -244,6 +250,7 @@ impl QuantRows {
                 q16,
                 sx,
                 sums,
+                sums16: Vec::new(),
             }
         } else {
             let q8 = quantize::<i8>(x, k, which, &mut sx, &mut sums);
@@ -252,8 +259,29 @@ impl QuantRows {
                 q16: Vec::new(),
                 sx,
                 sums,
+                sums16: Vec::new(),
             }
         }
+    }
+
+    /// These byte codes with their integer sums of every 16 (`sums16`, which the 6-bit kernel reads;
+    /// the other kinds do not need them).
+    pub(super) fn with_sums16(mut self, k: usize, which: &[bool]) -> QuantRows {
+        assert!(self.q16.is_empty(), "sums of 16 are of byte codes");
+        let mut sums16 = vec![0i32; which.len() * (k / 16)];
+        sums16
+            .par_chunks_mut(k / 16)
+            .zip(self.q8.par_chunks(k))
+            .zip(which.par_iter())
+            .with_min_len(8)
+            .filter(|(_, &w)| w)
+            .for_each(|((out, q), _)| {
+                for (o, g) in out.iter_mut().zip(q.chunks_exact(16)) {
+                    *o = g.iter().map(|&v| v as i32).sum();
+                }
+            });
+        self.sums16 = sums16;
+        self
     }
 
     /// The value of row `r`, input `i` (the scalar kernel).

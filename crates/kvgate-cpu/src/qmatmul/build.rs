@@ -277,6 +277,7 @@ impl QMatrix {
                         quants[j + e * P] = q(e) as i8 as u8;
                     }
                 }
+                QKind::Q6x => unreachable!("widened 6-bit tiles are made from 6-bit ones"),
                 QKind::Q6 => {
                     for e in 0..bl {
                         let q = q(e) + 32;
@@ -323,7 +324,7 @@ impl QMatrix {
                 // SAFETY-free reinterpretation: the loaders' signed bytes as `i8`
                 QKind::Q8 => Quants::Signed(signed(&qs[c * nb * 32..(c + 1) * nb * 32])),
                 QKind::Q5 => Quants::Five(&qs[c * nb * 32..(c + 1) * nb * 32]),
-                QKind::Q6 | QKind::F16 | QKind::Bf16 => {
+                QKind::Q6 | QKind::Q6x | QKind::F16 | QKind::Bf16 => {
                     unreachable!("6- and 16-bit weights are built by from_blocks16 and from_halves")
                 }
             },
@@ -399,8 +400,8 @@ impl QMatrix {
     }
 
     /// Repacks a GGUF tensor's data (`n` rows of `k`) of any format the kernels take (Q4_0, Q4_1,
-    /// Q8_0, F16, BF16 directly; Q4_K and Q6_K (to 6 bits where that pays, `kernel_int::six_bit_q6`)
-    /// straight from their blocks
+    /// Q8_0, F16, BF16 directly; Q4_K and Q6_K (kept at 6 bits: [`QKind::Q6`]) straight from their
+    /// blocks
     /// ([`super::direct`]); Q5_0, Q5_1, Q5_K through [`crate::repack`]; `five_bit` keeps 5-bit formats
     /// at 5 bits); `None` for other formats or a `k` that is not a multiple of 32.
     pub fn from_ggml(dtype: GgmlDType, data: &[u8], n: usize, k: usize, five_bit: bool) -> Option<QMatrix> {
@@ -439,7 +440,7 @@ impl QMatrix {
     ) -> Option<QMatrix> {
         match dtype {
             GgmlDType::Q4K => QMatrix::from_q4_k_rows(n, k, rows),
-            GgmlDType::Q6K => QMatrix::from_q6_k_rows(n, k, super::kernel_int::six_bit_q6(), rows),
+            GgmlDType::Q6K => QMatrix::from_q6_k_rows(n, k, true, rows),
             _ => {
                 let data: Vec<u8> = (0..n).flat_map(|c| rows(c).iter().copied()).collect();
                 Self::from_ggml(dtype, &data, n, k, five_bit)

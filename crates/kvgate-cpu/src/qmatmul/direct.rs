@@ -122,11 +122,11 @@ impl QMatrix {
                         }
                         let rec = w.record(p, b) - from;
                         if six {
-                            // `QMatrix::q6_at` in blocks of 16: nibble bytes pair inputs e and e + 4 (the
-                            // 8-bit layout's chunks 2n and 2n + 1), plane bytes hold inputs e, e + 4,
-                            // e + 8, e + 12 two bits each
+                            // `QMatrix::q6_at` in blocks of 16: nibble bytes pair inputs e and e + 4
+                            // (chunks 2n and 2n + 1), plane bytes hold inputs e, e + 4, e + 8, e + 12
+                            // two bits each; column j's four inputs of a chunk in one 32-bit lane
                             for e in 0..4 {
-                                let at = e * P + j;
+                                let at = 4 * j + e;
                                 tile[rec + at] = (q[e] & 0xF) | ((q[e + 4] & 0xF) << 4);
                                 tile[rec + 32 + at] = (q[e + 8] & 0xF) | ((q[e + 12] & 0xF) << 4);
                                 tile[rec + 64 + at] = (q[e] >> 4)

@@ -54,6 +54,15 @@ pub(super) fn prepared_heads_pay() -> bool {
     *PATH == Path::Avx2
 }
 
+/// Whether long calls on this path widen each 6-bit tile once for its integer rows
+/// ([`QMatrix::tile_as_bytes`]) instead of each kernel call expanding it: only the AVX2 kernels (4
+/// rows a call) gain. A 65536 × 1024 Q6_K matrix, 512 rows, 2 cores, Intel Xeon, widened → not, ms:
+/// AVX2 + AVX-VNNI 281 / 264 → 296 / 297, AVX2 361 / 355 → 393 / 420; AVX-512 VNNI 173 / 177 →
+/// 174 / 167 (its 8-row calls expand a chunk for 16 `vpdpbusd`; the wider records only add traffic).
+pub(super) fn widened_bytes_pay() -> bool {
+    *PATH == Path::Avx2
+}
+
 /// Accumulators of one call: `[row][panel]`, row stride [`TILE_PANELS`].
 pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 
@@ -65,6 +74,7 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
     assert!(w.kind != QKind::Q6 || w.bl == 16, "6-bit records hold blocks of 16");
+    assert!(w.kind != QKind::Q6x, "widened 6-bit tiles are for the integer kernel");
     let hd = w.heads_ptr(heads);
     match *PATH {
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above and
@@ -242,6 +252,7 @@ macro_rules! simd {
             ) {
                 let (k, nb, bl) = (w.k, w.nb(), w.bl);
                 let mask = _mm256_set1_epi32(0x0F);
+                let (byte, bias) = (_mm256_set1_epi32(0xFF), _mm256_set1_epi32(32));
                 let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
                 let b4 = _mm256_set1_epi32(0x10);
                 let (base, head, offsets) = (w.base(), w.head, w.offsets);
@@ -295,20 +306,40 @@ macro_rules! simd {
                                 }
                             }
                         }
-                    } else if w.kind == QKind::Q8 || w.kind == QKind::Q6 {
-                        // 6-bit records expanded to the 8-bit layout's bytes first (`six`)
-                        let mut wide = [[0u8; 128]; V];
-                        let mut q8 = qp;
-                        if w.kind == QKind::Q6 {
+                    } else if w.kind == QKind::Q6 {
+                        // 6-bit: each chunk expanded in registers (`six::grouped`: input `4c + t` of a
+                        // column is byte t of its lane), each input its byte (a shift by 8t and a
+                        // mask, as needed) less 32 — the 8-bit layout's values in the same order, so
+                        // its bits (vector shifts share their ports with the FMAs: one at most)
+                        for c in 0..bl / 4 {
+                            let mut g = [_mm256_setzero_si256(); V];
                             for v in 0..V {
-                                super::super::six::expand(qp[v], &mut wide[v]);
-                                q8[v] = wide[v].as_ptr();
+                                g[v] = super::super::six::grouped(qp[v], c);
+                            }
+                            for t in 0..4 {
+                                let mut q = [_mm256_setzero_ps(); V];
+                                for v in 0..V {
+                                    let qi = match t {
+                                        0 => _mm256_and_si256(g[v], byte),
+                                        1 => _mm256_and_si256(_mm256_srli_epi32::<8>(g[v]), byte),
+                                        2 => _mm256_and_si256(_mm256_srli_epi32::<16>(g[v]), byte),
+                                        _ => _mm256_srli_epi32::<24>(g[v]),
+                                    };
+                                    q[v] = _mm256_cvtepi32_ps(_mm256_sub_epi32(qi, bias));
+                                }
+                                for r in 0..R {
+                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + 4 * c + t));
+                                    for v in 0..V {
+                                        s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                    }
+                                }
                             }
                         }
+                    } else if w.kind == QKind::Q8 {
                         for e in 0..bl {
                             let mut q = [_mm256_setzero_ps(); V];
                             for v in 0..V {
-                                let raw = _mm_loadl_epi64(q8[v].add(e * P) as *const __m128i);
+                                let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
                                 q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
                             }
                             for r in 0..R {

@@ -7,10 +7,14 @@
 //!
 //! 4-bit weights: `vpmaddubsw` of the unsigned nibbles (four consecutive inputs of a column per 32-bit
 //! lane, see `QMatrix::q4_at`) with the signed activation bytes; a block's 16-bit partial sums stay
-//! below `16 · 15 · 127 = 30,480`, so they are exact without widening until the block ends. 8-bit weights:
-//! a byte shuffle pairs each column's consecutive inputs, `vpmaddwd` against 16-bit activation codes
-//! (within ±32767: a block's 32 products stay below 2³¹ in the 32-bit lanes, no saturation possible). Integer sums are exact in any order, so AVX2, AVX-512 and the scalar loop give
-//! the same bits (tested), and a row's result depends on that row alone.
+//! below `16 · 15 · 127 = 30,480`, so they are exact without widening until the block ends. 6-bit
+//! weights (`QMatrix::q6_at`: also four inputs of a column per lane) as their unsigned `q + 32`
+//! (`0..64`) against the activation bytes (`vpdpbusd`, or `vpmaddubsw` pairs of at most `2 · 63 · 127`),
+//! then `32 · Σ x` of the block taken off in integers: the signed sum exactly. 8-bit weights: a byte
+//! shuffle pairs each column's consecutive inputs, `vpmaddwd` against 16-bit activation codes (within
+//! ±32767: a block's 32 products stay below 2³¹ in the 32-bit lanes, no saturation possible). Integer
+//! sums are exact in any order, so AVX2, AVX-512 and the scalar loop give the same bits (tested), and a
+//! row's result depends on that row alone.
 
 use super::acts::QuantRows;
 use super::kernel::{max_rows, Acc, Path, PATH};
@@ -37,28 +41,32 @@ pub(super) fn run_int(
     assert!(q.sx.len() >= (r0 + rr) * groups);
     match w.kind {
         QKind::Q4 | QKind::Q5 => assert!(q.q8.len() >= (r0 + rr) * k),
-        QKind::Q8 | QKind::Q6 => assert!(q.q16.len() >= (r0 + rr) * k),
+        QKind::Q6 | QKind::Q6x => assert!(q.q8.len() >= (r0 + rr) * k && q.sums16.len() >= (r0 + rr) * (k / 16)),
+        QKind::Q8 => assert!(q.q16.len() >= (r0 + rr) * k),
         QKind::F16 | QKind::Bf16 => panic!("16-bit weights have no integer kernel"),
     }
-    let (q8, q16, sx) = (
+    let (q8, q16, sx, s16) = (
         q.q8.as_ptr().wrapping_add(r0 * k),
         q.q16.as_ptr().wrapping_add(r0 * k),
         q.sx[r0 * groups..].as_ptr(),
+        q.sums16.as_ptr().wrapping_add(r0 * (k / 16)),
     );
     match *PATH {
         // SAFETY: the features were detected at run time (`PATH`); bounds as asserted above (the
         // pointer of the buffer the kind does not use is never read).
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if *VNNI => unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
+        Path::Avx512 if *VNNI => unsafe {
+            super::kernel_zmm::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, y)
+        },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
+        Path::Avx512 => unsafe { avx512::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 if *AVX_VNNI => unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
+        Path::Avx2 if *AVX_VNNI => unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, y) },
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, y) },
         _ => {
             let _ = hd; // the scalar kernel reads the records' own heads
             scalar_int(w, p0, q, r0, xs, rr, y)
@@ -83,34 +91,35 @@ pub(super) fn run_int_each(
     {
         use std::arch::is_x86_feature_detected as has;
         let (k, hd) = (w.k, w.heads_ptr(heads));
-        let (q8, q16, sx) = (
+        let (q8, q16, sx, s16) = (
             q.q8.as_ptr().wrapping_add(r0 * k),
             q.q16.as_ptr().wrapping_add(r0 * k),
             q.sx[r0 * (k / QK)..].as_ptr(),
+            q.sums16.as_ptr().wrapping_add(r0 * (k / 16)),
         );
         let zero = || -> Acc { [[0.0; P]; super::kernel::MAX_ROWS * TILE_PANELS] };
         if has!("avx2") && has!("fma") && has!("f16c") && rr <= 4 {
             let mut y = zero();
             // SAFETY: features detected just above; bounds as `run_int` asserts (the caller passes
             // what `run_int` accepts).
-            unsafe { avx2::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
+            unsafe { avx2::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, &mut y) };
             out.push(("avx2", y));
             if has!("avxvnni") {
                 let mut y = zero();
                 // SAFETY: as above, and AVX-VNNI detected.
-                unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
+                unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, &mut y) };
                 out.push(("avx2 vnni", y));
             }
         }
         if has!("avx512f") && has!("avx512vl") {
             let mut y = zero();
             // SAFETY: as above.
-            unsafe { avx512::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
+            unsafe { avx512::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, &mut y) };
             out.push(("avx512", y));
             if super::kernel_zmm::available() {
                 let mut y = zero();
                 // SAFETY: as above.
-                unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, xs.as_ptr(), hd, rr, &mut y) };
+                unsafe { super::kernel_zmm::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, &mut y) };
                 out.push(("avx512 vnni (512-bit)", y));
             }
         }
@@ -151,9 +160,10 @@ macro_rules! simd_int {
             use super::super::kernel::Acc;
             use super::super::{QKind, QMatrix, P, QK, TILE_PANELS};
 
-            /// SAFETY (caller): the features are available; `q8` (4-bit weights) or `q16` (8-bit) holds
-            /// `rr` rows of `k`, `sx` `rr` rows of `k / 32`, `xs` `rr` rows of `nb`, and panels
-            /// `p0 .. p0 + TILE_PANELS` exist (checked in `run_int`).
+            /// SAFETY (caller): the features are available; `q8` (4-, 5-, 6-bit weights) or `q16`
+            /// (8-bit) holds `rr` rows of `k`, `sx` `rr` rows of `k / 32`, `s16` (6-bit) `rr` rows of
+            /// `k / 16`, `xs` `rr` rows of `nb`, and panels `p0 .. p0 + TILE_PANELS` exist (checked
+            /// in `run_int`).
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn dispatch(
@@ -162,6 +172,7 @@ macro_rules! simd_int {
                 q8: *const i8,
                 q16: *const i16,
                 sx: *const f32,
+                s16: *const i32,
                 xs: *const f32,
                 hd: *const f32,
                 rr: usize,
@@ -176,16 +187,18 @@ macro_rules! simd_int {
                 // the inline factors' instance cost it ~7% on AVX2)
                 let sub = w.sub.is_some() && hd.is_null();
                 match (w.kind, w.bl, sub) {
-                    (QKind::Q4, QK, false) => rows::<0, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q4, QK, true) => rows::<0, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q5, QK, false) => rows::<1, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q5, QK, true) => rows::<1, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, QK, false) => rows::<2, QK, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, QK, true) => rows::<2, QK, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, 16, false) => rows::<2, 16, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q8, 16, true) => rows::<2, 16, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q6, 16, false) => rows::<3, 16, false>(w, p0, q8, q16, sx, xs, hd, rr, y),
-                    (QKind::Q6, 16, true) => rows::<3, 16, true>(w, p0, q8, q16, sx, xs, hd, rr, y),
+                    (QKind::Q4, QK, false) => rows::<0, QK, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q4, QK, true) => rows::<0, QK, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q5, QK, false) => rows::<1, QK, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q5, QK, true) => rows::<1, QK, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q8, QK, false) => rows::<2, QK, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q8, QK, true) => rows::<2, QK, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q8, 16, false) => rows::<2, 16, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q8, 16, true) => rows::<2, 16, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q6, 16, false) => rows::<3, 16, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q6, 16, true) => rows::<3, 16, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q6x, 16, false) => rows::<4, 16, false>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+                    (QKind::Q6x, 16, true) => rows::<4, 16, true>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
                     (kind, bl, _) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
                 }
             }
@@ -200,6 +213,7 @@ macro_rules! simd_int {
                 q8: *const i8,
                 q16: *const i16,
                 sx: *const f32,
+                s16: *const i32,
                 xs: *const f32,
                 hd: *const f32,
                 rr: usize,
@@ -211,16 +225,16 @@ macro_rules! simd_int {
                             // 5-bit on 16 registers: one panel at a time (its 16-bit and widened sums
                             // would not fit for two)
                             for v in 0..TILE_PANELS {
-                                panels::<$r, 1, K, BL, S>(w, p0 + v, q8, q16, sx, xs, hd, y.add(v));
+                                panels::<$r, 1, K, BL, S>(w, p0 + v, q8, q16, sx, s16, xs, hd, y.add(v));
                             }
                         } else {
-                            panels::<$r, 2, K, BL, S>(w, p0, q8, q16, sx, xs, hd, y);
-                            panels::<$r, 2, K, BL, S>(w, p0 + 2, q8, q16, sx, xs, hd, y.add(2));
+                            panels::<$r, 2, K, BL, S>(w, p0, q8, q16, sx, s16, xs, hd, y);
+                            panels::<$r, 2, K, BL, S>(w, p0 + 2, q8, q16, sx, s16, xs, hd, y.add(2));
                         }
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4, K, BL, S>(w, p0, q8, q16, sx, xs, hd, y),
+                    1 => panels::<1, 4, K, BL, S>(w, p0, q8, q16, sx, s16, xs, hd, y),
                     2 => group!(2),
                     3 => group!(3),
                     4 => group!(4),
@@ -241,6 +255,7 @@ macro_rules! simd_int {
                 q8: *const i8,
                 q16: *const i16,
                 sx: *const f32,
+                s16: *const i32,
                 xs: *const f32,
                 hd: *const f32,
                 y: *mut [f32; P],
@@ -353,16 +368,59 @@ macro_rules! simd_int {
                                 };
                             }
                         }
+                    } else if K == 3 || K == 4 {
+                        // 6-bit: the unsigned quants q + 32, four inputs of a column per lane, against
+                        // the byte codes (`vpdpbusd`; without VNNI `vpmaddubsw` pairs, at most
+                        // 2 · 63 · 127, so two chunks' sum fits 16 bits: one row (whose registers
+                        // hold them) widens every two chunks, more rows every chunk), then 32 · Σ x
+                        // of the block off
+                        let pairs = !$vnni && R == 1;
+                        let mut t16 = [[_mm256_setzero_si256(); V]; R];
+                        for c in 0..bl / 4 {
+                            let mut wq = [_mm256_setzero_si256(); V];
+                            for v in 0..V {
+                                wq[v] = if K == 4 {
+                                    _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i)
+                                } else {
+                                    super::super::six::grouped(qp[v], c)
+                                };
+                            }
+                            for r in 0..R {
+                                let xp = q8.add(r * k + b * bl + 4 * c);
+                                let xv = _mm256_set1_epi32((xp as *const i32).read_unaligned());
+                                for v in 0..V {
+                                    if $vnni {
+                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], wq[v], xv);
+                                    } else if pairs {
+                                        t16[r][v] = _mm256_add_epi16(t16[r][v], _mm256_maddubs_epi16(wq[v], xv));
+                                    } else {
+                                        let t = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[v], xv), ones);
+                                        acc[r][v] = _mm256_add_epi32(acc[r][v], t);
+                                    }
+                                }
+                            }
+                            if pairs && c % 2 == 1 {
+                                for r in 0..R {
+                                    for v in 0..V {
+                                        let t = _mm256_madd_epi16(t16[r][v], ones);
+                                        acc[r][v] = _mm256_add_epi32(acc[r][v], t);
+                                        t16[r][v] = _mm256_setzero_si256();
+                                    }
+                                }
+                            }
+                        }
+                        for r in 0..R {
+                            let off = _mm256_set1_epi32(32 * *s16.add(r * (k / 16) + b * bl / 16));
+                            for v in 0..V {
+                                acc[r][v] = _mm256_sub_epi32(acc[r][v], off);
+                            }
+                        }
                     } else {
                         for c in 0..bl / 4 {
                             let mut w01 = [_mm256_setzero_si256(); V];
                             let mut w23 = [_mm256_setzero_si256(); V];
                             for v in 0..V {
-                                let raw = if K == 3 {
-                                    super::super::six::chunk(qp[v], c)
-                                } else {
-                                    _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i)
-                                };
+                                let raw = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
                                 let sh = _mm256_shuffle_epi8(raw, pair);
                                 w01[v] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(sh));
                                 w23[v] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(sh, 1));
@@ -441,18 +499,3 @@ static AVX_VNNI: std::sync::LazyLock<bool> = std::sync::LazyLock::new(|| {
 #[cfg(target_arch = "x86_64")]
 static VNNI: std::sync::LazyLock<bool> =
     std::sync::LazyLock::new(|| std::env::var_os("KVGATE_NO_VNNI").is_none() && super::kernel_zmm::available());
-
-/// Whether Q6_K is best kept at 6 bits on this machine: where the integer kernel runs in 512-bit VNNI
-/// registers (`kernel_zmm`), a decode step is bound by reading the weights, and the 6-bit records read
-/// a quarter fewer bytes (a 65536×1024 matrix, one row: 1,086 vs 1,438 µs); on the AVX2 kernels a
-/// decode step is bound by computing, and expanding 6 bits costs more than the bytes it saves
-/// (Qwen2.5-Coder-1.5B, single-stream decode on the AVX2 path: 27.6 vs 30.5 tok/s). Either layout
-/// gives the same bits.
-pub(crate) fn six_bit_q6() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        *super::kernel::PATH == Path::Avx512 && *VNNI
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}

@@ -131,19 +131,35 @@ unsafe fn panels<const R: usize>(
                     rows!(q, 8 * c + e);
                 }
             }
-        } else if w.kind == QKind::Q8 || w.kind == QKind::Q6 {
-            // 6-bit records expanded to the 8-bit layout's bytes first (`six`): the tile's four
-            // records as four consecutive 128-byte records without heads
-            let mut wide = [[0u8; 128]; TILE_PANELS];
-            let (src, rec, head) = if w.kind == QKind::Q6 {
-                for (v, out) in wide.iter_mut().enumerate() {
-                    // SAFETY: panel p0 + v's record of block b (the caller's bounds).
-                    unsafe { super::six::expand(tile.add(v * rec + head), out) };
+        } else if w.kind == QKind::Q6 {
+            // 6-bit: each chunk of two panels expanded in registers (`six::grouped_pair`: input
+            // `4c + t` of a column is byte t of its lane), each input its byte (a shift by 8t and a
+            // mask, as needed) less 32 — the 8-bit layout's values in the same order, so its bits
+            // (vector shifts share their ports with the FMAs: one at most)
+            let (byte, bias) = (_mm512_set1_epi32(0xFF), _mm512_set1_epi32(32));
+            for c in 0..bl / 4 {
+                // SAFETY: panels p0 .. p0 + 4's 6-bit records of block b (the caller's bounds).
+                let g = unsafe {
+                    [
+                        super::six::grouped_pair(tile, rec, head, c),
+                        super::six::grouped_pair(tile.add(2 * rec), rec, head, c),
+                    ]
+                };
+                for t in 0..4 {
+                    let q = g.map(|g| {
+                        let qi = match t {
+                            0 => _mm512_and_si512(g, byte),
+                            1 => _mm512_and_si512(_mm512_srli_epi32::<8>(g), byte),
+                            2 => _mm512_and_si512(_mm512_srli_epi32::<16>(g), byte),
+                            _ => _mm512_srli_epi32::<24>(g),
+                        };
+                        _mm512_cvtepi32_ps(_mm512_sub_epi32(qi, bias))
+                    });
+                    rows!(q, 4 * c + t);
                 }
-                (wide.as_ptr() as *const u8, 128, 0)
-            } else {
-                (tile, rec, head)
-            };
+            }
+        } else if w.kind == QKind::Q8 {
+            let (src, rec, head) = (tile, rec, head);
             for e in 0..bl {
                 let mut q = [_mm512_setzero_ps(); 2];
                 for (h, qh) in q.iter_mut().enumerate() {

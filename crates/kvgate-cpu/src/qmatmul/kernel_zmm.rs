@@ -24,9 +24,9 @@ pub(super) fn available() -> bool {
     has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") && has!("f16c")
 }
 
-/// SAFETY (caller): [`available`]; `q8` (4/5-bit weights) or `q16` (8-bit) holds `rr` rows of `k` activation codes,
-/// `sx` `rr` rows of `k / 32` scales, `xs` `rr` rows of `nb` block sums; panels `p0 .. p0 +
-/// TILE_PANELS` exist (as `kernel_int::run_int` checks).
+/// SAFETY (caller): [`available`]; `q8` (4/5/6-bit weights) or `q16` (8-bit) holds `rr` rows of `k` activation codes,
+/// `sx` `rr` rows of `k / 32` scales, `s16` (6-bit) `rr` rows of `k / 16` code sums, `xs` `rr` rows of
+/// `nb` block sums; panels `p0 .. p0 + TILE_PANELS` exist (as `kernel_int::run_int` checks).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn dispatch(
@@ -35,6 +35,7 @@ pub(super) unsafe fn dispatch(
     q8: *const i8,
     q16: *const i16,
     sx: *const f32,
+    s16: *const i32,
     xs: *const f32,
     hd: *const f32,
     rr: usize,
@@ -46,11 +47,12 @@ pub(super) unsafe fn dispatch(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match (w.kind, w.bl) {
-            (QKind::Q4, QK) => rows::<0, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
-            (QKind::Q6, 16) => rows::<3, 16>(w, p0, q8, q16, sx, xs, hd, rr, y),
+            (QKind::Q4, QK) => rows::<0, QK>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+            (QKind::Q5, QK) => rows::<1, QK>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+            (QKind::Q8, QK) => rows::<2, QK>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+            (QKind::Q8, 16) => rows::<2, 16>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+            (QKind::Q6, 16) => rows::<3, 16>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
+            (QKind::Q6x, 16) => rows::<4, 16>(w, p0, q8, q16, sx, s16, xs, hd, rr, y),
             (kind, bl) => unreachable!("no integer kernel for {kind:?} in blocks of {bl}"),
         }
     }
@@ -68,6 +70,7 @@ unsafe fn rows<const K: u8, const BL: usize>(
     q8: *const i8,
     q16: *const i16,
     sx: *const f32,
+    s16: *const i32,
     xs: *const f32,
     hd: *const f32,
     rr: usize,
@@ -76,20 +79,20 @@ unsafe fn rows<const K: u8, const BL: usize>(
     // SAFETY (all arms): as the caller guarantees.
     unsafe {
         match rr.min(8) {
-            1 => panels::<1, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            2 => panels::<2, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            3 => panels::<3, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            4 => panels::<4, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            5 => panels::<5, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            6 => panels::<6, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            7 => panels::<7, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
-            _ => panels::<8, K, BL>(w, p0, q8, q16, sx, xs, hd, y),
+            1 => panels::<1, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            2 => panels::<2, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            3 => panels::<3, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            4 => panels::<4, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            5 => panels::<5, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            6 => panels::<6, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            7 => panels::<7, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
+            _ => panels::<8, K, BL>(w, p0, q8, q16, sx, s16, xs, hd, y),
         }
     }
 }
 
 /// `R` rows × the tile's four panels from `p0`, weight kind `K` (0: 4-bit, 1: 5-bit, 2: 8-bit, 3: 6-bit
-/// expanded to the 8-bit layout's bytes, [`super::six`]).
+/// as unsigned bytes, [`super::six::grouped_pair`]).
 /// Bounds: panels `p0 .. p0 + 4` and blocks `b < nb` keep every record read inside `w`; row `r < R`
 /// reads inputs `r·k + b·bl + e`, `e < bl`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
@@ -100,6 +103,7 @@ unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
     q8: *const i8,
     q16: *const i16,
     sx: *const f32,
+    s16: *const i32,
     xs: *const f32,
     hd: *const f32,
     y: *mut [f32; P],
@@ -115,7 +119,43 @@ unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };
         let mut acc = [[_mm512_setzero_si512(); 2]; R];
-        if K == 2 || K == 3 {
+        if K == 3 || K == 4 {
+            // 6-bit: the unsigned quants q + 32 of panels 2h, 2h + 1 (four inputs of a column per
+            // lane) against the byte codes, then 32 · Σ x of the block off
+            for c in 0..bl / 4 {
+                // SAFETY: the tile's records are 6-bit records of blocks of 16, or their widened
+                // bytes (checked in `dispatch`).
+                let z = unsafe {
+                    if K == 4 {
+                        [
+                            pair_bytes(tile, rec, head, 0, 32 * c),
+                            pair_bytes(tile, rec, head, 1, 32 * c),
+                        ]
+                    } else {
+                        [
+                            six::grouped_pair(tile, rec, head, c),
+                            six::grouped_pair(tile.add(2 * rec), rec, head, c),
+                        ]
+                    }
+                };
+                for (r, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: row r's inputs b·bl + 4c .. + 4 (the caller's bounds).
+                    let xv =
+                        unsafe { _mm512_set1_epi32((q8.add(r * k + b * bl + 4 * c) as *const i32).read_unaligned()) };
+                    for h in 0..2 {
+                        a[h] = _mm512_dpbusd_epi32(a[h], z[h], xv);
+                    }
+                }
+            }
+            for (r, a) in acc.iter_mut().enumerate() {
+                // SAFETY: row r's sums of 16 (the caller's bounds).
+                let off = _mm512_set1_epi32(32 * unsafe { *s16.add(r * (k / 16) + b * bl / 16) });
+                for h in a.iter_mut() {
+                    *h = _mm512_sub_epi32(*h, off);
+                }
+            }
+        }
+        if K == 2 {
             // Per 128-bit half: the 8 columns' bytes of two inputs, interleaved column by column.
             let shuf = _mm256_setr_epi8(
                 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7,
@@ -132,35 +172,11 @@ unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
                     _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(both, shuf))
                 }
             };
-            // 6-bit: chunk `c` of panels 2h and 2h + 1 expanded side by side; its first 16 bytes (inputs
-            // 4c, 4c + 1) of each panel are 128-bit lanes 0 and 2, the last 16 lanes 1 and 3.
-            let six16 = |z: __m512i, lanes_13: bool| -> __m512i {
-                let halves = if lanes_13 {
-                    _mm512_shuffle_i64x2::<0b1101>(z, z)
-                } else {
-                    _mm512_shuffle_i64x2::<0b1000>(z, z)
-                };
-                _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm512_castsi512_si256(halves), shuf))
-            };
             for c in 0..bl / 4 {
-                let (w01, w23) = if K == 3 {
-                    // SAFETY: the tile's records are 6-bit records of blocks of 16 (checked in `dispatch`).
-                    let z = unsafe {
-                        [
-                            six::chunk_pair(tile, rec, head, c),
-                            six::chunk_pair(tile.add(2 * rec), rec, head, c),
-                        ]
-                    };
-                    (
-                        [six16(z[0], false), six16(z[1], false)],
-                        [six16(z[0], true), six16(z[1], true)],
-                    )
-                } else {
-                    (
-                        [half16(0, 32 * c), half16(1, 32 * c)],
-                        [half16(0, 32 * c + 16), half16(1, 32 * c + 16)],
-                    )
-                };
+                let (w01, w23) = (
+                    [half16(0, 32 * c), half16(1, 32 * c)],
+                    [half16(0, 32 * c + 16), half16(1, 32 * c + 16)],
+                );
                 for (r, a) in acc.iter_mut().enumerate() {
                     // SAFETY: row r's inputs b·bl + 4c .. + 4 (the caller's bounds).
                     let (x01, x23) = unsafe {

@@ -69,6 +69,7 @@ mod kernel_int;
 mod kernel_wide;
 #[cfg(target_arch = "x86_64")]
 mod kernel_zmm;
+mod layout;
 #[cfg(target_arch = "x86_64")]
 mod six;
 mod widen;
@@ -76,8 +77,6 @@ mod widen;
 use rayon::prelude::*;
 
 pub(crate) use build::Factors;
-#[cfg(test)]
-pub(crate) use kernel_int::six_bit_q6;
 
 /// Weights per block of the GGUF formats (and of most packed matrices; Q6_K's have 16).
 pub const QK: usize = 32;
@@ -116,12 +115,19 @@ pub enum QKind {
     /// 5-bit unsigned quants (Q5_0 / Q5_1 / Q5_K kept at 5 bits, for the 8-bit-activation mode): the
     /// 4-bit layout plus a plane of high bits.
     Q5,
-    /// 6-bit quants (Q6_K kept at 6 bits, in blocks of 16): the 8-bit layout's signed bytes `q − 32`
-    /// stored as `q` (`0..64`), two 32-byte chunks' low nibbles to a chunk of bytes and their top two
-    /// bits in a plane ([`QMatrix::q6_at`]). The kernels expand a record back into the 8-bit layout's
-    /// bytes in registers, so every result is the 8-bit layout's, bit for bit, from 6.6 bits a weight
-    /// instead of 8.6.
+    /// 6-bit quants (Q6_K kept at 6 bits, in blocks of 16): the signed weights `q − 32` stored as `q`
+    /// (`0..64`), four consecutive inputs of a column per 32-bit lane, two 32-byte chunks' low nibbles
+    /// to a chunk of bytes and their top two bits in a plane ([`QMatrix::q6_at`]), 6.6 bits a weight
+    /// instead of 8.6. The f32 kernels expand a record into the 8-bit layout's bytes in registers (so
+    /// their results are the 8-bit layout's, bit for bit); the integer kernel multiplies the unsigned
+    /// bytes with 8-bit activation codes (`vpdpbusd` / `vpmaddubsw`) and takes `32 · Σ x` back off.
     Q6,
+    /// A 6-bit tile widened for a prefill task's integer rows ([`QMatrix::tile_as_bytes`]): each
+    /// chunk as [`six::grouped`] gives it (the unsigned `q`, four inputs of a column per lane, 8 bits
+    /// a weight), which the integer kernel then loads instead of expanding it again per 4 or 8 rows;
+    /// the same integers, so the 6-bit tile's results. Never built from a file, never given to the
+    /// f32 kernels.
+    Q6x,
     /// IEEE half-precision weights (scale 1, no offsets).
     F16,
     /// bfloat16 weights (scale 1, no offsets).
@@ -185,6 +191,7 @@ impl QMatrix {
             QKind::Q8 => bl,
             QKind::Q5 => bl / 2 + bl / 8,
             QKind::Q6 => bl / 2 + bl / 4,
+            QKind::Q6x => bl,
             QKind::F16 | QKind::Bf16 => 2 * bl,
         }
     }
@@ -192,42 +199,6 @@ impl QMatrix {
     /// Blocks per column.
     fn nb(&self) -> usize {
         self.k >> self.bl.trailing_zeros()
-    }
-
-    /// Where a 4-bit quant lives in its record's quants: the byte offset and the nibble's shift of
-    /// input `e` of the panel's column `j`. Each 32-byte chunk holds 8 inputs of the 8 columns, column
-    /// `j` in bytes `4j .. 4j + 4` (one 32-bit lane): low nibbles inputs `8i .. 8i + 4`, high nibbles
-    /// `8i + 4 .. 8i + 8` — four consecutive inputs of one column per lane, as an integer dot product
-    /// wants them, and one shift-and-mask per input for the f32 kernel.
-    #[inline]
-    fn q4_at(j: usize, e: usize) -> (usize, u32) {
-        (32 * (e / 8) + 4 * j + e % 4, 4 * ((e % 8) / 4) as u32)
-    }
-
-    /// Where the fifth bit of a 5-bit quant lives: the byte offset in its record's quants (after the
-    /// 128 bytes of nibbles, a 32-byte plane laid out like one nibble chunk) and the bit. Byte `4j + t`
-    /// holds bit 4 of input `8c + t` at bit `c` and of input `8c + 4 + t` at bit `4 + c` (chunk `c`).
-    #[inline]
-    fn q5_high_at(j: usize, e: usize) -> (usize, u32) {
-        (128 + 4 * j + e % 4, (e / 8 + 4 * ((e % 8) / 4)) as u32)
-    }
-
-    /// Where a 6-bit quant lives: the byte and shift of its low nibble and of its top two bits in its
-    /// record's quants. The 8-bit layout would hold input `e` of column `j` in byte `i = 8e + j` of
-    /// 32-byte chunk `c = i / 32`; here chunks `2n` and `2n + 1` share nibble chunk `n` (low and high
-    /// nibbles, byte `i % 32`), and chunks `4g .. 4g + 4` share plane chunk `g` (after the `4·bl` bytes
-    /// of nibbles; bits `2(c % 4)`, `2(c % 4) + 1` of byte `i % 32`), so one 32-byte load and a shift and
-    /// mask give a whole chunk of the 8-bit layout.
-    #[inline]
-    fn q6_at(bl: usize, j: usize, e: usize) -> (usize, u32, usize, u32) {
-        let i = e * P + j;
-        let (c, at) = (i / 32, i % 32);
-        (
-            32 * (c / 2) + at,
-            4 * (c % 2) as u32,
-            4 * bl + 32 * (c / 4) + at,
-            2 * (c % 4) as u32,
-        )
     }
 
     /// Byte offset of the record of panel `p`, block `b`.
@@ -307,72 +278,6 @@ impl QMatrix {
         self.data.as_ptr() as *const u8
     }
 
-    /// The quant of column `c`, block `b`, element `e` (for 16-bit kinds, the weight's bits).
-    fn quant(&self, c: usize, b: usize, e: usize) -> i32 {
-        let base = self.record(c / P, b) + self.head + c % P;
-        let bytes = self.bytes_slice();
-        match self.kind {
-            QKind::Q4 | QKind::Q5 => {
-                let rec = self.record(c / P, b) + self.head;
-                let (at, shift) = Self::q4_at(c % P, e);
-                let mut q = (bytes[rec + at] >> shift) & 0xF;
-                if self.kind == QKind::Q5 {
-                    let (at, bit) = Self::q5_high_at(c % P, e);
-                    q |= ((bytes[rec + at] >> bit) & 1) << 4;
-                }
-                q as i32
-            }
-            QKind::Q8 => bytes[base + e * P] as i8 as i32,
-            QKind::Q6 => {
-                let rec = self.record(c / P, b) + self.head;
-                let (nib, shift, plane, bit) = Self::q6_at(self.bl, c % P, e);
-                let q = ((bytes[rec + nib] >> shift) & 0xF) | (((bytes[rec + plane] >> bit) & 3) << 4);
-                q as i32 - 32
-            }
-            QKind::F16 | QKind::Bf16 => {
-                let at = base + c % P + 2 * e * P;
-                u16::from_le_bytes([bytes[at], bytes[at + 1]]) as i32
-            }
-        }
-    }
-
-    /// The weight before its block's scale and offset: the quant, or the 16-bit float's value.
-    pub(super) fn weight(&self, c: usize, b: usize, e: usize) -> f32 {
-        let q = self.quant(c, b, e);
-        match self.kind {
-            QKind::Q4 | QKind::Q8 | QKind::Q5 | QKind::Q6 => q as f32,
-            QKind::F16 => half::f16::from_bits(q as u16).to_f32(),
-            QKind::Bf16 => f32::from_bits((q as u32) << 16),
-        }
-    }
-
-    fn scale_offset(&self, c: usize, b: usize) -> (f32, f32) {
-        let bytes = self.bytes_slice();
-        if self.sub.is_some() {
-            let product = |m: bool| {
-                let (f, i) = self.factor_at(c / P, b, m);
-                self.product_at(f + 4 * (c % P), i + c % P)
-            };
-            return (product(false), if self.offsets { product(true) } else { 0.0 });
-        }
-        let size = if self.half { 2 } else { 4 };
-        let get = |i: usize| {
-            if self.half {
-                half::f16::from_le_bytes([bytes[i], bytes[i + 1]]).to_f32()
-            } else {
-                f32_at(bytes, i)
-            }
-        };
-        let at = self.record(c / P, b) + size * (c % P);
-        let d = get(at);
-        let m = match (self.offsets, self.ratio) {
-            (false, _) => 0.0,
-            (true, None) => get(at + size * P),
-            (true, Some(r)) => d * r,
-        };
-        (d, m)
-    }
-
     /// Output rows.
     pub fn rows(&self) -> usize {
         self.n
@@ -401,13 +306,22 @@ impl QMatrix {
 
     /// Whether the 8-bit-activation (integer) kernel exists for this matrix (4- to 8-bit quants).
     pub fn has_int8(&self) -> bool {
-        matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5 | QKind::Q6) && self.k.is_multiple_of(QK)
+        matches!(self.kind, QKind::Q4 | QKind::Q8 | QKind::Q5 | QKind::Q6 | QKind::Q6x) && self.k.is_multiple_of(QK)
     }
 
     /// Whether the integer kernel meets this matrix's weights with 16-bit activation codes (the 8-bit
-    /// layout and the 6-bit one, which expands to it) rather than bytes.
+    /// layout) rather than bytes (4-, 5- and 6-bit weights).
     pub(super) fn wide_acts(&self) -> bool {
-        matches!(self.kind, QKind::Q8 | QKind::Q6)
+        self.kind == QKind::Q8
+    }
+
+    /// The rows of `x` marked in `which` quantized as this matrix's integer kernel reads them.
+    fn quantize(&self, x: &[f32], which: &[bool]) -> acts::QuantRows {
+        let q = acts::QuantRows::new(x, self.k, which, self.wide_acts());
+        match self.kind {
+            QKind::Q6 | QKind::Q6x => q.with_sums16(self.k, which),
+            _ => q,
+        }
     }
 
     /// As [`QMatrix::matmul`], with the rows marked in `int8` (one flag per row, or empty for none)
@@ -418,7 +332,7 @@ impl QMatrix {
         assert_eq!(x.len(), rows * k, "activations are rows × k");
         assert!(int8.is_empty() || int8.len() == rows, "one flag per row");
         let int8 = Some(int8).filter(|m| self.has_int8() && m.iter().any(|&v| v));
-        let quant = int8.map(|m| acts::QuantRows::new(x, k, m, self.wide_acts()));
+        let quant = int8.map(|m| self.quantize(x, m));
         // Not zeroed: the tasks below write every element once (a prefill's outputs are tens of MB a
         // matmul; zeroing them first was ~3% of a 1.5B prefill).
         let mut out: Vec<f32> = Vec::with_capacity(rows * n);
@@ -470,15 +384,25 @@ impl QMatrix {
                 .filter_map(|t| self.expand_heads(t * TILE_PANELS))
                 .collect()
         });
+        let six = self.kind == QKind::Q6 && big;
         (0..tiles * chunks).into_par_iter().with_max_len(max_len).for_each(|t| {
             let (chunk, tile) = (t / tiles, t % tiles);
             let r1 = ((chunk + 1) * ROW_CHUNK).min(rows);
             let mut r = chunk * ROW_CHUNK;
             let heads = expanded.as_ref().map(|e| e[tile].as_slice());
-            // Prefill over 6-bit records: the tile widened to the 8-bit layout once for the task's
-            // rows, instead of every 8-row kernel call expanding it again (the same bytes either way)
-            let wide = (self.kind == QKind::Q6 && big && r1 - r > kernel::max_rows()).then(|| self.tile_as_q8(tile));
+            // Prefill over 6-bit records: the tile widened once for the task's rows, instead of
+            // every 4- or 8-row kernel call expanding it again — to the 8-bit layout for f32 rows,
+            // to the integer kernel's unsigned bytes for integer rows where that pays (the 8-bit
+            // layout's would meet 16-bit codes: other results); the same values either way.
+            let int_rows = int8.map_or(0, |m| m[r..r1].iter().filter(|&&v| v).count());
+            let wide = (six && r1 - r - int_rows > kernel::max_rows()).then(|| self.tile_as_q8(tile));
+            let bytes =
+                (six && int_rows > kernel::max_rows() && kernel::widened_bytes_pay()).then(|| self.tile_as_bytes(tile));
             let (w, tp0) = match &wide {
+                Some(w) => (w, 0),
+                None => (self, tile * TILE_PANELS),
+            };
+            let (wi, ti0) = match &bytes {
                 Some(w) => (w, 0),
                 None => (self, tile * TILE_PANELS),
             };
@@ -491,7 +415,7 @@ impl QMatrix {
                         // a group of consecutive rows of one mode
                         rr = m[r..r + rr].iter().take_while(|&&v| v == m[r]).count();
                         if m[r] {
-                            kernel_int::run_int(w, p0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
+                            kernel_int::run_int(wi, ti0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
                         } else {
                             kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y);
                         }

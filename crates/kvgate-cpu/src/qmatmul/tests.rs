@@ -329,7 +329,7 @@ fn the_integer_kernel_gives_the_scalar_bits() {
         for rr in 1..=kernel::max_rows() {
             // rows 2 .. 2 + rr of a quantized batch (the kernel's row offset)
             let x = acts(rr + 2, k);
-            let q = acts::QuantRows::new(&x, k, &vec![true; rr + 2], w.wide_acts());
+            let q = w.quantize(&x, &vec![true; rr + 2]);
             let xs: Vec<f32> = x[2 * k..]
                 .chunks_exact(w.bl)
                 .map(|b| b.iter().fold(0.0, |s, v| s + v))
@@ -340,6 +340,16 @@ fn the_integer_kernel_gives_the_scalar_bits() {
                 kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], None, rr, &mut fast);
                 kernel_int::scalar_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut slow);
                 let mut each = kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], None, rr);
+                // a 6-bit tile widened for a prefill's integer rows: every path, and the scalar
+                // kernel on it, give the 6-bit tile's bits
+                if w.kind == QKind::Q6 {
+                    let b = w.tile_as_bytes(p0 / TILE_PANELS);
+                    assert_eq!(b.kind, QKind::Q6x);
+                    each.extend(kernel_int::run_int_each(&b, 0, &q, 2, &xs[..rr * nb], None, rr));
+                    let mut on_bytes = fast;
+                    kernel_int::scalar_int(&b, 0, &q, 2, &xs[..rr * nb], rr, &mut on_bytes);
+                    each.push(("scalar on widened bytes", on_bytes));
+                }
                 each.push(("this machine's", fast));
                 // K-quant factors: the tile's expanded heads on every path too
                 if let Some(h) = w.expand_heads(p0) {
@@ -383,7 +393,7 @@ fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
             // exactly the matmul of the dequantized weights with the dequantized activations (up to
             // f32 rounding): every weight `d·q + m` meets the same quantized input
             let wide = w.wide_acts();
-            let q = acts::QuantRows::new(&x[r * k..(r + 1) * k], k, &[true], wide);
+            let q = w.quantize(&x[r * k..(r + 1) * k], &[true]);
             for (c, &got) in row.iter().enumerate() {
                 let (mut want, mut mag) = (0f64, 0f64);
                 for i in 0..k {
@@ -415,7 +425,7 @@ fn integer_rows_stay_within_their_rounding_bound_and_are_batch_invariant() {
 }
 
 #[test]
-fn six_bit_records_give_the_eight_bit_layouts_bits_from_fewer_bytes() {
+fn six_bit_records_give_the_eight_bit_layouts_f32_bits_from_fewer_bytes() {
     // every row count a call takes (1..8 and a prefill's chunks), f32 and 8-bit activations, plain
     // heads and K-quant factors, a width that pads its last tile
     let (n, k) = (45, 512);
@@ -437,12 +447,20 @@ fn six_bit_records_give_the_eight_bit_layouts_bits_from_fewer_bytes() {
         for rows in [1, 2, 3, 5, 8, 9, 70] {
             let x = acts(rows, k);
             assert_eq!(a.matmul(&x, rows), b.matmul(&x, rows), "{six}: f32 rows {rows}");
+            // mixed: the f32 rows still the 8-bit layout's (a prefill's through the widened tile);
+            // the integer rows meet byte codes (the 8-bit layout's meet 16-bit ones), each the
+            // same as alone (the bound on them: `integer_rows_stay_within_their_rounding_bound…`)
             let int8: Vec<bool> = (0..rows).map(|r| r % 3 != 1).collect();
-            assert_eq!(
-                a.matmul_rows(&x, rows, &int8),
-                b.matmul_rows(&x, rows, &int8),
-                "{six}: 8-bit rows {rows}"
-            );
+            let (ya, yb) = (a.matmul_rows(&x, rows, &int8), b.matmul_rows(&x, rows, &int8));
+            for r in 0..rows {
+                let (ra, rb) = (&ya[r * n..(r + 1) * n], &yb[r * n..(r + 1) * n]);
+                if int8[r] {
+                    let alone = a.matmul_rows(&x[r * k..(r + 1) * k], 1, &[true]);
+                    assert_eq!(ra, alone.as_slice(), "{six}: 8-bit row {r} of {rows}");
+                } else {
+                    assert_eq!(ra, rb, "{six}: f32 row {r} of {rows}");
+                }
+            }
         }
     }
 }

@@ -1,11 +1,11 @@
-//! A tile of a 6-bit matrix ([`QKind::Q6`]) widened to the 8-bit layout for a prefill task: the
-//! kernels then read 8-bit records for every group of 8 rows instead of expanding the same 6-bit
-//! records again in each (a 65536×1024 Q6_K matrix, 512 rows of 8-bit activations: 280 → 251 ms; the
-//! 8-bit layout itself takes 233).
+//! A tile of a 6-bit matrix ([`QKind::Q6`]) widened for a prefill task: to the 8-bit layout for its
+//! f32 rows ([`QMatrix::tile_as_q8`]), to the integer kernel's unsigned bytes for its integer rows
+//! ([`QMatrix::tile_as_bytes`], [`QKind::Q6x`]). The kernels then read bytes for every group of 4 or 8
+//! rows instead of expanding the same 6-bit records again in each.
 //!
-//! Guarantee: the widened tile holds the 8-bit layout's bytes of the same weights (headers copied,
-//! records expanded as the kernels expand them), so every result is the 6-bit tile's, bit for bit
-//! (the matmul tests hold prefill-sized calls to the 8-bit layout's results).
+//! Guarantee: a widened tile holds the same weights (headers copied, records expanded as the kernels
+//! expand them), so every result is the 6-bit tile's, bit for bit (the matmul tests hold prefill-sized
+//! calls to the 8-bit layout's results, and integer rows to their results alone).
 
 use super::{QKind, QMatrix, P, TILE_PANELS};
 
@@ -27,22 +27,46 @@ fn expand_record(q: &[u8], out: &mut [u8; 128]) {
     }
 }
 
+/// One 6-bit record's quants as [`QKind::Q6x`]'s 128 bytes: each chunk as [`super::six::grouped`]
+/// gives it, in registers where the machine has AVX2, else byte by byte.
+fn group_record(q: &[u8], out: &mut [u8; 128]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        for c in 0..4 {
+            // SAFETY: AVX2 detected just above; `q` holds a 6-bit record's 96 bytes, `out` four chunks.
+            unsafe {
+                use std::arch::x86_64::*;
+                let g = super::six::grouped(q.as_ptr(), c);
+                _mm256_storeu_si256(out.as_mut_ptr().add(32 * c) as *mut __m256i, g);
+            }
+        }
+        return;
+    }
+    for e in 0..16 {
+        for j in 0..P {
+            let (nib, shift, plane, bit) = QMatrix::q6_at(16, j, e);
+            out[32 * (e / 4) + 4 * j + e % 4] = ((q[nib] >> shift) & 0xF) | (((q[plane] >> bit) & 3) << 4);
+        }
+    }
+}
+
 impl QMatrix {
     /// Tile `t` of a 6-bit matrix as a one-tile matrix in the 8-bit layout: the same K-quant headers,
     /// each record expanded (the kernels' results on it are the 6-bit tile's, bit for bit). A prefill
-    /// task widens its tile once for its rows.
+    /// task widens its tile once for its f32 rows.
     pub(super) fn tile_as_q8(&self, t: usize) -> QMatrix {
+        self.widen(t, QKind::Q8, expand_record)
+    }
+
+    /// Tile `t` of a 6-bit matrix as a one-tile [`QKind::Q6x`] matrix (the integer kernel's bytes), for
+    /// a prefill task's integer rows.
+    pub(super) fn tile_as_bytes(&self, t: usize) -> QMatrix {
+        self.widen(t, QKind::Q6x, group_record)
+    }
+
+    fn widen(&self, t: usize, kind: QKind, record: fn(&[u8], &mut [u8; 128])) -> QMatrix {
         assert_eq!((self.kind, self.bl), (QKind::Q6, 16), "a 6-bit matrix in blocks of 16");
-        let mut w = QMatrix::zeroed(
-            QKind::Q8,
-            TILE_PANELS * P,
-            self.k,
-            self.bl,
-            self.half,
-            false,
-            None,
-            self.sub,
-        );
+        let mut w = QMatrix::zeroed(kind, TILE_PANELS * P, self.k, self.bl, self.half, false, None, self.sub);
         let (src, nb, p0) = (self.bytes_slice(), self.nb(), t * TILE_PANELS);
         let g = self.sub.unwrap_or(0);
         let mut data = std::mem::take(&mut w.data);
@@ -62,7 +86,7 @@ impl QMatrix {
                 let out: &mut [u8; 128] = (&mut dst[to + head..to + head + 128])
                     .try_into()
                     .expect("an 8-bit record of 16 inputs");
-                expand_record(&src[from + head..from + head + 96], out);
+                record(&src[from + head..from + head + 96], out);
             }
         }
         w.data = data;
