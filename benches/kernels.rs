@@ -158,7 +158,7 @@ fn run() {
                 w.bytes() as f64 * 8.0 / (n * k) as f64
             );
             matmul_rows(name, &w, &[1, 8, 512], false);
-            matmul_rows(name, &w, &[1, 8, 512], true);
+            matmul_rows(name, &w, &[1, 2, 4, 8, 512], true);
         }
     }
     // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.

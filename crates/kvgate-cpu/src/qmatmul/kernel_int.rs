@@ -370,42 +370,40 @@ macro_rules! simd_int {
                         }
                     } else if K == 3 || K == 4 {
                         // 6-bit: the unsigned quants q + 32, four inputs of a column per lane, against
-                        // the byte codes (`vpdpbusd`; without VNNI `vpmaddubsw` pairs, at most
-                        // 2 · 63 · 127, so two chunks' sum fits 16 bits: one row (whose registers
-                        // hold them) widens every two chunks, more rows every chunk), then 32 · Σ x
-                        // of the block off
-                        let pairs = !$vnni && R == 1;
-                        let mut t16 = [[_mm256_setzero_si256(); V]; R];
-                        for c in 0..bl / 4 {
-                            let mut wq = [_mm256_setzero_si256(); V];
+                        // the byte codes (`vpdpbusd`; without VNNI `vpmaddubsw` of two chunks, each
+                        // pair at most 2 · 63 · 127, so the two chunks' sum fits 16 bits and is widened
+                        // once: five instructions a row and panel for 64 products, not six), then
+                        // 32 · Σ x of the block off
+                        let load = |v: usize, c: usize| {
+                            if K == 4 {
+                                _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i)
+                            } else {
+                                super::super::six::grouped(qp[v], c)
+                            }
+                        };
+                        for c in (0..bl / 4).step_by(2) {
+                            let mut w0 = [_mm256_setzero_si256(); V];
+                            let mut w1 = [_mm256_setzero_si256(); V];
                             for v in 0..V {
-                                wq[v] = if K == 4 {
-                                    _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i)
-                                } else {
-                                    super::super::six::grouped(qp[v], c)
-                                };
+                                w0[v] = load(v, c);
+                                w1[v] = load(v, c + 1);
                             }
                             for r in 0..R {
                                 let xp = q8.add(r * k + b * bl + 4 * c);
-                                let xv = _mm256_set1_epi32((xp as *const i32).read_unaligned());
+                                let x0 = _mm256_set1_epi32((xp as *const i32).read_unaligned());
+                                let x1 = _mm256_set1_epi32((xp.add(4) as *const i32).read_unaligned());
                                 for v in 0..V {
                                     if $vnni {
-                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], wq[v], xv);
-                                    } else if pairs {
-                                        t16[r][v] = _mm256_add_epi16(t16[r][v], _mm256_maddubs_epi16(wq[v], xv));
-                                    } else {
-                                        let t = _mm256_madd_epi16(_mm256_maddubs_epi16(wq[v], xv), ones);
-                                        acc[r][v] = _mm256_add_epi32(acc[r][v], t);
+                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], w0[v], x0);
+                                        acc[r][v] = _mm256_dpbusd_avx_epi32(acc[r][v], w1[v], x1);
+                                        continue;
                                     }
-                                }
-                            }
-                            if pairs && c % 2 == 1 {
-                                for r in 0..R {
-                                    for v in 0..V {
-                                        let t = _mm256_madd_epi16(t16[r][v], ones);
-                                        acc[r][v] = _mm256_add_epi32(acc[r][v], t);
-                                        t16[r][v] = _mm256_setzero_si256();
-                                    }
+                                    let t = _mm256_add_epi16(
+                                        _mm256_maddubs_epi16(w0[v], x0),
+                                        _mm256_maddubs_epi16(w1[v], x1),
+                                    );
+                                    let t = _mm256_madd_epi16(t, ones);
+                                    acc[r][v] = if c == 0 { t } else { _mm256_add_epi32(acc[r][v], t) };
                                 }
                             }
                         }
