@@ -402,8 +402,7 @@ macro_rules! simd_int {
                                         _mm256_maddubs_epi16(w0[v], x0),
                                         _mm256_maddubs_epi16(w1[v], x1),
                                     );
-                                    let t = _mm256_madd_epi16(t, ones);
-                                    acc[r][v] = if c == 0 { t } else { _mm256_add_epi32(acc[r][v], t) };
+                                    acc[r][v] = _mm256_add_epi32(acc[r][v], _mm256_madd_epi16(t, ones));
                                 }
                             }
                         }
