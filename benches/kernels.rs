@@ -146,19 +146,27 @@ fn run() {
         matmul_rows("q8_0 output", &w, &[1, 8], false);
         matmul_rows("q8_0 output", &w, &[1, 8], true);
     }
-    // K-quants (Q4_K_M's ffn_down on Qwen2.5, most matrices of a Llama-family Q4_K_M): 64 MB-class
-    // matrices, so one row streams them from memory as a decode step does.
+    // K-quants (Q4_K_M's ffn_down on Qwen2.5, most matrices of a Llama-family Q4_K_M): 40–56 MB
+    // matrices, which stream from memory on a 32 MiB L3 but sit in a 260 MiB one.
+    // `KERNELS_DRAM=1`: 16× the columns (0.64 / 0.89 GB, past any L3), so every row count streams the
+    // weights from memory as a decode step of a 1.5B+ model does; rows 1 to 16 in both modes.
+    let dram = std::env::var_os("KERNELS_DRAM").is_some();
     for (name, dtype, bytes) in [("q4_k", GgmlDType::Q4K, 144), ("q6_k", GgmlDType::Q6K, 210)] {
         if selected(name) {
-            let (n, k) = (65_536, 1024);
+            let (n, k) = (if dram { 16 * 65_536 } else { 65_536 }, 1024);
             let w = QMatrix::from_ggml(dtype, &k_quant_data(dtype, n * k / 256, bytes), n, k, false).unwrap();
             println!(
                 "| {name} records | {n}x{k} | | {:.1} MB | {:.2} bits/weight |",
                 w.bytes() as f64 / 1e6,
                 w.bytes() as f64 * 8.0 / (n * k) as f64
             );
-            matmul_rows(name, &w, &[1, 8, 512], false);
-            matmul_rows(name, &w, &[1, 2, 4, 8, 512], true);
+            let (exact, int): (&[usize], &[usize]) = if dram {
+                (&[1, 2, 4, 8, 16], &[1, 2, 4, 8, 16])
+            } else {
+                (&[1, 8, 512], &[1, 2, 4, 8, 512])
+            };
+            matmul_rows(name, &w, exact, false);
+            matmul_rows(name, &w, int, true);
         }
     }
     // 16-bit float weights (a bf16 safetensors checkpoint) through the same kernel.

@@ -63,14 +63,36 @@ pub(super) fn widened_bytes_pay() -> bool {
     *PATH == Path::Avx2
 }
 
+/// How a kernel call whose registers hold two of a tile's four panels walks the tile's records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Walk {
+    /// Once, block by block, each block's panels in their stored order: the prefetch runs ahead of one
+    /// stream (a decode step's few rows: the tile comes from memory; see [`prefetch_ahead`]).
+    Stream,
+    /// Two passes of two panels each: a prefill's call, whose tile every row group but the first finds
+    /// in cache; the loop body half the size measured faster there (AVX2 integer rows, SmolLM2
+    /// prefill, one pass → two: 724–780 → 814–842 tok/s, 1.5B: 76.4 → 79.0).
+    Cached,
+}
+
 /// Accumulators of one call: `[row][panel]`, row stride [`TILE_PANELS`].
 pub(super) type Acc = [[f32; P]; MAX_ROWS * TILE_PANELS];
 
 /// Outputs of rows `0..rr` (at most [`max_rows`]) of `x` (`rr × k`, block sums `xs`: `rr × k/32`) for
 /// panels `p0 .. p0 + TILE_PANELS`, written to `y` (which must start at zero).
 /// `heads`: the tile's scales and offsets as [`QMatrix::expand_heads`] gives them, read instead of the
-/// records' (the same values).
-pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&[f32]>, rr: usize, y: &mut Acc) {
+/// records' (the same values). `walk`: see [`Walk`] (the same bits either way).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(
+    w: &QMatrix,
+    p0: usize,
+    x: &[f32],
+    xs: &[f32],
+    heads: Option<&[f32]>,
+    rr: usize,
+    walk: Walk,
+    y: &mut Acc,
+) {
     assert!(rr >= 1 && rr <= max_rows() && x.len() >= rr * w.k && xs.len() >= rr * w.nb());
     assert!(p0 + TILE_PANELS <= w.np);
     assert!(w.kind != QKind::Q6 || w.bl == 16, "6-bit records hold blocks of 16");
@@ -83,8 +105,9 @@ pub(super) fn run(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], heads: Option<&
         Path::Avx512 => unsafe { super::kernel_wide::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, y) },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, y) },
+        Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, walk, y) },
         _ => {
+            let _ = walk;
             let _ = hd; // the scalar kernel reads the records' own heads
             scalar(w, p0, x, xs, rr, y)
         }
@@ -111,10 +134,12 @@ pub(super) fn run_each(
         let hd = w.heads_ptr(heads);
         let zero = || -> Acc { [[0.0; P]; MAX_ROWS * TILE_PANELS] };
         if has!("avx2") && has!("fma") && has!("f16c") && rr <= 4 {
-            let mut y = zero();
-            // SAFETY: features detected just above; bounds as `run` asserts (checked above).
-            unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, &mut y) };
-            out.push(("avx2", y));
+            for (walk, name) in [(Walk::Stream, "avx2"), (Walk::Cached, "avx2, two passes")] {
+                let mut y = zero();
+                // SAFETY: features detected just above; bounds as `run` asserts (checked above).
+                unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, walk, &mut y) };
+                out.push((name, y));
+            }
         }
         if has!("avx2") && has!("fma") && has!("f16c") && has!("avx512f") && has!("avx512vl") {
             let mut y = zero();
@@ -157,20 +182,23 @@ pub(super) fn scalar(w: &QMatrix, p0: usize, x: &[f32], xs: &[f32], rr: usize, y
 /// Record groups (one block of all a tile's panels) ahead that [`prefetch_ahead`] fetches.
 const AHEAD: usize = 16;
 
-/// When registers hold only `v < TILE_PANELS` panels per call, a tile is walked in several calls and
-/// the first (panel `p0` the tile's first) streams it from memory while the later ones find it in
-/// cache; every kernel passes `v = 0`, so a call holding all four panels fetches ahead too (at
-/// single-stream decode on the AVX2 path, Qwen2.5-0.5B: integer kernel 41.7 → 49.2 tok/s, f32 kernel
-/// 25.6 → 36 tok/s). That call fetches the whole record group `AHEAD` groups past block `b` (all the tile's panels), so
-/// its strided reads of some panels' records do not wait on memory one line at a time. The records are
-/// stored tile after tile, so near a tile's end the groups fetched are the next tile's first ones: a
-/// task that goes on to the next tile (rayon hands a thread consecutive tiles) finds them on its way
-/// instead of waiting for memory at each tile's start (a Q8_0 896-input tile is only 28 groups). Into L2
-/// (`T1`): an L1 prefetch holds one of the core's few L1 miss buffers (Qwen2.5 decode ~6% faster on AMD Zen 4).
+/// A kernel call that starts at a tile's first panel fetches ahead: the whole record group `AHEAD`
+/// groups past block `b` (at single-stream decode on the AVX2 path, Qwen2.5-0.5B: integer kernel 41.7 →
+/// 49.2 tok/s, f32 kernel 25.6 → 36 tok/s). The kernels walk a tile's records once, block by block,
+/// each block's panels in their stored order (several at a time where registers hold fewer than
+/// four), so the fetches run ahead of one stream: two passes of two panels each, as they were, read
+/// every other half-group from memory and left it idle during the second pass (from DRAM, AVX2
+/// integer rows, Q4_K: 2 / 4 rows took 1.34× / 1.74× one row's time, now 1.12× / 1.46×). A prefill's
+/// calls still make two passes ([`Walk::Cached`]: their tile is in cache, and a second pass at panel 2
+/// fetches nothing). The records are stored tile after tile, so near a tile's end the
+/// groups fetched are the next tile's first ones: a task that goes on to the next tile (rayon hands a
+/// thread consecutive tiles) finds them on its way instead of waiting for memory at each tile's start
+/// (a Q8_0 896-input tile is only 28 groups). Into L2 (`T1`): an L1 prefetch holds one of the core's
+/// few L1 miss buffers (Qwen2.5 decode ~6% faster on AMD Zen 4).
 #[inline]
-pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
+pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, b: usize) {
     #[cfg(target_arch = "x86_64")]
-    if p0.is_multiple_of(TILE_PANELS) && v < TILE_PANELS {
+    if p0.is_multiple_of(TILE_PANELS) {
         // The group `AHEAD` blocks on (past the tile's end: the next tile's, as `record` extends), with
         // the K-quant header in front of it when it starts a super-block.
         let ahead = b + AHEAD;
@@ -195,7 +223,7 @@ pub(super) fn prefetch_ahead(w: &QMatrix, p0: usize, v: usize, b: usize) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (w, p0, v, b);
+    let _ = (w, p0, b);
 }
 
 /// One SIMD implementation, compiled for the target features given.
@@ -205,11 +233,12 @@ macro_rules! simd {
         mod $name {
             use std::arch::x86_64::*;
 
-            use super::{Acc, QKind, QMatrix, P, TILE_PANELS};
+            use super::{Acc, QKind, QMatrix, Walk, P, TILE_PANELS};
 
             /// SAFETY (caller): the features are available; `x` holds `rr` rows of `k`, `xs` `rr` rows of
             /// `k / 32`, and panels `p0 .. p0 + TILE_PANELS` exist (checked in `run`).
             #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn dispatch(
                 w: &QMatrix,
                 p0: usize,
@@ -217,17 +246,22 @@ macro_rules! simd {
                 xs: *const f32,
                 hd: *const f32,
                 rr: usize,
+                walk: Walk,
                 y: &mut Acc,
             ) {
                 let y = y.as_mut_ptr();
                 macro_rules! pairs {
                     ($r:literal) => {{
-                        panels::<$r, 2>(w, p0, x, xs, hd, y);
-                        panels::<$r, 2>(w, p0 + 2, x, xs, hd, y.add(2));
+                        if walk == Walk::Stream {
+                            panels::<$r, 2, 2>(w, p0, x, xs, hd, y)
+                        } else {
+                            panels::<$r, 2, 1>(w, p0, x, xs, hd, y);
+                            panels::<$r, 2, 1>(w, p0 + 2, x, xs, hd, y.add(2));
+                        }
                     }};
                 }
                 match rr.min($max_rows) {
-                    1 => panels::<1, 4>(w, p0, x, xs, hd, y),
+                    1 => panels::<1, 4, 1>(w, p0, x, xs, hd, y),
                     2 => pairs!(2),
                     3 => pairs!(3),
                     4 => pairs!(4),
@@ -238,11 +272,13 @@ macro_rules! simd {
                 }
             }
 
-            /// `R` rows × `V` panels from panel `p0`; accumulators `y[r · TILE_PANELS + v]`.
-            /// Bounds: panel `p0 + v < np`, block `b < nb`, so every quant, scale and offset read is
-            /// inside `w`'s vectors; row `r < R ≤ rr` reads `x[r·k + b·32 + e]` with `e < 32`.
+            /// `R` rows × the tile's `G · V` panels from panel `p0`, `V` at a time within each block
+            /// (the records read once, in their stored order, as `kernel_int`'s do); accumulators
+            /// `y[r · TILE_PANELS + v]`. Bounds: panel `p0 + v < np`, block `b < nb`, so every quant,
+            /// scale and offset read is inside `w`'s vectors; row `r < R ≤ rr` reads `x[r·k + b·32 + e]`
+            /// with `e < 32`.
             #[target_feature(enable = $features)]
-            unsafe fn panels<const R: usize, const V: usize>(
+            unsafe fn panels<const R: usize, const V: usize, const G: usize>(
                 w: &QMatrix,
                 p0: usize,
                 x: *const f32,
@@ -259,130 +295,133 @@ macro_rules! simd {
                 for b in 0..nb {
                     // every call that starts a tile fetches ahead (all four panels in registers too), as the
                     // integer and 512-bit kernels do
-                    super::prefetch_ahead(w, p0, 0, b);
-                    let mut s = [[_mm256_setzero_ps(); V]; R];
-                    let mut qp = [std::ptr::null::<u8>(); V];
-                    for (v, p) in qp.iter_mut().enumerate() {
-                        *p = base.add(w.record(p0 + v, b) + head);
-                    }
-                    let xb = x.add(b * bl);
-                    if q4 || q5 {
-                        // One 32-byte chunk per 8 inputs (see `QMatrix::q4_at`): input `8c + e` of the
-                        // 8 columns is one shift and mask of the chunk's lanes; a 5-bit quant's fifth
-                        // bit (`QMatrix::q5_high_at`) one more shift and mask of the high plane.
-                        let mut hp = [_mm256_setzero_si256(); V];
-                        if q5 {
-                            for v in 0..V {
-                                hp[v] = _mm256_loadu_si256(qp[v].add(128) as *const __m256i);
-                            }
+                    super::prefetch_ahead(w, p0, b);
+                    for grp in 0..G {
+                        let (pg, yg) = (p0 + grp * V, y.add(grp * V));
+                        let mut s = [[_mm256_setzero_ps(); V]; R];
+                        let mut qp = [std::ptr::null::<u8>(); V];
+                        for (v, p) in qp.iter_mut().enumerate() {
+                            *p = base.add(w.record(pg + v, b) + head);
                         }
-                        for c in 0..bl / 8 {
-                            let mut wv = [_mm256_setzero_si256(); V];
-                            for v in 0..V {
-                                wv[v] = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
-                            }
-                            for e in 0..8 {
-                                let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
-                                // the fifth bit's position in the lane
-                                let at = (8 * (e % 4) + c + 4 * (e / 4)) as i32;
-                                let mut q = [_mm256_setzero_ps(); V];
+                        let xb = x.add(b * bl);
+                        if q4 || q5 {
+                            // One 32-byte chunk per 8 inputs (see `QMatrix::q4_at`): input `8c + e` of the
+                            // 8 columns is one shift and mask of the chunk's lanes; a 5-bit quant's fifth
+                            // bit (`QMatrix::q5_high_at`) one more shift and mask of the high plane.
+                            let mut hp = [_mm256_setzero_si256(); V];
+                            if q5 {
                                 for v in 0..V {
-                                    let mut qi = _mm256_and_si256(_mm256_srl_epi32(wv[v], sh), mask);
-                                    if q5 {
-                                        let h = if at >= 4 {
-                                            _mm256_srl_epi32(hp[v], _mm_cvtsi32_si128(at - 4))
-                                        } else {
-                                            _mm256_sll_epi32(hp[v], _mm_cvtsi32_si128(4 - at))
+                                    hp[v] = _mm256_loadu_si256(qp[v].add(128) as *const __m256i);
+                                }
+                            }
+                            for c in 0..bl / 8 {
+                                let mut wv = [_mm256_setzero_si256(); V];
+                                for v in 0..V {
+                                    wv[v] = _mm256_loadu_si256(qp[v].add(32 * c) as *const __m256i);
+                                }
+                                for e in 0..8 {
+                                    let sh = _mm_cvtsi32_si128((8 * (e % 4) + 4 * (e / 4)) as i32);
+                                    // the fifth bit's position in the lane
+                                    let at = (8 * (e % 4) + c + 4 * (e / 4)) as i32;
+                                    let mut q = [_mm256_setzero_ps(); V];
+                                    for v in 0..V {
+                                        let mut qi = _mm256_and_si256(_mm256_srl_epi32(wv[v], sh), mask);
+                                        if q5 {
+                                            let h = if at >= 4 {
+                                                _mm256_srl_epi32(hp[v], _mm_cvtsi32_si128(at - 4))
+                                            } else {
+                                                _mm256_sll_epi32(hp[v], _mm_cvtsi32_si128(4 - at))
+                                            };
+                                            qi = _mm256_or_si256(qi, _mm256_and_si256(h, b4));
+                                        }
+                                        q[v] = _mm256_cvtepi32_ps(qi);
+                                    }
+                                    for r in 0..R {
+                                        let xv = _mm256_broadcast_ss(&*xb.add(r * k + 8 * c + e));
+                                        for v in 0..V {
+                                            s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                        }
+                                    }
+                                }
+                            }
+                        } else if w.kind == QKind::Q6 {
+                            // 6-bit: each chunk expanded in registers (`six::grouped`: input `4c + t` of a
+                            // column is byte t of its lane), each input its byte (a shift by 8t and a
+                            // mask, as needed) less 32 — the 8-bit layout's values in the same order, so
+                            // its bits (vector shifts share their ports with the FMAs: one at most)
+                            for c in 0..bl / 4 {
+                                let mut g = [_mm256_setzero_si256(); V];
+                                for v in 0..V {
+                                    g[v] = super::super::six::grouped(qp[v], c);
+                                }
+                                for t in 0..4 {
+                                    let mut q = [_mm256_setzero_ps(); V];
+                                    for v in 0..V {
+                                        let qi = match t {
+                                            0 => _mm256_and_si256(g[v], byte),
+                                            1 => _mm256_and_si256(_mm256_srli_epi32::<8>(g[v]), byte),
+                                            2 => _mm256_and_si256(_mm256_srli_epi32::<16>(g[v]), byte),
+                                            _ => _mm256_srli_epi32::<24>(g[v]),
                                         };
-                                        qi = _mm256_or_si256(qi, _mm256_and_si256(h, b4));
+                                        q[v] = _mm256_cvtepi32_ps(_mm256_sub_epi32(qi, bias));
                                     }
-                                    q[v] = _mm256_cvtepi32_ps(qi);
-                                }
-                                for r in 0..R {
-                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + 8 * c + e));
-                                    for v in 0..V {
-                                        s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                    for r in 0..R {
+                                        let xv = _mm256_broadcast_ss(&*xb.add(r * k + 4 * c + t));
+                                        for v in 0..V {
+                                            s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                        }
                                     }
                                 }
                             }
-                        }
-                    } else if w.kind == QKind::Q6 {
-                        // 6-bit: each chunk expanded in registers (`six::grouped`: input `4c + t` of a
-                        // column is byte t of its lane), each input its byte (a shift by 8t and a
-                        // mask, as needed) less 32 — the 8-bit layout's values in the same order, so
-                        // its bits (vector shifts share their ports with the FMAs: one at most)
-                        for c in 0..bl / 4 {
-                            let mut g = [_mm256_setzero_si256(); V];
-                            for v in 0..V {
-                                g[v] = super::super::six::grouped(qp[v], c);
-                            }
-                            for t in 0..4 {
+                        } else if w.kind == QKind::Q8 {
+                            for e in 0..bl {
                                 let mut q = [_mm256_setzero_ps(); V];
                                 for v in 0..V {
-                                    let qi = match t {
-                                        0 => _mm256_and_si256(g[v], byte),
-                                        1 => _mm256_and_si256(_mm256_srli_epi32::<8>(g[v]), byte),
-                                        2 => _mm256_and_si256(_mm256_srli_epi32::<16>(g[v]), byte),
-                                        _ => _mm256_srli_epi32::<24>(g[v]),
-                                    };
-                                    q[v] = _mm256_cvtepi32_ps(_mm256_sub_epi32(qi, bias));
+                                    let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
+                                    q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
                                 }
                                 for r in 0..R {
-                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + 4 * c + t));
+                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
                                     for v in 0..V {
                                         s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
                                     }
                                 }
-                            }
-                        }
-                    } else if w.kind == QKind::Q8 {
-                        for e in 0..bl {
-                            let mut q = [_mm256_setzero_ps(); V];
-                            for v in 0..V {
-                                let raw = _mm_loadl_epi64(qp[v].add(e * P) as *const __m128i);
-                                q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-                            }
-                            for r in 0..R {
-                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
-                                for v in 0..V {
-                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
-                                }
-                            }
-                        }
-                    } else {
-                        // 16-bit floats: 8 columns' weights at one input are 16 bytes.
-                        let f16 = w.kind == QKind::F16;
-                        for e in 0..bl {
-                            let mut q = [_mm256_setzero_ps(); V];
-                            for v in 0..V {
-                                let raw = _mm_loadu_si128(qp[v].add(2 * e * P) as *const __m128i);
-                                q[v] = if f16 {
-                                    _mm256_cvtph_ps(raw)
-                                } else {
-                                    _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
-                                };
-                            }
-                            for r in 0..R {
-                                let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
-                                for v in 0..V {
-                                    s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
-                                }
-                            }
-                        }
-                    }
-                    for v in 0..V {
-                        let (dv, mv) = super::super::heads::dm8(w, qp[v].sub(head), p0 + v, b, hd);
-                        if offsets {
-                            for r in 0..R {
-                                let yp = y.add(r * TILE_PANELS + v) as *mut f32;
-                                let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));
-                                let t = _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp));
-                                _mm256_storeu_ps(yp, _mm256_fmadd_ps(mv, xsv, t));
                             }
                         } else {
-                            for r in 0..R {
-                                let yp = y.add(r * TILE_PANELS + v) as *mut f32;
-                                _mm256_storeu_ps(yp, _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp)));
+                            // 16-bit floats: 8 columns' weights at one input are 16 bytes.
+                            let f16 = w.kind == QKind::F16;
+                            for e in 0..bl {
+                                let mut q = [_mm256_setzero_ps(); V];
+                                for v in 0..V {
+                                    let raw = _mm_loadu_si128(qp[v].add(2 * e * P) as *const __m128i);
+                                    q[v] = if f16 {
+                                        _mm256_cvtph_ps(raw)
+                                    } else {
+                                        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))
+                                    };
+                                }
+                                for r in 0..R {
+                                    let xv = _mm256_broadcast_ss(&*xb.add(r * k + e));
+                                    for v in 0..V {
+                                        s[r][v] = _mm256_fmadd_ps(q[v], xv, s[r][v]);
+                                    }
+                                }
+                            }
+                        }
+                        for v in 0..V {
+                            let (dv, mv) = super::super::heads::dm8(w, qp[v].sub(head), pg + v, b, hd);
+                            if offsets {
+                                for r in 0..R {
+                                    let yp = yg.add(r * TILE_PANELS + v) as *mut f32;
+                                    let xsv = _mm256_broadcast_ss(&*xs.add(r * nb + b));
+                                    let t = _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp));
+                                    _mm256_storeu_ps(yp, _mm256_fmadd_ps(mv, xsv, t));
+                                }
+                            } else {
+                                for r in 0..R {
+                                    let yp = yg.add(r * TILE_PANELS + v) as *mut f32;
+                                    _mm256_storeu_ps(yp, _mm256_fmadd_ps(dv, s[r][v], _mm256_loadu_ps(yp)));
+                                }
                             }
                         }
                     }

@@ -76,7 +76,7 @@ unsafe fn panels<const R: usize>(
     let (q4, q5) = (w.kind == QKind::Q4, w.kind == QKind::Q5);
     let (base, head, offsets, rec) = (w.base(), w.head, w.offsets, w.rec);
     for b in 0..nb {
-        prefetch_ahead(w, p0, 0, b);
+        prefetch_ahead(w, p0, b);
         // The tile's four records of block `b` are consecutive, `rec` bytes each.
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };

@@ -114,7 +114,7 @@ unsafe fn panels<const R: usize, const K: u8, const BL: usize>(
     let m4 = _mm512_set1_epi8(0x0F);
     let b4 = _mm512_set1_epi8(0x10);
     for b in 0..nb {
-        prefetch_ahead(w, p0, 0, b);
+        prefetch_ahead(w, p0, b);
         // The tile's four records of block `b` are consecutive, `rec` bytes each.
         // SAFETY: inside `w` (the caller's bounds).
         let tile = unsafe { base.add(w.record(p0, b)) };

@@ -377,6 +377,12 @@ impl QMatrix {
         // out once per call, not once per 4 rows in every kernel call (past `PREP_GROUPS` kernel calls
         // a tile; see `kernel::prepared_heads_pay`).
         let big = rows > PREP_GROUPS * kernel::max_rows();
+        // and walks each tile in two passes of two panels where registers hold two (`kernel::Walk`)
+        let walk = if big {
+            kernel::Walk::Cached
+        } else {
+            kernel::Walk::Stream
+        };
         let expand = big && self.sub.is_some() && kernel::prepared_heads_pay();
         let expanded: Option<Vec<Vec<f32>>> = expand.then(|| {
             (0..tiles)
@@ -415,12 +421,12 @@ impl QMatrix {
                         // a group of consecutive rows of one mode
                         rr = m[r..r + rr].iter().take_while(|&&v| v == m[r]).count();
                         if m[r] {
-                            kernel_int::run_int(wi, ti0, q, r, &rxs[..rr * nb], heads, rr, &mut y);
+                            kernel_int::run_int(wi, ti0, q, r, &rxs[..rr * nb], heads, rr, walk, &mut y);
                         } else {
-                            kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y);
+                            kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, walk, &mut y);
                         }
                     }
-                    _ => kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, &mut y),
+                    _ => kernel::run(w, p0, &x[r * k..(r + rr) * k], &rxs[..rr * nb], heads, rr, walk, &mut y),
                 }
                 for i in 0..rr {
                     for v in 0..TILE_PANELS {

@@ -249,7 +249,7 @@ fn the_simd_path_gives_the_scalar_bits() {
                 assert_eq!(expanded.is_some(), w.sub.is_some(), "{kind}");
                 for heads in [None, expanded.as_deref()] {
                     let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
-                    kernel::run(&w, p0, &x, &xs[..rr * nb], heads, rr, &mut fast);
+                    kernel::run(&w, p0, &x, &xs[..rr * nb], heads, rr, kernel::Walk::Stream, &mut fast);
                     // this machine's path, and every SIMD path it has (AVX2 and AVX-512 on an
                     // AVX-512 host): the ISAs stay bit-identical
                     let mut each = kernel::run_each(&w, p0, &x, &xs[..rr * nb], heads, rr);
@@ -337,7 +337,7 @@ fn the_integer_kernel_gives_the_scalar_bits() {
             for p0 in (0..w.np).step_by(TILE_PANELS) {
                 let mut fast: kernel::Acc = [[0.0; P]; kernel::MAX_ROWS * TILE_PANELS];
                 let mut slow = fast;
-                kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], None, rr, &mut fast);
+                kernel_int::run_int(&w, p0, &q, 2, &xs[..rr * nb], None, rr, kernel::Walk::Stream, &mut fast);
                 kernel_int::scalar_int(&w, p0, &q, 2, &xs[..rr * nb], rr, &mut slow);
                 let mut each = kernel_int::run_int_each(&w, p0, &q, 2, &xs[..rr * nb], None, rr);
                 // a 6-bit tile widened for a prefill's integer rows: every path, and the scalar
