@@ -107,8 +107,7 @@ pub(super) fn run(
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, x.as_ptr(), xs.as_ptr(), hd, rr, walk, y) },
         _ => {
-            let _ = walk;
-            let _ = hd; // the scalar kernel reads the records' own heads
+            let _ = (hd, walk); // the scalar kernel reads the records' own heads, its tile once
             scalar(w, p0, x, xs, rr, y)
         }
     }
@@ -188,7 +187,8 @@ const AHEAD: usize = 16;
 /// each block's panels in their stored order (several at a time where registers hold fewer than
 /// four), so the fetches run ahead of one stream: two passes of two panels each, as they were, read
 /// every other half-group from memory and left it idle during the second pass (from DRAM, AVX2
-/// integer rows, Q4_K: 2 / 4 rows took 1.34× / 1.74× one row's time, now 1.12× / 1.46×). A prefill's
+/// integer rows, Q4_K 0.64 GB, ms: 2 / 4 rows 34.2–34.8 → 28.7–29.0, 43.1–43.6 → 37.1–41.0; one row
+/// 26–28 either way). A prefill's
 /// calls still make two passes ([`Walk::Cached`]: their tile is in cache, and a second pass at panel 2
 /// fetches nothing). The records are stored tile after tile, so near a tile's end the
 /// groups fetched are the next tile's first ones: a task that goes on to the next tile (rayon hands a

@@ -71,8 +71,7 @@ pub(super) fn run_int(
         #[cfg(target_arch = "x86_64")]
         Path::Avx2 => unsafe { avx2::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, walk, y) },
         _ => {
-            let _ = walk;
-            let _ = hd; // the scalar kernel reads the records' own heads
+            let _ = (hd, walk); // the scalar kernel reads the records' own heads, its tile once
             scalar_int(w, p0, q, r0, xs, rr, y)
         }
     }
@@ -102,35 +101,35 @@ pub(super) fn run_int_each(
             q.sums16.as_ptr().wrapping_add(r0 * (k / 16)),
         );
         let zero = || -> Acc { [[0.0; P]; super::kernel::MAX_ROWS * TILE_PANELS] };
-        let walks = [(Walk::Stream, ""), (Walk::Cached, ", two passes")];
+        // each instance in both walks, by name: AVX2, AVX2 with AVX-VNNI, AVX-512
+        let walks = [
+            (Walk::Stream, ["avx2", "avx2 vnni", "avx512"]),
+            (
+                Walk::Cached,
+                ["avx2, two passes", "avx2 vnni, two passes", "avx512, two passes"],
+            ),
+        ];
         if has!("avx2") && has!("fma") && has!("f16c") && rr <= 4 {
-            for (walk, how) in walks {
+            for (walk, [avx2, vnni, _]) in walks {
                 let mut y = zero();
                 // SAFETY: features detected just above; bounds as `run_int` asserts (the caller
                 // passes what `run_int` accepts).
                 unsafe { avx2::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, walk, &mut y) };
-                out.push((if how.is_empty() { "avx2" } else { "avx2, two passes" }, y));
+                out.push((avx2, y));
                 if has!("avxvnni") {
                     let mut y = zero();
                     // SAFETY: as above, and AVX-VNNI detected.
                     unsafe { avx2_vnni::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, walk, &mut y) };
-                    out.push((
-                        if how.is_empty() {
-                            "avx2 vnni"
-                        } else {
-                            "avx2 vnni, two passes"
-                        },
-                        y,
-                    ));
+                    out.push((vnni, y));
                 }
             }
         }
         if has!("avx512f") && has!("avx512vl") {
-            for (walk, how) in walks {
+            for (walk, [.., avx512]) in walks {
                 let mut y = zero();
                 // SAFETY: as above.
                 unsafe { avx512::dispatch(w, p0, q8, q16, sx, s16, xs.as_ptr(), hd, rr, walk, &mut y) };
-                out.push((if how.is_empty() { "avx512" } else { "avx512, two passes" }, y));
+                out.push((avx512, y));
             }
             if super::kernel_zmm::available() {
                 let mut y = zero();
